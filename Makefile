@@ -1,0 +1,33 @@
+# Two set-up commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: install demo test test-gpu bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[agent,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) examples/agent_demo.py
+
+test: install
+	$(PY) -m pytest -q tests
+
+# On a machine with a CUDA GPU and torch already installed (see README, "GPU tests").
+test-gpu:
+	$(PYTHON) -m pytest -q -m gpu tests/gpu
+
+bench: install
+	$(PY) benchmarks/agent_overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,69 @@
+"""Shared fixtures: a real Unix datagram receiver that decodes with the shared schema."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import pytest
+
+from watchdog import events
+
+
+class Collector:
+    """Binds a datagram socket like the sidecar will, and keeps every decoded event."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.05)
+        self.events: list[events.Event] = []
+        self.garbage: list[bytes] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                data = self.sock.recv(events.MAX_EVENT_BYTES + 1)
+            except (socket.timeout, OSError):
+                continue
+            try:
+                self.events.append(events.decode(data))
+            except events.EventDecodeError:
+                self.garbage.append(data)
+
+    def of(self, kind: str) -> list:
+        return [e for e in list(self.events) if e.kind == kind]
+
+    def wait(self, cond: Callable[["Collector"], bool], timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond(self):
+                return True
+            time.sleep(0.02)
+        return cond(self)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(1)
+        self.sock.close()
+
+
+@pytest.fixture
+def short_tmp():
+    # AF_UNIX paths are limited to 108 bytes; pytest's tmp_path can be longer
+    with tempfile.TemporaryDirectory(prefix="tw-") as d:
+        yield d
+
+
+@pytest.fixture
+def collector(short_tmp):
+    c = Collector(os.path.join(short_tmp, "events.sock"))
+    yield c
+    c.close()

@@ -1,0 +1,33 @@
+"""A toy inference loop used by the process tests: compile, recompile, graph break, new shapes."""
+import os
+import sys
+
+if os.environ.get("WITH_AGENT") == "1":
+    import watchdog.agent.auto  # noqa: F401  (the one import a server needs)
+
+import torch
+
+import watchdog.agent
+
+
+def f(x):
+    x = x.relu()
+    print("", end="")  # graph break
+    return x + 1
+
+
+def main() -> int:
+    model = torch.compile(f, dynamic=False, backend="eager")
+    if os.environ.get("WITH_AGENT") == "1":
+        model = watchdog.agent.watch(model, name="toy")
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for n in (3, 4, 5, 6, 3):
+            out = model(torch.ones(n))
+            assert torch.equal(out, torch.full((n,), 2.0))
+    watchdog.agent.uninstall()
+    print("served", file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The agent in a real server process: one import, quiet stderr, dead sidecar, post-mortem log."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from watchdog import events
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "server_script.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def run_server(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_WATCHDOG_")}
+    env.update(env_extra, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _torch_lines(stderr: str) -> list[str]:
+    # torch's own warnings, without paths/numbers that differ between runs
+    return [re.sub(r"0x[0-9a-f]+|\d+", "N", line) for line in stderr.splitlines()]
+
+
+def test_one_import_records_everything_and_prints_nothing(short_tmp, collector):
+    log = os.path.join(short_tmp, "events.jsonl")
+    bare = run_server({"WITH_AGENT": "0"})
+    watched = run_server({"WITH_AGENT": "1", "TORCH_WATCHDOG_SOCKET": collector.path,
+                          "TORCH_WATCHDOG_EVENT_LOG": log})
+    assert bare.returncode == 0 and watched.returncode == 0, watched.stderr
+    assert "served" in watched.stdout
+    # the agent adds nothing to the server's stderr: only torch's own recompile-limit warning
+    assert _torch_lines(watched.stderr) == _torch_lines(bare.stderr)
+    with open(log) as fh:
+        logged = [events.decode(line) for line in fh]
+    kinds = [e.kind for e in logged]
+    for kind in ("hello", "compile", "recompile", "recompile_limit", "graph_break",
+                 "new_shape", "calls"):
+        assert kind in kinds, kind
+    assert collector.wait(lambda c: len(c.events) == len(logged), 5)
+    assert [e.kind for e in collector.events] == kinds
+    assert all(e.pid == logged[0].pid for e in logged)
+
+
+def test_dead_sidecar_and_readonly_log_never_hurt_the_server(short_tmp):
+    result = run_server({"WITH_AGENT": "1",
+                         "TORCH_WATCHDOG_SOCKET": os.path.join(short_tmp, "nobody.sock"),
+                         "TORCH_WATCHDOG_EVENT_LOG": "/proc/forbidden/events.jsonl"})
+    assert result.returncode == 0 and "served" in result.stdout
+    assert "watchdog" not in result.stderr.lower()
+
+
+def test_bad_env_value_is_reported_not_fatal(short_tmp, collector):
+    result = run_server({"WITH_AGENT": "1", "TORCH_WATCHDOG_SOCKET": collector.path,
+                         "TORCH_WATCHDOG_STALL_S": "soon"})
+    assert result.returncode == 0 and "served" in result.stdout
+    assert collector.wait(lambda c: bool(c.of("hello")), 5)
+    problems = [v for k, v in collector.of("hello")[0].config.items() if "problem" in k]
+    assert problems and "TORCH_WATCHDOG_STALL_S" in problems[0]

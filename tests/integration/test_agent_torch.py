@@ -1,0 +1,248 @@
+"""The agent inside a process running real torch.compile (CPU): every hook must report."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+import torch
+import torch._dynamo
+
+import watchdog.agent as agent_mod
+from watchdog.agent import timing
+
+
+class TinyLM(torch.nn.Module):
+    """A real (small) transformer block over (batch, seq) token ids."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.block = torch.nn.TransformerEncoderLayer(dim, 4, 64, batch_first=True, dropout=0.0)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        return self.head(self.block(self.emb(ids)))
+
+
+def ids(batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, 64, (batch, seq))
+
+
+@pytest.fixture
+def agent(collector, short_tmp):
+    torch._dynamo.reset()
+    a = agent_mod.install(socket_path=collector.path,
+                          event_log=os.path.join(short_tmp, "events.jsonl"),
+                          tick_s=0.02, heartbeat_s=0.2, stall_threshold_s=0.02)
+    assert a is not None
+    yield a
+    agent_mod.uninstall()
+    torch._dynamo.reset()
+
+
+def test_recompiles_with_reasons_under_inductor(agent, collector):
+    model = TinyLM().eval()
+    compiled = torch.compile(model, dynamic=False)
+    with torch.no_grad():
+        for seq in (8, 12, 16):
+            out = compiled(ids(1, seq))
+            assert out.shape == (1, seq, 64)
+    assert collector.wait(lambda c: len(c.of("recompile")) == 2)
+    (first,) = collector.of("compile")
+    assert first.compile_id == "0/0" and first.seconds > 0
+    reasons = [e.reason for e in collector.of("recompile")]
+    assert "size mismatch at index 1. expected 8, actual 12" in reasons[0]
+    assert "expected 12, actual 16" in reasons[1]
+    assert [e.compile_id for e in collector.of("recompile")] == ["0/1", "0/2"]
+    assert agent.errors == 0
+
+
+def test_recompile_limit_hit_and_eager_fallback(agent, collector):
+    model = TinyLM().eval()
+    compiled = timing.watch(torch.compile(model, dynamic=False, backend="eager"), name="lm")
+    with torch._dynamo.config.patch(recompile_limit=3), torch.no_grad():
+        for seq in (4, 5, 6, 7, 8, 9):
+            x = ids(1, seq)
+            assert torch.allclose(compiled(x), model(x), atol=1e-5)  # still serves
+        assert collector.wait(lambda c: len(c.of("recompile_limit")) == 1)
+        time.sleep(0.2)
+        (hit,) = collector.of("recompile_limit")  # one hit: warning and metrics deduplicated
+        assert hit.limit == 3 and "size mismatch" in (hit.reason or "")
+        assert len(collector.of("compile")) + len(collector.of("recompile")) == 3
+        before = len(collector.events)
+        # after the limit: new sizes run eager — no compile, no recompile, still correct
+        x = ids(1, 11)
+        assert torch.allclose(compiled(x), model(x), atol=1e-5)
+        time.sleep(0.2)
+        assert not [e for e in collector.events[before:] if e.kind in ("compile", "recompile")]
+        assert any(e.shape == [[1, 11]] for e in collector.of("new_shape"))
+
+
+def test_graph_break_reason(agent, collector):
+    def f(x):
+        x = x + 1
+        print("", end="")  # a graph break
+        return x * 2
+
+    assert torch.equal(torch.compile(f, backend="eager")(torch.ones(3)), torch.full((3,), 4.0))
+    assert collector.wait(lambda c: len(c.of("graph_break")) >= 1)
+    brk = collector.of("graph_break")[0]
+    assert "test_agent_torch.py" in brk.location and brk.reason
+
+
+def test_new_shapes_and_stalls_through_watch(agent, collector):
+    model = timing.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"),
+                         name="lm")
+    with torch.no_grad():
+        for seq in (6, 6, 10, 6, 10):
+            model(ids(2, seq))
+    assert collector.wait(lambda c: len(c.of("new_shape")) == 2)
+    assert [e.shape for e in collector.of("new_shape")] == [[[2, 6]], [[2, 10]]]
+    stalls = collector.of("stall")
+    assert stalls and all(s.new_shape for s in stalls)
+    assert {s.cause for s in stalls} <= {"compile", "recompile"}
+    assert collector.wait(lambda c: sum(e.calls for e in c.of("calls")) == 5)
+    assert collector.of("calls")[-1].distinct_shapes == 2
+
+
+def test_metrics_deque_wrap_does_not_lose_counts(agent, collector):
+    torch._dynamo.utils.set_compilation_metrics_limit(2)  # the real cap is 64 (FACTS #5)
+    try:
+        f = torch.compile(lambda x: x.sin(), dynamic=False, backend="eager")
+        with torch._dynamo.config.patch(recompile_limit=20):
+            for n in range(1, 8):
+                f(torch.ones(n))
+        assert collector.wait(lambda c: len(c.of("recompile")) == 6)
+        assert len(torch._dynamo.utils.get_compilation_metrics()) == 2
+    finally:
+        torch._dynamo.utils.set_compilation_metrics_limit(64)
+
+
+def test_callbacks_come_back_after_dynamo_reset(agent, collector):
+    handler = torch._dynamo.callback.callback_handler
+    torch._dynamo.reset()
+    assert agent.hooks._cb_start in handler.start_callbacks
+    assert agent.hooks._cb_end in handler.end_callbacks
+    # with compilation-metrics logging off the callbacks are the only compile source
+    with torch._dynamo.config.patch(log_compilation_metrics=False):
+        agent.hooks.capabilities["compilation_metrics"] = False
+        torch.compile(lambda x: x.cos(), backend="eager")(torch.ones(2))
+    assert collector.wait(lambda c: len(c.of("compile")) == 1)
+
+
+def test_hooks_survive_set_logs(agent, collector):
+    torch._logging.set_logs(dynamo=logging.ERROR)  # resets every torch logger's level
+    try:
+        time.sleep(0.2)  # a few agent ticks heal the taps
+
+        def f(x):
+            x = x.tan()
+            print("", end="")
+            return x
+
+        torch.compile(f, backend="eager")(torch.ones(2))
+        assert collector.wait(lambda c: len(c.of("graph_break")) >= 1, 3)
+    finally:
+        torch._logging.set_logs()
+
+
+def test_malformed_callback_and_log_arguments_never_raise(agent, collector):
+    hooks = agent.hooks
+    garbage = [None, object(), "CUDAGRAPH_RECORDING", 42,
+               type("Args", (), {"callback_trigger": "x", "compile_id": None})()]
+    for g in garbage:
+        hooks._cb_start(g)
+        hooks._cb_end(g)
+    lg = logging.getLogger("torch._inductor.cudagraph_trees.__cudagraphs")
+    lg.info("Recording cudagraph tree for symint key %s", object())
+    lg.info("Recording cudagraph tree for symint key %s")
+    logging.getLogger("torch._utils_internal").info("%s", {"not": "metrics"})
+    logging.getLogger("torch._utils_internal").info(b"bytes message")
+    logging.getLogger("torch._dynamo.convert_frame").warning("torch._dynamo hit config.garbage")
+    hooks._on_oom("dev", "x", None, 1)
+    assert collector.wait(lambda c: len(c.of("recompile_limit")) == 1)
+    # the one parseable record became an event with unknowns as None; nothing raised
+    assert collector.of("recompile_limit")[0].limit == torch._dynamo.config.recompile_limit
+    warm = collector.of("cudagraph_record")
+    assert [w.key for w in warm] == [None, None]
+
+
+def test_recompile_guard_stops_recompiles(collector, short_tmp):
+    torch._dynamo.reset()
+    a = agent_mod.install(socket_path=collector.path, tick_s=0.02, recompile_guard_after=2)
+    try:
+        f = torch.compile(lambda x: x * 3, dynamic=False, backend="eager")
+        for n in (1, 2, 3):
+            f(torch.ones(n))
+        assert collector.wait(lambda c: len(c.of("mitigation")) == 1)
+        (m,) = collector.of("mitigation")
+        assert (m.name, m.action) == ("recompile_guard", "engaged")
+        for n in (4, 5, 6):
+            assert torch.equal(f(torch.ones(n)), torch.full((n,), 3.0))
+        time.sleep(0.2)
+        assert len(collector.of("recompile")) == 2  # none after the guard engaged
+    finally:
+        agent_mod.uninstall()
+        torch.compiler.set_stance("default")
+        torch._dynamo.reset()
+    assert a.guard.engaged
+
+
+def test_graph_budget_eager_mode_routes_novel_shapes(collector):
+    torch._dynamo.reset()
+    a = agent_mod.install(socket_path=collector.path, tick_s=0.02, graph_budget=2,
+                          graph_budget_mode="eager")
+    try:
+        model = timing.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"))
+        with torch.no_grad():
+            model(ids(1, 4))
+            model(ids(1, 5))
+            # on a GPU the cudagraph log reports each new size key; here we report two
+            a.budget.note_key(4)
+            a.budget.note_key(5)
+            assert collector.wait(lambda c: len(c.of("mitigation")) == 1)
+            compiles = len(collector.of("compile")) + len(collector.of("recompile"))
+            out = model(ids(1, 9))  # novel: eager, no recompile
+            assert out.shape == (1, 9, 64)
+            model(ids(1, 4))  # known: still compiled code
+            time.sleep(0.2)
+            assert len(collector.of("compile")) + len(collector.of("recompile")) == compiles
+    finally:
+        agent_mod.uninstall()
+        torch._dynamo.reset()
+    assert timing.runtime.route_eager is False
+
+
+def test_install_is_idempotent_and_uninstall_removes_everything(collector):
+    torch._dynamo.reset()
+    handler = torch._dynamo.callback.callback_handler
+    filters_before = {n: list(logging.getLogger(n).filters) for n in (
+        "torch._utils_internal", "torch._dynamo.convert_frame")}
+    level_before = logging.getLogger("torch._utils_internal").level
+    a = agent_mod.install(socket_path=collector.path)
+    assert agent_mod.install(socket_path="/elsewhere") is a
+    assert a.hooks._cb_start in handler.start_callbacks
+    agent_mod.uninstall()
+    agent_mod.uninstall()
+    assert a.hooks._cb_start not in handler.start_callbacks
+    assert "clear" not in vars(handler)
+    for name, before in filters_before.items():
+        assert logging.getLogger(name).filters == before
+    assert logging.getLogger("torch._utils_internal").level == level_before
+    assert agent_mod.current() is None
+
+
+def test_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("TORCH_WATCHDOG_ENABLED", "0")
+    assert agent_mod.install() is None and agent_mod.current() is None
+
+
+def test_capabilities_on_this_torch(agent, collector):
+    assert collector.wait(lambda c: len(c.of("hello")) >= 1)
+    caps = collector.of("hello")[0].capabilities
+    if torch.__version__ >= "2.9":
+        for name in ("compile_callbacks", "cudagraph_recording_callback", "compilation_metrics",
+                     "recompile_reason", "cudagraph_capture_sizes", "set_stance"):
+            assert caps[name], name

@@ -1,0 +1,121 @@
+import os
+import socket
+import time
+
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+
+
+def _hb(i: int) -> events.Heartbeat:
+    return events.Heartbeat(t=time.time(), pid=os.getpid(), seq=i, uptime_s=0.0,
+                            queue_depth=0, errors=0)
+
+
+def test_events_reach_the_socket_and_the_log(collector, short_tmp):
+    log = os.path.join(short_tmp, "events.jsonl")
+    em = Emitter(collector.path, log, tick_s=0.02)
+    em.start()
+    for i in range(50):
+        em.emit(_hb(i))
+    assert collector.wait(lambda c: len(c.of("heartbeat")) == 50, 5)
+    em.stop()
+    assert [e.seq for e in collector.of("heartbeat")] == list(range(50))
+    with open(log) as f:
+        assert [events.decode(line).seq for line in f] == list(range(50))
+    assert em.sent == 50 and em.dropped == {"queue_full": 0, "socket": 0, "log": 0}
+
+
+def test_absent_sidecar_drops_counts_then_reconnects(short_tmp):
+    from tests.conftest import Collector
+
+    path = os.path.join(short_tmp, "late.sock")
+    em = Emitter(path, None, tick_s=0.02, reconnect_s=0.05)
+    em.start()
+    t0 = time.perf_counter()
+    for i in range(1000):
+        em.emit(_hb(i))
+    assert time.perf_counter() - t0 < 1.0  # never blocked on the missing peer
+    deadline = time.monotonic() + 5
+    while em.dropped["socket"] < 1000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert em.dropped["socket"] == 1000
+    late = Collector(path)  # the sidecar comes up
+    try:
+        time.sleep(0.1)
+        em.emit(_hb(9999))
+        assert late.wait(lambda c: any(e.seq == 9999 for e in c.of("heartbeat")), 5)
+        # the loss is reported once the peer is back, with the running total
+        assert late.wait(lambda c: any(d.total >= 1000 for d in c.of("dropped")), 5)
+        assert all(d.reason == "socket" for d in late.of("dropped"))
+    finally:
+        em.stop()
+        late.close()
+
+
+def test_full_receiver_buffer_never_blocks(short_tmp):
+    path = os.path.join(short_tmp, "full.sock")
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sink.bind(path)  # bound, never read: the buffer fills
+    em = Emitter(path, None, tick_s=0.01)
+    em.start()
+    try:
+        for i in range(20000):
+            em.emit(_hb(i))
+        deadline = time.monotonic() + 10
+        while em.depth() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert em.depth() == 0
+        assert em.dropped["socket"] > 0
+        assert em.sent + em.dropped["socket"] + em.dropped["queue_full"] >= 20000
+    finally:
+        em.stop()
+        sink.close()
+
+
+def test_queue_is_bounded_and_overflow_counted():
+    em = Emitter(None, None, queue_size=10)  # not started: nothing drains
+    for i in range(25):
+        em.emit(_hb(i))
+    assert em.depth() == 10 and em.dropped["queue_full"] == 15
+
+
+def test_unwritable_log_is_counted_and_socket_still_served(collector):
+    em = Emitter(collector.path, "/proc/no-such-dir/events.jsonl", tick_s=0.02)
+    em.start()
+    for i in range(5):
+        em.emit(_hb(i))
+    assert collector.wait(lambda c: len(c.of("heartbeat")) == 5, 5)
+    assert collector.wait(lambda c: any(d.reason == "log" for d in c.of("dropped")), 5)
+    em.stop()
+    assert em.dropped["log"] >= 5
+
+
+def test_log_rotates_once_past_its_size(short_tmp):
+    log = os.path.join(short_tmp, "events.jsonl")
+    em = Emitter(None, log, log_max_bytes=2000)
+    for i in range(100):
+        em.emit(_hb(i))
+    em.drain()
+    em.stop()
+    assert os.path.getsize(log) <= 2000 and os.path.getsize(log + ".1") <= 2000
+    with open(log) as f:
+        last = [events.decode(line).seq for line in f]
+    assert last[-1] == 99
+
+
+def test_tick_errors_never_kill_the_thread(collector):
+    calls = []
+
+    def bad_tick():
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    errors = []
+    em = Emitter(collector.path, None, tick_s=0.01, on_tick=bad_tick, on_error=errors.append)
+    em.start()
+    time.sleep(0.2)
+    em.emit(_hb(1))
+    assert collector.wait(lambda c: len(c.of("heartbeat")) == 1, 5)
+    em.stop()
+    assert len(calls) > 3 and all(isinstance(e, RuntimeError) for e in errors)

@@ -1,0 +1,104 @@
+import json
+import math
+
+import pytest
+
+from watchdog import events
+from watchdog.events import EventDecodeError
+
+SAMPLES = [
+    events.Hello(t=1.5, pid=7, torch="2.13.0", agent="0.1.0", devices=["GPU-1"],
+                 config={"recompile_limit": 8, "triton.cudagraphs": False, "x": None, "y": 0.5,
+                         "z": "s"},
+                 capabilities={"compile_callbacks": True}, watched=["llm"], argv="serve.py"),
+    events.Heartbeat(t=2.0, pid=7, seq=3, uptime_s=4.0, queue_depth=0, errors=0),
+    events.Compile(t=2.0, pid=7, compile_id="0/0", function="forward (m.py:3)", seconds=1.25),
+    events.Recompile(t=2.0, pid=7, compile_id="0/1", function=None, seconds=None,
+                     reason="0/0: tensor 'x' size mismatch at index 1. expected 16, actual 32"),
+    events.RecompileLimit(t=2.0, pid=7, function="f", limit=8, reason="r", compile_id=None),
+    events.CudagraphRecord(t=2.0, pid=7, phase="record", compile_id="0/1", key=[32],
+                           shape=[[1, 32]], seconds=0.007),
+    events.CudagraphRecord(t=2.0, pid=7, phase="warmup", compile_id=None, key=None, shape=None,
+                           seconds=None),
+    events.CudagraphWarning(t=2.0, pid=7, message="observed 9 distinct sizes", distinct_sizes=9),
+    events.GraphBreak(t=2.0, pid=7, reason="print", location="m.py:3"),
+    events.NewShape(t=2.0, pid=7, name="llm", shape=[[1, 32], []], seconds=0.05, distinct=2),
+    events.Stall(t=2.0, pid=7, name="llm", shape=[[1, 32]], seconds=6.5, new_shape=True,
+                 cause="recompile"),
+    events.Calls(t=2.0, pid=7, name="llm", calls=10, seconds=0.1, stall_calls=1,
+                 stall_seconds=0.05, distinct_shapes=3, window_s=2.0),
+    events.Oom(t=2.0, pid=7, source="allocator", device=0, requested_bytes=1 << 30,
+               limit_bytes=1 << 37, free_bytes=1 << 20, message=None),
+    events.Dropped(t=2.0, pid=7, reason="socket", count=3, total=10),
+    events.Mitigation(t=2.0, pid=7, name="graph_budget", action="engaged", detail="64 sizes"),
+]
+
+
+def test_every_kind_has_a_sample():
+    assert {e.kind for e in SAMPLES} == set(events.KINDS)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_round_trip(event):
+    data = events.encode(event)
+    assert events.decode(data) == event
+    assert events.decode(data.decode()) == event
+    obj = json.loads(data)
+    assert obj["v"] == events.SCHEMA_VERSION and obj["kind"] == event.kind
+
+
+def _mutated(**changes):
+    obj = events.to_dict(SAMPLES[2])
+    obj.update(changes)
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"not json", "not JSON"),
+    (b"\xff\xfe", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (_mutated(v=2), "version"),
+    (_mutated(v="1"), "version"),
+    (_mutated(kind="explode"), "unknown event kind"),
+    (_mutated(kind=None), "unknown event kind"),
+    (_mutated(extra=1), "unknown field"),
+    (_mutated(seconds="fast"), "bad value"),
+    (_mutated(pid=True), "bad value"),
+    (_mutated(pid=-1), "bad pid"),
+    (_mutated(t=1e400), "bad value"),
+    (_mutated(compile_id=3), "bad value"),
+    (json.dumps({k: v for k, v in events.to_dict(SAMPLES[2]).items() if k != "function"}),
+     "missing field"),
+    (b" " * (events.MAX_EVENT_BYTES + 1), "exceeds"),
+    (b"[" * 100000 + b"]" * 100000, "exceeds"),
+])
+def test_strict_decode_rejects_garbage(data, why):
+    with pytest.raises(EventDecodeError, match=why):
+        events.decode(data)
+
+
+def test_nested_types_are_checked():
+    obj = events.to_dict(SAMPLES[9])
+    obj["shape"] = [[1, "32"]]
+    with pytest.raises(EventDecodeError):
+        events.from_dict(obj)
+    obj = events.to_dict(SAMPLES[0])
+    obj["capabilities"] = {"x": 1}
+    with pytest.raises(EventDecodeError):
+        events.from_dict(obj)
+
+
+def test_encode_refuses_nan_and_oversize():
+    with pytest.raises(ValueError):
+        events.encode(events.Heartbeat(t=math.nan, pid=1, seq=1, uptime_s=0, queue_depth=0,
+                                       errors=0))
+    with pytest.raises(ValueError):
+        events.encode(events.GraphBreak(t=1.0, pid=1, reason="x" * events.MAX_EVENT_BYTES,
+                                        location=None))
+
+
+def test_clip_bounds_text():
+    assert events.clip(None) is None
+    assert events.clip("short") == "short"
+    clipped = events.clip("x" * 5000)
+    assert len(clipped) == events.MAX_TEXT_CHARS and clipped.endswith("…")

@@ -1,0 +1,144 @@
+import time
+
+import pytest
+import torch
+
+from watchdog import events
+from watchdog.agent import timing
+from watchdog.agent.timing import as_shape, is_oom, runtime, shape_signature, tls, watch
+
+
+@pytest.fixture
+def emitted():
+    got: list[events.Event] = []
+    runtime.emit = got.append
+    runtime.stall_ns = 20_000_000
+    yield got
+    runtime.reset()
+
+
+def test_new_shapes_are_flagged_once(emitted):
+    f = watch(lambda x: x * 2, name="double")
+    for n in (4, 8, 4, 4, 8, 16):
+        assert torch.equal(f(torch.ones(n)), torch.ones(n) * 2)
+    new = [e for e in emitted if e.kind == "new_shape"]
+    assert [e.shape for e in new] == [[[4]], [[8]], [[16]]]
+    assert [e.distinct for e in new] == [1, 2, 3] and all(e.name == "double" for e in new)
+    assert not [e for e in emitted if e.kind == "stall"]
+
+
+def test_slow_call_is_a_stall_with_its_cause(emitted):
+    def slow(x):
+        if x.shape[0] == 3:
+            tls.activity, tls.activity_ns = "recompile", time.perf_counter_ns()
+            time.sleep(0.05)
+        return x
+
+    f = watch(slow, name="m")
+    f(torch.ones(2))
+    f(torch.ones(3))
+    stalls = [e for e in emitted if e.kind == "stall"]
+    assert len(stalls) == 1
+    assert stalls[0].shape == [[3]] and stalls[0].new_shape and stalls[0].cause == "recompile"
+    assert stalls[0].seconds >= 0.05
+
+
+def test_stall_cause_is_not_borrowed_from_an_earlier_call(emitted):
+    tls.activity, tls.activity_ns = "compile", time.perf_counter_ns()
+    f = watch(lambda x: time.sleep(0.03) or x, name="m")
+    f(torch.ones(1))
+    (stall,) = [e for e in emitted if e.kind == "stall"]
+    assert stall.cause is None
+
+
+def test_signature_covers_kwargs_and_nesting():
+    t = torch.Tensor
+    sig = shape_signature((torch.ones(2, 3), 5, [torch.ones(4)]),
+                          {"mask": torch.ones(2), "ids": torch.ones(1, 7)}, t)
+    assert as_shape(sig) == [[2, 3], [4], [1, 7], [2]]  # kwargs sorted by name
+    assert as_shape(torch.ones(2, 2).shape) == [[2, 2]]
+    assert as_shape(torch.tensor(1.0).shape) == [[]]
+
+
+def test_kwargs_calls_are_watched(emitted):
+    f = watch(lambda input_ids=None, attention_mask=None: input_ids, name="hf")
+    f(input_ids=torch.ones(1, 5), attention_mask=torch.ones(1, 5))
+    f(input_ids=torch.ones(1, 6), attention_mask=torch.ones(1, 6))
+    assert [e.shape for e in emitted if e.kind == "new_shape"] == [
+        [[1, 5], [1, 5]], [[1, 6], [1, 6]]]
+
+
+def test_exceptions_pass_through_unchanged_and_ooms_are_reported(emitted):
+    class Boom(Exception):
+        pass
+
+    def fail(x):
+        raise Boom("mine")
+
+    def cuda_oom(x):
+        raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be ... "
+                           "cudaErrorMemoryAllocation")
+
+    with pytest.raises(Boom, match="mine"):
+        watch(fail)(torch.ones(1))
+    assert not [e for e in emitted if e.kind == "oom"]
+    with pytest.raises(RuntimeError):
+        watch(cuda_oom)(torch.ones(1))
+    (oom,) = [e for e in emitted if e.kind == "oom"]
+    assert oom.source == "exception" and "cudaErrorMemoryAllocation" in oom.message
+
+
+def test_oom_already_seen_by_the_allocator_is_not_reported_twice(emitted):
+    def observed_oom(x):
+        tls.oom_ns = time.perf_counter_ns()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        watch(observed_oom)(torch.ones(1))
+    assert not [e for e in emitted if e.kind == "oom"]
+
+
+def test_is_oom():
+    assert is_oom(torch.OutOfMemoryError("x"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+    assert not is_oom(ValueError("out of memory"))
+
+
+def test_wrapper_is_drop_in():
+    model = torch.nn.Linear(3, 2)
+    w = watch(model, name="lin")
+    assert w.weight is model.weight and w.__wrapped__ is model and w.in_features == 3
+    assert watch(w) is w
+    assert w(torch.ones(1, 3)).shape == (1, 2)
+    with pytest.raises(TypeError):
+        watch(42)
+    assert watch(model).name == "Linear"
+
+
+def test_windows_count_calls_without_resetting_the_serving_side(emitted):
+    f = watch(lambda x: x, name="w")
+    for _ in range(7):
+        f(torch.ones(1))
+    calls, total_ns, stall_calls, stall_ns, distinct = f.take_window()
+    assert (calls, stall_calls, distinct) == (7, 0, 1) and total_ns > 0
+    f(torch.ones(2))
+    assert f.take_window()[0] == 1
+    assert f.calls == 8  # running total untouched
+
+
+def test_shape_memory_is_capped(emitted):
+    runtime.max_shapes = 3
+    f = watch(lambda x: x, name="cap")
+    for n in range(1, 10):
+        f(torch.ones(n))
+    assert len([e for e in emitted if e.kind == "new_shape"]) == 3
+    assert f.take_window()[4] == 3
+
+
+def test_unwatched_runtime_emits_nothing():
+    runtime.reset()
+    f = watch(lambda x: x, name="quiet")
+    f(torch.ones(3))  # no agent installed: runs, records, sends nowhere
+    assert f.calls == 1
+    assert timing.runtime.emit is timing._discard

@@ -1,0 +1,172 @@
+"""The in-process agent: `install()`, `watch()`, `uninstall()`.
+
+    import watchdog.agent.auto          # one import: install() from TORCH_WATCHDOG_* variables
+
+or, in code, `watchdog.agent.install(event_log="/var/log/srv/events.jsonl")` and
+`model = watchdog.agent.watch(torch.compile(model, mode="reduce-overhead"), name="llm")`.
+
+Importing this module does not import torch. After install() nothing the agent does raises
+into the server, blocks it or prints to its stderr (set debug=True to see agent errors).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+from watchdog import __version__, events
+from watchdog.agent.config import AgentConfig, resolve
+from watchdog.agent.timing import Watched, runtime, watch, watched
+
+__all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "Watched"]
+
+log = logging.getLogger("watchdog.agent")
+_lock = threading.RLock()
+_agent: Optional["Agent"] = None
+
+
+class Agent:
+    """One per process: hooks, mitigations and the emitter's thread, which also runs `tick()`."""
+
+    def __init__(self, config: AgentConfig, problems: list[str]):
+        from watchdog.agent.emitter import Emitter
+        from watchdog.agent.hooks import TorchHooks
+        from watchdog.agent.mitigation import GraphBudget, RecompileGuard
+
+        import torch
+
+        self.config = config
+        self.problems = problems
+        self.errors = 0
+        self.started = time.monotonic()
+        self._seq = 0
+        self._next_heartbeat = self._next_hello = 0.0
+        self._calls_at = self.started
+        self._devices: list[str] = []
+        self.emitter = Emitter(config.socket_path, config.event_log, queue_size=config.queue_size,
+                               tick_s=config.tick_s, reconnect_s=config.reconnect_s,
+                               log_max_bytes=config.event_log_max_bytes, on_tick=self.tick,
+                               on_error=self.on_error)
+        emit = self.emitter.emit
+        self.budget = GraphBudget(torch, config.graph_budget, config.graph_budget_mode, emit)
+        self.guard = RecompileGuard(torch, config.recompile_guard_after, emit)
+        self.hooks = TorchHooks(torch, emit, self.on_error, on_recompile=self.guard.note_recompile,
+                                on_cudagraph_key=self.budget.note_key)
+        self.torch_version = str(torch.__version__)
+
+    def start(self) -> None:
+        self.hooks.install()
+        runtime.stall_ns = int(self.config.stall_threshold_s * 1e9)
+        runtime.max_shapes = self.config.max_shapes
+        runtime.emit = self.emitter.emit
+        self.emitter.emit(self.hello())
+        self._next_hello = time.monotonic() + self.config.hello_every_s
+        self.emitter.start()
+
+    def stop(self) -> None:
+        runtime.reset()
+        self.hooks.uninstall()
+        self.budget.release()
+        self.guard.release()
+        self._emit_calls()
+        self.emitter.stop()
+
+    def on_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.config.debug:
+            print("torch-watchdog agent error (ignored):", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+
+    def tick(self) -> None:
+        """Every `tick_s` on the sender thread: heal hooks, mitigations, heartbeat, hello."""
+        self.hooks.heal()
+        self.guard.tick()
+        now = time.monotonic()
+        devices = self._devices or self.hooks.devices()  # known once CUDA is up
+        if now >= self._next_hello or devices != self._devices:
+            self._devices = devices
+            self._next_hello = now + self.config.hello_every_s
+            self.emitter.emit(self.hello())
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_s
+            self._seq += 1
+            self.emitter.emit(events.Heartbeat(
+                t=time.time(), pid=os.getpid(), seq=self._seq, uptime_s=now - self.started,
+                queue_depth=self.emitter.depth(), errors=self.errors))
+            self._emit_calls()
+
+    def _emit_calls(self) -> None:
+        now = time.monotonic()
+        window, self._calls_at = now - self._calls_at, now
+        for w in list(watched):
+            calls, total_ns, stall_calls, stall_ns, distinct = w.take_window()
+            if calls:
+                self.emitter.emit(events.Calls(
+                    t=time.time(), pid=os.getpid(), name=w.name, calls=calls,
+                    seconds=total_ns / 1e9, stall_calls=stall_calls,
+                    stall_seconds=stall_ns / 1e9, distinct_shapes=distinct, window_s=window))
+
+    def hello(self) -> events.Hello:
+        config: dict[str, events.Scalar] = {}
+        try:
+            config = self.hooks.compile_config()
+        except Exception as e:
+            self.on_error(e)
+        for i, problem in enumerate(self.problems):
+            config[f"agent_config_problem_{i}"] = events.clip(problem, 300)
+        return events.Hello(
+            t=time.time(), pid=os.getpid(), torch=self.torch_version, agent=__version__,
+            devices=list(self._devices), config=config, capabilities=dict(self.hooks.capabilities),
+            watched=sorted({w.name for w in list(watched)})[:100],
+            argv=events.clip(" ".join(sys.argv), 300) or "")
+
+
+def install(**settings: Any) -> Optional[Agent]:
+    """Start the agent (idempotent, thread-safe). Returns it, or None if disabled or failed.
+
+    Settings are AgentConfig fields; each overrides its TORCH_WATCHDOG_* variable. A bad
+    explicit setting raises ValueError; any failure to start is logged and returns None.
+    """
+    global _agent
+    with _lock:
+        if _agent is not None:
+            return _agent
+        config, problems = resolve(settings)
+        for problem in problems:
+            log.warning("torch-watchdog agent: %s", problem)
+        if not config.enabled:
+            return None
+        agent = None
+        try:
+            agent = Agent(config, problems)
+            agent.start()
+        except Exception as e:  # never take the server down for the watchdog's sake
+            log.warning("torch-watchdog agent not started: %s: %s", type(e).__name__, e)
+            if agent is not None:
+                try:
+                    agent.stop()
+                except Exception:
+                    pass
+            return None
+        _agent = agent
+        return agent
+
+
+def uninstall() -> None:
+    """Remove every hook, flush queued events, stop the thread. Idempotent."""
+    global _agent
+    with _lock:
+        agent, _agent = _agent, None
+        if agent is not None:
+            try:
+                agent.stop()
+            except Exception as e:
+                log.warning("torch-watchdog agent: error while stopping: %s", e)
+
+
+def current() -> Optional[Agent]:
+    return _agent

@@ -1,0 +1,101 @@
+"""Agent settings: install() arguments override TORCH_WATCHDOG_* environment variables.
+
+A bad environment value never stops the server: it is reported (logger `watchdog.agent`, and the
+`hello` event's config) and the default is used. A bad explicit argument is a programming error
+and raises ValueError from install().
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"
+BUDGET_MODES = ("auto", "capture_sizes", "eager")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    enabled: bool = True
+    socket_path: Optional[str] = DEFAULT_SOCKET   # "" or None: no socket
+    event_log: Optional[str] = None               # JSON-lines post-mortem record
+    event_log_max_bytes: int = 64 * 1024 * 1024   # then rotated once to <event_log>.1
+    queue_size: int = 10_000                      # events held while the sender catches up
+    tick_s: float = 0.1                           # sender thread wake-up period
+    heartbeat_s: float = 2.0
+    hello_every_s: float = 30.0                   # re-sent so a restarted sidecar learns us
+    reconnect_s: float = 1.0                      # retry period for a dead socket / log
+    stall_threshold_s: float = 0.05               # a call at least this slow is a stall
+    max_shapes: int = 65_536                      # distinct shapes remembered per watched callable
+    graph_budget: int = 0                         # 0: off; else stop new cudagraph sizes after N
+    graph_budget_mode: str = "auto"               # auto | capture_sizes (torch>=2.9) | eager
+    recompile_guard_after: int = 0                # 0: off; else eager_on_recompile after N
+    oom_observer: bool = True
+    debug: bool = False                           # agent errors to stderr
+
+
+_ENV = {
+    "enabled": "TORCH_WATCHDOG_ENABLED",
+    "socket_path": "TORCH_WATCHDOG_SOCKET",
+    "event_log": "TORCH_WATCHDOG_EVENT_LOG",
+    "event_log_max_bytes": "TORCH_WATCHDOG_EVENT_LOG_MAX_BYTES",
+    "queue_size": "TORCH_WATCHDOG_QUEUE_SIZE",
+    "heartbeat_s": "TORCH_WATCHDOG_HEARTBEAT_S",
+    "stall_threshold_s": "TORCH_WATCHDOG_STALL_S",
+    "max_shapes": "TORCH_WATCHDOG_MAX_SHAPES",
+    "graph_budget": "TORCH_WATCHDOG_GRAPH_BUDGET",
+    "graph_budget_mode": "TORCH_WATCHDOG_GRAPH_BUDGET_MODE",
+    "recompile_guard_after": "TORCH_WATCHDOG_RECOMPILE_GUARD_AFTER",
+    "oom_observer": "TORCH_WATCHDOG_OOM_OBSERVER",
+    "debug": "TORCH_WATCHDOG_DEBUG",
+}
+ENV_VARS = tuple(_ENV.values())
+_TYPES = {f.name: f.type for f in dataclasses.fields(AgentConfig)}
+
+
+def parse_value(name: str, raw: Any) -> Any:
+    """Convert and check one setting; raises ValueError with the reason."""
+    kind = _TYPES[name]
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected a boolean, got {raw!r}")
+    if kind == "Optional[str]":
+        return None if raw is None or raw == "" else str(raw)
+    if kind == "str":
+        if raw not in BUDGET_MODES:
+            raise ValueError(f"{name}: expected one of {BUDGET_MODES}, got {raw!r}")
+        return raw
+    try:
+        value = int(raw) if kind == "int" else float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+    if isinstance(raw, bool) or value < 0 or value != value:
+        raise ValueError(f"{name}: expected a number >= 0, got {raw!r}")
+    if name in ("queue_size", "max_shapes", "tick_s", "heartbeat_s") and value == 0:
+        raise ValueError(f"{name}: must be > 0")
+    return value
+
+
+def resolve(args: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+            ) -> tuple[AgentConfig, list[str]]:
+    """Config from explicit args over environment over defaults, plus the env problems found."""
+    unknown = set(args) - set(_TYPES)
+    if unknown:
+        raise ValueError(f"unknown agent setting(s): {sorted(unknown)}")
+    values, problems = {}, []
+    for name, var in _ENV.items():
+        if var in environ:
+            try:
+                values[name] = parse_value(name, environ[var])
+            except ValueError as e:
+                problems.append(f"{var}: {e} (using the default)")
+    for name, raw in args.items():
+        values[name] = parse_value(name, raw)  # explicit arguments fail loudly
+    return AgentConfig(**values), problems

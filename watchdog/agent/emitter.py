@@ -1,0 +1,227 @@
+"""Bounded event queue and its sender thread: Unix datagram socket and/or JSON-lines log.
+
+`emit()` runs on the server's threads: it appends to a bounded deque and returns, never
+blocking, never raising. Encoding and all I/O happen on one daemon thread. A dead or absent
+sidecar, a full socket buffer or an unwritable log loses events, counted per reason and
+reported in `dropped` events; sinks are retried every `reconnect_s`.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+import time
+from typing import Callable, Optional
+
+from watchdog import events
+
+DROP_REASONS = ("queue_full", "socket", "log")
+SENT, FULL, DOWN = "sent", "full", "down"
+FULL_RETRY_S = 1.0
+
+
+class Emitter:
+    def __init__(self, socket_path: Optional[str], log_path: Optional[str], *,
+                 queue_size: int = 10_000, tick_s: float = 0.1, reconnect_s: float = 1.0,
+                 log_max_bytes: int = 64 << 20, on_tick: Optional[Callable[[], None]] = None,
+                 on_error: Callable[[BaseException], None] = lambda e: None):
+        self._queue: collections.deque = collections.deque()
+        self._cap = queue_size
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._tick_s = tick_s
+        self._on_tick = on_tick
+        self._on_error = on_error
+        self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
+        self._log = _LogSink(log_path, reconnect_s, log_max_bytes) if log_path else None
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._reported = dict.fromkeys(DROP_REASONS, 0)
+        self.sent = 0
+        self._parked: Optional[bytes] = None  # a datagram the receiver had no room for
+        self._parked_at = 0.0
+        self._stuck = False
+        self._thread: Optional[threading.Thread] = None
+
+    # -- producer side (any thread) -------------------------------------------------------
+    def emit(self, event: events.Event) -> None:
+        queue = self._queue
+        if len(queue) >= self._cap:
+            self.dropped["queue_full"] += 1
+            return
+        queue.append(event)
+        if len(queue) == 1:
+            self._wake.set()
+
+    def depth(self) -> int:
+        return len(self._queue)
+
+    # -- sender thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torch-watchdog-agent",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Flush what is queued (best effort within `timeout`), then close the sinks."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        for sink in (self._socket, self._log):
+            if sink is not None:
+                sink.close()
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while True:
+            stopping = self._stop.is_set()
+            now = time.monotonic()
+            if now >= next_tick and not stopping:
+                next_tick = now + self._tick_s
+                self._guard(self._on_tick)
+                self._guard(self._report_drops)
+            self._guard(self.drain)
+            if stopping:
+                return
+            wait = next_tick - time.monotonic()
+            self._wake.wait(max(0.0, min(wait, 0.005) if self._parked is not None else wait))
+            self._wake.clear()
+
+    def _guard(self, fn: Optional[Callable[[], None]]) -> None:
+        if fn is None:
+            return
+        try:
+            fn()
+        except Exception as e:  # the sender thread must survive anything
+            self._on_error(e)
+
+    def drain(self) -> None:
+        """Send everything queued. A full receiver buffer (the kernel queues only ~10 datagrams
+        per Unix socket by default) parks one datagram and ends the round; it is retried every
+        few ms for up to `FULL_RETRY_S`, then dropped. Producers never wait for any of this."""
+        if self._parked is not None and not self._retry_parked():
+            return
+        queue = self._queue
+        while queue:
+            event = queue.popleft()
+            try:
+                data = events.encode(event)
+            except (TypeError, ValueError) as e:
+                self._on_error(e)
+                continue
+            logged = self._log is not None and self._log.write(data)
+            if self._log is not None and not logged:
+                self.dropped["log"] += 1
+            if self._socket is None:
+                self.sent += logged
+                continue
+            result = self._socket.send(data)
+            if result == FULL and not self._stuck:
+                self._parked, self._parked_at = data, time.monotonic()
+                self.sent += logged
+                return
+            self._stuck = self._stuck and result != SENT
+            if result == SENT or logged:
+                self.sent += 1
+            if result != SENT:
+                self.dropped["socket"] += 1
+
+    def _retry_parked(self) -> bool:
+        result = self._socket.send(self._parked)
+        if result == FULL and time.monotonic() - self._parked_at < FULL_RETRY_S:
+            return False
+        if result != SENT:  # a receiver that stopped reading: drop at once until it reads again
+            self.dropped["socket"] += 1
+            self._stuck = True
+        self._parked = None
+        return True
+
+    def _report_drops(self) -> None:
+        for reason in DROP_REASONS:
+            total = self.dropped[reason]
+            count = total - self._reported[reason]
+            if count > 0:
+                self._reported[reason] = total
+                self.emit(events.Dropped(t=time.time(), pid=os.getpid(), reason=reason,
+                                         count=count, total=total))
+
+
+class _SocketSink:
+    """Connection-less, non-blocking datagrams to the sidecar's socket path."""
+
+    def __init__(self, path: str, reconnect_s: float):
+        self.path = path
+        self._reconnect_s = reconnect_s
+        self._sock: Optional[socket.socket] = None
+        self._retry_at = 0.0
+        self.up = False
+
+    def send(self, data: bytes) -> str:
+        now = time.monotonic()
+        if self._sock is None:
+            if now < self._retry_at:
+                return DOWN
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        try:
+            self._sock.sendto(data, self.path)
+        except BlockingIOError:  # the receiver's queue is full; never wait here
+            return FULL
+        except OSError:  # absent or dead sidecar: back off, try again later
+            self._sock.close()
+            self._sock = None
+            self._retry_at = now + self._reconnect_s
+            self.up = False
+            return DOWN
+        self.up = True
+        return SENT
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+class _LogSink:
+    """Append-only JSON lines, rotated once to `<path>.1` past `max_bytes`."""
+
+    def __init__(self, path: str, reconnect_s: float, max_bytes: int):
+        self.path = path
+        self._reconnect_s = reconnect_s
+        self._max_bytes = max_bytes
+        self._file = None
+        self._size = 0
+        self._retry_at = 0.0
+
+    def write(self, data: bytes) -> bool:
+        now = time.monotonic()
+        try:
+            if self._file is None:
+                if now < self._retry_at:
+                    return False
+                self._file = open(self.path, "ab", buffering=0)
+                self._size = self._file.tell()
+            if self._size + len(data) + 1 > self._max_bytes > 0:
+                self._rotate()
+            self._file.write(data + b"\n")
+            self._size += len(data) + 1
+            return True
+        except OSError:
+            self.close()
+            self._retry_at = now + self._reconnect_s
+            return False
+
+    def _rotate(self) -> None:
+        self._file.close()
+        os.replace(self.path, self.path + ".1")
+        self._file = open(self.path, "ab", buffering=0)
+        self._size = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None

@@ -1,0 +1,185 @@
+"""watch(): a drop-in wrapper that times each call and notes its input shapes, with no GPU sync.
+
+The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter_ns`
+calls and a set lookup; events are built only on the slow path — a shape seen for the first
+time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
+CPU-visible (FACTS #4), so wall time around the call is enough.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from time import perf_counter_ns
+from typing import Any, Callable, Optional
+
+from watchdog import events
+
+# Per serving thread, shared with hooks.py: `shape` of the watched call in progress (or None),
+# `activity`/`activity_ns` of the last compile or cudagraph step, `oom_ns` of the last OOM seen.
+tls = threading.local()
+
+
+class Runtime:
+    """What the installed agent tells every watched callable; inert until install()."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.emit: Callable[[events.Event], None] = _discard
+        self.stall_ns = 50_000_000
+        self.max_shapes = 65_536
+        self.route_eager = False  # graph budget in "eager" mode: novel shapes skip the compiler
+
+
+def _discard(event: events.Event) -> None:
+    return None
+
+
+runtime = Runtime()
+watched: "weakref.WeakSet[Watched]" = weakref.WeakSet()
+
+
+def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
+    """Shapes of the tensor arguments: positional, then keyword by name, one level of nesting."""
+    parts: list = []
+    for a in args:
+        _collect(a, parts, tensor_type, True)
+    for k in sorted(kwargs):
+        _collect(kwargs[k], parts, tensor_type, True)
+    return tuple(parts)
+
+
+def _collect(a: Any, parts: list, tensor_type: type, nested: bool) -> None:
+    if isinstance(a, tensor_type):
+        parts.append(a.shape)
+    elif nested and isinstance(a, (list, tuple)):
+        for x in a:
+            _collect(x, parts, tensor_type, False)
+    elif nested and isinstance(a, dict):
+        for x in a.values():
+            _collect(x, parts, tensor_type, False)
+
+
+def as_shape(sig: Any) -> events.Shape:
+    """A signature (one torch.Size, or a tuple of them) as the schema's list of lists."""
+    if type(sig) is tuple:
+        return [list(s) for s in sig]
+    return [list(sig)]  # a single torch.Size from the fast path
+
+
+class Watched:
+    """Calls `fn` unchanged; other attributes are the wrapped object's."""
+
+    __slots__ = ("__wrapped__", "name", "_fn", "_eager", "_tensor", "_seen", "_full",
+                 "calls", "total_ns", "stall_calls", "stall_ns", "_taken", "__weakref__")
+
+    def __init__(self, fn: Callable, name: str, tensor_type: type):
+        self.__wrapped__ = fn
+        self.name = name
+        self._fn = fn
+        # the uncompiled callable, for routing novel shapes to eager under a graph budget
+        self._eager = (getattr(fn, "_orig_mod", None)
+                       or getattr(fn, "_torchdynamo_orig_callable", None))
+        self._tensor = tensor_type
+        self._seen: set = set()
+        self._full = False
+        # running totals, only ever incremented by serving threads; the agent's thread
+        # subtracts its previous reading (`_taken`) instead of resetting them
+        self.calls = self.total_ns = self.stall_calls = self.stall_ns = 0
+        self._taken = (0, 0, 0, 0)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != 1 or type(args[0]) is not self._tensor:
+            sig = shape_signature(args, kwargs, self._tensor)
+        else:
+            sig = args[0].shape
+        fn = self._fn
+        if runtime.route_eager and sig not in self._seen and self._eager is not None:
+            fn = self._eager
+        local = tls
+        local.shape = sig
+        t0 = perf_counter_ns()
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException as e:
+            local.shape = None
+            self._failed(e, sig, t0)
+            raise
+        dt = perf_counter_ns() - t0
+        local.shape = None
+        self.calls += 1
+        self.total_ns += dt
+        if dt >= runtime.stall_ns or (sig not in self._seen and not self._full):
+            self._slow(sig, dt, t0)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # only reached for names not in __slots__
+        return getattr(self._fn, name)
+
+    def __repr__(self) -> str:
+        return f"<watched {self.name!r}: {self._fn!r}>"
+
+    def _slow(self, sig: Any, dt: int, t0: int) -> None:
+        try:
+            new = sig not in self._seen and not self._full
+            if new:
+                self._seen.add(sig)
+                self._full = len(self._seen) >= runtime.max_shapes
+            now, pid, shape = time.time(), os.getpid(), as_shape(sig)
+            if new:
+                runtime.emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
+                                             seconds=dt / 1e9, distinct=len(self._seen)))
+            if dt >= runtime.stall_ns:
+                self.stall_calls += 1
+                self.stall_ns += dt
+                cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
+                runtime.emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
+                                          seconds=dt / 1e9, new_shape=new, cause=cause))
+        except Exception:  # never into the server; the event is lost, the call is not
+            pass
+
+    def _failed(self, exc: BaseException, sig: Any, t0: int) -> None:
+        try:
+            self.calls += 1
+            if not is_oom(exc) or getattr(tls, "oom_ns", -1) >= t0:
+                return  # not an OOM, or the allocator's observer already reported it
+            runtime.emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
+                                    device=None, requested_bytes=None, limit_bytes=None,
+                                    free_bytes=None, message=events.clip(str(exc), 500)))
+        except Exception:
+            pass
+
+    def take_window(self) -> tuple[int, int, int, int, int]:
+        """(calls, total_ns, stall_calls, stall_ns, distinct_shapes) since the last take."""
+        now = (self.calls, self.total_ns, self.stall_calls, self.stall_ns)
+        delta = tuple(a - b for a, b in zip(now, self._taken))
+        self._taken = now
+        return (*delta, len(self._seen))
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError, or the CUDA error that bypasses the allocator (FACTS #9)."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    if isinstance(exc, RuntimeError):
+        text = str(exc)[:2000]
+        return "cudaErrorMemoryAllocation" in text or "out of memory" in text
+    return False
+
+
+def watch(fn: Callable, name: Optional[str] = None) -> Watched:
+    """Wrap a model or function: per-call shape and wall time, new shapes and stalls as events."""
+    import torch  # the server has it; importing watchdog.agent alone must not
+
+    if isinstance(fn, Watched):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"watch() needs a callable, got {type(fn).__name__}")
+    label = name or getattr(fn, "__name__", None) or type(
+        getattr(fn, "_orig_mod", fn)).__name__
+    w = Watched(fn, label, torch.Tensor)
+    watched.add(w)
+    return w

@@ -1,0 +1,259 @@
+"""The event schema shared by the agent and the sidecar: versioned, stdlib only, strict decode.
+
+Every event is one JSON object with `v` (schema version), `kind`, `t` (wall-clock seconds since
+the epoch, float) and `pid`, plus the fields of its kind. `decode` rejects anything else — an
+unknown version or kind, a missing or extra field, a value of the wrong type — with
+`EventDecodeError`, never another exception, so a receiver can count and drop garbage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+SCHEMA_VERSION = 1
+# One event is one Unix datagram; the agent truncates long strings well below this.
+MAX_EVENT_BYTES = 64 * 1024
+MAX_TEXT_CHARS = 2000
+
+Shape = list[list[int]]  # one list of sizes per tensor argument, in call order
+Scalar = Union[str, int, float, bool, None]
+
+
+class EventDecodeError(ValueError):
+    """A datagram or log line that is not a valid event of this schema version."""
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    pid: int
+    kind = "event"  # class attribute, overridden per kind; not a dataclass field
+
+
+@dataclass(frozen=True)
+class Hello(Event):
+    """First event of an agent, re-sent periodically and when CUDA comes up."""
+    torch: str
+    agent: str
+    devices: list[str]            # GPU UUIDs ("GPU-…") once CUDA is initialised, else []
+    config: dict[str, Scalar]     # compile-relevant torch config (recompile_limit, …)
+    capabilities: dict[str, bool]  # which hooks this torch version allowed
+    watched: list[str]
+    argv: str
+    kind = "hello"
+
+
+@dataclass(frozen=True)
+class Heartbeat(Event):
+    seq: int
+    uptime_s: float
+    queue_depth: int
+    errors: int                   # internal agent errors so far (each was swallowed)
+    kind = "heartbeat"
+
+
+@dataclass(frozen=True)
+class Compile(Event):
+    """A Dynamo compile of a frame seen for the first time."""
+    compile_id: Optional[str]
+    function: Optional[str]
+    seconds: Optional[float]
+    kind = "compile"
+
+
+@dataclass(frozen=True)
+class Recompile(Event):
+    """A Dynamo compile of a frame that already had compiled code: a guard failed."""
+    compile_id: Optional[str]
+    function: Optional[str]
+    seconds: Optional[float]
+    reason: Optional[str]
+    kind = "recompile"
+
+
+@dataclass(frozen=True)
+class RecompileLimit(Event):
+    """Dynamo gave up recompiling a frame: new inputs now run eager, silently."""
+    function: Optional[str]
+    limit: Optional[int]
+    reason: Optional[str]
+    compile_id: Optional[str]
+    kind = "recompile_limit"
+
+
+@dataclass(frozen=True)
+class CudagraphRecord(Event):
+    """phase "warmup": 1st call of a new size (no memory yet); "record": the graph is captured."""
+    phase: str
+    compile_id: Optional[str]
+    key: Optional[list[int]]      # the cudagraph tree's symint key; None: no symints or unknown
+    shape: Optional[Shape]        # the watched call's input shapes, when inside watch()
+    seconds: Optional[float]
+    kind = "cudagraph_record"
+
+
+@dataclass(frozen=True)
+class CudagraphWarning(Event):
+    """Inductor's "observed N distinct sizes" warning, or a cudagraph skip."""
+    message: str
+    distinct_sizes: Optional[int]
+    kind = "cudagraph_warning"
+
+
+@dataclass(frozen=True)
+class GraphBreak(Event):
+    reason: str
+    location: Optional[str]
+    kind = "graph_break"
+
+
+@dataclass(frozen=True)
+class NewShape(Event):
+    name: str
+    shape: Shape
+    seconds: float                # wall time of that first call
+    distinct: int                 # distinct shapes this watched callable has seen
+    kind = "new_shape"
+
+
+@dataclass(frozen=True)
+class Stall(Event):
+    name: str
+    shape: Shape
+    seconds: float
+    new_shape: bool
+    cause: Optional[str]          # "compile", "recompile", "cudagraph_warmup", "cudagraph_record"
+    kind = "stall"
+
+
+@dataclass(frozen=True)
+class Calls(Event):
+    """Per watched callable, the calls since the previous Calls event."""
+    name: str
+    calls: int
+    seconds: float
+    stall_calls: int
+    stall_seconds: float
+    distinct_shapes: int
+    window_s: float
+    kind = "calls"
+
+
+@dataclass(frozen=True)
+class Oom(Event):
+    source: str                   # "allocator" (OOM observer) or "exception" (seen by watch())
+    device: Optional[int]
+    requested_bytes: Optional[int]
+    limit_bytes: Optional[int]
+    free_bytes: Optional[int]
+    message: Optional[str]
+    kind = "oom"
+
+
+@dataclass(frozen=True)
+class Dropped(Event):
+    reason: str                   # "queue_full", "socket", "log"
+    count: int                    # since the previous Dropped event of this reason
+    total: int                    # since the agent started
+    kind = "dropped"
+
+
+@dataclass(frozen=True)
+class Mitigation(Event):
+    name: str                     # "graph_budget" or "recompile_guard"
+    action: str                   # "engaged" or "unavailable"
+    detail: str
+    kind = "mitigation"
+
+
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (Hello, Heartbeat, Compile, Recompile, RecompileLimit, CudagraphRecord,
+                CudagraphWarning, GraphBreak, NewShape, Stall, Calls, Oom, Dropped, Mitigation)
+}
+_HINTS = {kind: typing.get_type_hints(cls) for kind, cls in KINDS.items()}
+_FIELDS = {kind: [f.name for f in dataclasses.fields(cls)] for kind, cls in KINDS.items()}
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    d = {"v": SCHEMA_VERSION, "kind": event.kind}
+    d.update((name, getattr(event, name)) for name in _FIELDS[event.kind])
+    return d
+
+
+def encode(event: Event) -> bytes:
+    """One compact JSON object, UTF-8. Raises ValueError if it exceeds MAX_EVENT_BYTES."""
+    data = json.dumps(to_dict(event), separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_EVENT_BYTES:
+        raise ValueError(f"{event.kind} event is {len(data)} bytes, over {MAX_EVENT_BYTES}")
+    return data
+
+
+def decode(data: Union[bytes, str]) -> Event:
+    """Parse and validate one event; any problem raises EventDecodeError."""
+    if len(data) > MAX_EVENT_BYTES:
+        raise EventDecodeError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise EventDecodeError(f"not JSON: {e}") from None
+    return from_dict(obj)
+
+
+def from_dict(obj: Any) -> Event:
+    if not isinstance(obj, dict):
+        raise EventDecodeError("event is not a JSON object")
+    if obj.get("v") != SCHEMA_VERSION:
+        raise EventDecodeError(f"unsupported schema version {obj.get('v')!r}")
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise EventDecodeError(f"unknown event kind {kind!r}")
+    fields = _FIELDS[kind]
+    extra = set(obj) - set(fields) - {"v", "kind"}
+    if extra:
+        raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+    values = {}
+    for name in fields:
+        if name not in obj:
+            raise EventDecodeError(f"{kind}: missing field {name!r}")
+        if not _conforms(obj[name], _HINTS[kind][name]):
+            raise EventDecodeError(f"{kind}: field {name!r} has a bad value {obj[name]!r:.80}")
+        values[name] = obj[name]
+    if values["pid"] <= 0 or not math.isfinite(values["t"]):
+        raise EventDecodeError(f"{kind}: bad pid or t")
+    return KINDS[kind](**values)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Does a JSON value match a field's annotation? bool is never an int, an int is a float."""
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(
+            _conforms(k, key) and _conforms(v, item) for k, v in value.items())
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value))
+    return isinstance(value, hint)
+
+
+def clip(text: Optional[str], limit: int = MAX_TEXT_CHARS) -> Optional[str]:
+    """Bound a free-text field so one event always fits in a datagram."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
