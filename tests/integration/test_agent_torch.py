@@ -212,7 +212,7 @@ def test_graph_budget_eager_mode_routes_novel_shapes(collector):
     finally:
         agent_mod.uninstall()
         torch._dynamo.reset()
-    assert timing.runtime.route_eager is False
+    assert timing.route_eager is False
 
 
 def test_install_is_idempotent_and_uninstall_removes_everything(collector):

@@ -5,16 +5,15 @@ import torch
 
 from watchdog import events
 from watchdog.agent import timing
-from watchdog.agent.timing import as_shape, is_oom, runtime, shape_signature, tls, watch
+from watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, watch
 
 
 @pytest.fixture
 def emitted():
     got: list[events.Event] = []
-    runtime.emit = got.append
-    runtime.stall_ns = 20_000_000
+    timing.configure(emit=got.append, stall_ns=20_000_000)
     yield got
-    runtime.reset()
+    timing.reset()
 
 
 def test_new_shapes_are_flagged_once(emitted):
@@ -55,7 +54,7 @@ def test_signature_covers_kwargs_and_nesting():
     t = torch.Tensor
     sig = shape_signature((torch.ones(2, 3), 5, [torch.ones(4)]),
                           {"mask": torch.ones(2), "ids": torch.ones(1, 7)}, t)
-    assert as_shape(sig) == [[2, 3], [4], [1, 7], [2]]  # kwargs sorted by name
+    assert as_shape(sig) == [[2, 3], [4], [2], [1, 7]]  # keywords in call order
     assert as_shape(torch.ones(2, 2).shape) == [[2, 2]]
     assert as_shape(torch.tensor(1.0).shape) == [[]]
 
@@ -128,7 +127,7 @@ def test_windows_count_calls_without_resetting_the_serving_side(emitted):
 
 
 def test_shape_memory_is_capped(emitted):
-    runtime.max_shapes = 3
+    timing.configure(max_shapes=3)
     f = watch(lambda x: x, name="cap")
     for n in range(1, 10):
         f(torch.ones(n))
@@ -137,8 +136,8 @@ def test_shape_memory_is_capped(emitted):
 
 
 def test_unwatched_runtime_emits_nothing():
-    runtime.reset()
+    timing.reset()
     f = watch(lambda x: x, name="quiet")
     f(torch.ones(3))  # no agent installed: runs, records, sends nowhere
     assert f.calls == 1
-    assert timing.runtime.emit is timing._discard
+    assert timing.emit is timing._discard

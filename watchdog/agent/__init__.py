@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 from watchdog import __version__, events
 from watchdog.agent.config import AgentConfig, resolve
-from watchdog.agent.timing import Watched, runtime, watch, watched
+from watchdog.agent import timing
+from watchdog.agent.timing import Watched, watch, watched
 
 __all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "Watched"]
 
@@ -60,15 +61,14 @@ class Agent:
 
     def start(self) -> None:
         self.hooks.install()
-        runtime.stall_ns = int(self.config.stall_threshold_s * 1e9)
-        runtime.max_shapes = self.config.max_shapes
-        runtime.emit = self.emitter.emit
+        timing.configure(emit=self.emitter.emit, max_shapes=self.config.max_shapes,
+                         stall_ns=int(self.config.stall_threshold_s * 1e9))
         self.emitter.emit(self.hello())
         self._next_hello = time.monotonic() + self.config.hello_every_s
         self.emitter.start()
 
     def stop(self) -> None:
-        runtime.reset()
+        timing.reset()
         self.hooks.uninstall()
         self.budget.release()
         self.guard.release()

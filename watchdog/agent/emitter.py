@@ -105,6 +105,9 @@ class Emitter:
         queue = self._queue
         while queue:
             event = queue.popleft()
+            if self._log is None and self._socket is not None and not self._socket.ready():
+                self.dropped["socket"] += 1  # no sink can take it: don't pay for encoding
+                continue
             try:
                 data = events.encode(event)
             except (TypeError, ValueError) as e:
@@ -156,6 +159,9 @@ class _SocketSink:
         self._sock: Optional[socket.socket] = None
         self._retry_at = 0.0
         self.up = False
+
+    def ready(self) -> bool:
+        return self._sock is not None or time.monotonic() >= self._retry_at
 
     def send(self, data: bytes) -> str:
         now = time.monotonic()

@@ -23,7 +23,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
 from watchdog import events
-from watchdog.agent.timing import as_shape, tls
+from watchdog.agent.timing import as_shape, current_shape, tls
 
 Emit = Callable[[events.Event], None]
 
@@ -254,7 +254,7 @@ class TorchHooks:
     def _recorded(self, compile_id: Optional[str]) -> None:
         start = getattr(tls, "record_ns", None)
         seconds = (perf_counter_ns() - start) / 1e9 if start else None
-        shape = getattr(tls, "shape", None)
+        shape = current_shape()
         key = self._shape_keys.get(shape) if shape is not None else None
         self.emit(events.CudagraphRecord(
             t=time.time(), pid=self.pid, phase="record", compile_id=str(compile_id),
@@ -361,7 +361,7 @@ class TorchHooks:
         args = record.args if isinstance(record.args, tuple) else ()
         key = args[-1] if "symint key" in lowered and args else None
         compile_id = str(args[0]) if msg.startswith("[%s]") and len(args) >= 1 else None
-        shape = getattr(tls, "shape", None)
+        shape = current_shape()
         if shape is not None:
             if len(self._shape_keys) >= 4096:
                 self._shape_keys.clear()

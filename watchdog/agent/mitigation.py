@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from watchdog import events
-from watchdog.agent.timing import runtime
+from watchdog.agent import timing
 
 Emit = Callable[[events.Event], None]
 
@@ -74,7 +74,7 @@ class GraphBudget:
             detail = (f"{len(self.keys)} sizes recorded; new sizes now run without CUDA graphs "
                       f"(cudagraph_capture_sizes)")
         elif self.mode == "eager":
-            runtime.route_eager = True
+            timing.configure(route_eager=True)
             detail = (f"{len(self.keys)} sizes recorded; watched callables now run unseen "
                       f"shapes eagerly")
         else:
@@ -86,7 +86,7 @@ class GraphBudget:
     def release(self) -> None:
         if self.engaged and self.mode == "capture_sizes":
             self._triton.cudagraph_capture_sizes = self._saved
-        runtime.route_eager = False
+        timing.configure(route_eager=False)
 
 
 class RecompileGuard:

@@ -16,58 +16,80 @@ from typing import Any, Callable, Optional
 
 from watchdog import events
 
-# Per serving thread, shared with hooks.py: `shape` of the watched call in progress (or None),
-# `activity`/`activity_ns` of the last compile or cudagraph step, `oom_ns` of the last OOM seen.
+# Per serving thread, written by hooks.py (rare): `activity`/`activity_ns` of the last compile
+# or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
 tls = threading.local()
 
+# The shape signature of the watched call in progress (None between calls), for hooks.py to
+# tag cudagraph events. A plain global, not thread-local: it is written twice per call and a
+# thread-local costs ~50 ns a write. With several serving threads the tag is best effort.
+current_sig: Any = None
 
-class Runtime:
-    """What the installed agent tells every watched callable; inert until install()."""
 
-    def __init__(self) -> None:
-        self.reset()
+def current_shape() -> Any:
+    return current_sig
 
-    def reset(self) -> None:
-        self.emit: Callable[[events.Event], None] = _discard
-        self.stall_ns = 50_000_000
-        self.max_shapes = 65_536
-        self.route_eager = False  # graph budget in "eager" mode: novel shapes skip the compiler
+
+# What the installed agent tells every watched callable. Module globals, not attributes of an
+# object: the hot path reads them on every call and a global read is the cheapest there is.
+emit: Callable[[events.Event], None]
+stall_ns: int
+max_shapes: int
+route_eager: bool  # graph budget in "eager" mode: novel shapes skip the compiler
 
 
 def _discard(event: events.Event) -> None:
     return None
 
 
-runtime = Runtime()
+def configure(**settings: Any) -> None:
+    """Set emit / stall_ns / max_shapes / route_eager (install() and the mitigations do)."""
+    unknown = set(settings) - {"emit", "stall_ns", "max_shapes", "route_eager"}
+    if unknown:
+        raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
+    globals().update(settings)
+
+
+def reset() -> None:
+    """Back to inert: watched callables keep working and send nowhere."""
+    configure(emit=_discard, stall_ns=50_000_000, max_shapes=65_536, route_eager=False)
+
+
+reset()
 watched: "weakref.WeakSet[Watched]" = weakref.WeakSet()
 
 
 def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
-    """Shapes of the tensor arguments: positional, then keyword by name, one level of nesting."""
-    parts: list = []
-    for a in args:
-        _collect(a, parts, tensor_type, True)
-    for k in sorted(kwargs):
-        _collect(kwargs[k], parts, tensor_type, True)
+    """One entry per argument, positional then keyword in call order: a tensor's shape, a tuple
+    of shapes for a list/tuple/dict of tensors (e.g. a tokenizer's BatchEncoding), else None."""
+    parts = []
+    for group in (args, kwargs.values()):
+        for a in group:
+            parts.append(a.shape if type(a) is tensor_type else _other(a, tensor_type))
     return tuple(parts)
 
 
-def _collect(a: Any, parts: list, tensor_type: type, nested: bool) -> None:
+def _other(a: Any, tensor_type: type) -> Any:
     if isinstance(a, tensor_type):
-        parts.append(a.shape)
-    elif nested and isinstance(a, (list, tuple)):
-        for x in a:
-            _collect(x, parts, tensor_type, False)
-    elif nested and isinstance(a, dict):
-        for x in a.values():
-            _collect(x, parts, tensor_type, False)
+        return a.shape
+    if isinstance(a, dict):
+        a = a.values()
+    elif not isinstance(a, (list, tuple)):
+        return None
+    return tuple(x.shape for x in a if isinstance(x, tensor_type)) or None
 
 
 def as_shape(sig: Any) -> events.Shape:
-    """A signature (one torch.Size, or a tuple of them) as the schema's list of lists."""
-    if type(sig) is tuple:
-        return [list(s) for s in sig]
-    return [list(sig)]  # a single torch.Size from the fast path
+    """A signature as the schema's list of shapes (arguments without tensors left out)."""
+    if type(sig) is not tuple or (sig and not isinstance(sig[0], (tuple, type(None)))):
+        return [list(sig)]  # one shape, from the single-argument fast path
+    out: events.Shape = []
+    for entry in sig:
+        if type(entry) is tuple:
+            out.extend(list(x) for x in entry)
+        elif entry is not None:
+            out.append(list(entry))
+    return out
 
 
 class Watched:
@@ -92,27 +114,30 @@ class Watched:
         self._taken = (0, 0, 0, 0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != 1 or type(args[0]) is not self._tensor:
+        if kwargs or len(args) != 1:
             sig = shape_signature(args, kwargs, self._tensor)
         else:
-            sig = args[0].shape
+            try:
+                sig = args[0].shape  # a tensor: torch.Size (zero-cost try on 3.11+)
+            except AttributeError:
+                sig = ()
         fn = self._fn
-        if runtime.route_eager and sig not in self._seen and self._eager is not None:
+        if route_eager and sig not in self._seen and self._eager is not None:
             fn = self._eager
-        local = tls
-        local.shape = sig
+        global current_sig
+        current_sig = sig
         t0 = perf_counter_ns()
         try:
             out = fn(*args, **kwargs)
         except BaseException as e:
-            local.shape = None
+            current_sig = None
             self._failed(e, sig, t0)
             raise
         dt = perf_counter_ns() - t0
-        local.shape = None
+        current_sig = None
         self.calls += 1
         self.total_ns += dt
-        if dt >= runtime.stall_ns or (sig not in self._seen and not self._full):
+        if dt >= stall_ns or (sig not in self._seen and not self._full):
             self._slow(sig, dt, t0)
         return out
 
@@ -127,16 +152,16 @@ class Watched:
             new = sig not in self._seen and not self._full
             if new:
                 self._seen.add(sig)
-                self._full = len(self._seen) >= runtime.max_shapes
+                self._full = len(self._seen) >= max_shapes
             now, pid, shape = time.time(), os.getpid(), as_shape(sig)
             if new:
-                runtime.emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
+                emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
                                              seconds=dt / 1e9, distinct=len(self._seen)))
-            if dt >= runtime.stall_ns:
+            if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
-                runtime.emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
+                emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
                                           seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
@@ -146,7 +171,7 @@ class Watched:
             self.calls += 1
             if not is_oom(exc) or getattr(tls, "oom_ns", -1) >= t0:
                 return  # not an OOM, or the allocator's observer already reported it
-            runtime.emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
+            emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
                                     device=None, requested_bytes=None, limit_bytes=None,
                                     free_bytes=None, message=events.clip(str(exc), 500)))
         except Exception:
