@@ -114,6 +114,7 @@ def main() -> int:
         "agent_records": len(records),
         "agent_warmups": sum(1 for e in rec if e.phase == "warmup"),
         "agent_record_keys": len({tuple(e.key) for e in records if e.key}),
+        "agent_records_static": sum(1 for e in records if e.key is None),  # graph w/o symints
         "truth": real, "truth_after_first_pass": mid,
         "compiles": sum(1 for e in evs if e.kind == "compile"),
         "recompiles": sum(1 for e in evs if e.kind == "recompile"),

@@ -1,0 +1,52 @@
+import gzip
+import os
+import subprocess
+import sys
+import time
+
+from tests.unit.test_events import SAMPLES
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+from watchdog.sidecar import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_events_check_counts_kinds_and_flags_bad_lines(tmp_path, capsys):
+    good = tmp_path / "events.jsonl.gz"
+    with gzip.open(good, "wt") as fh:
+        for e in SAMPLES:
+            fh.write(events.encode(e).decode() + "\n")
+    assert cli.main(["events", str(good)]) == 0
+    assert f"{len(SAMPLES)} valid events, 0 invalid lines" in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(events.encode(SAMPLES[1]).decode() + "\n{\"v\": 9}\n")
+    assert cli.main(["events", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert "bad.jsonl:2: unsupported schema version 9" in captured.err
+    assert cli.main(["events", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_listen_prints_what_an_agent_sends(short_tmp):
+    path = os.path.join(short_tmp, "l.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "listen", "--socket",
+                             path], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        em = Emitter(path, None)
+        em.emit(SAMPLES[3])
+        em.drain()
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.sendto(b"garbage", path)
+        s.close()
+        line = proc.stdout.readline()
+        assert "recompile" in line and "size mismatch" in line
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "dropped malformed datagram #1" in err
+    assert not os.path.exists(path)

@@ -1,0 +1,105 @@
+"""`torch-watchdog`: command-line entry point. Exit codes: 0 ok, 1 runtime failure, 2 bad input.
+
+    torch-watchdog listen [--socket PATH] [--json]   print the agent's events as they arrive
+    torch-watchdog events FILE...                     check an agent event log, print a summary
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Iterator, Optional, TextIO
+
+from watchdog import __version__, events
+
+DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"
+
+
+def describe(e: events.Event) -> str:
+    """One readable line per event."""
+    d = {k: v for k, v in events.to_dict(e).items() if k not in ("v", "kind", "t", "pid")}
+    detail = " ".join(f"{k}={v}" for k, v in d.items() if v not in (None, [], {}))
+    return f"{e.t:.3f} pid={e.pid} {e.kind:17s} {detail}"
+
+
+def listen(path: str, as_json: bool, out: TextIO, max_events: Optional[int] = None) -> int:
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    os.chmod(path, 0o660)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    bad = seen = 0
+    try:
+        while max_events is None or seen < max_events:
+            data = sock.recv(events.MAX_EVENT_BYTES + 1)
+            try:
+                e = events.decode(data)
+            except events.EventDecodeError as err:
+                bad += 1
+                print(f"dropped malformed datagram #{bad}: {err}", file=sys.stderr)
+                continue
+            seen += 1
+            print(json.dumps(events.to_dict(e)) if as_json else describe(e), file=out, flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+        os.unlink(path)
+    return 0
+
+
+def read_lines(path: str) -> Iterator[tuple[int, str]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        yield from enumerate(fh, 1)
+
+
+def check_events(paths: list[str], out: TextIO) -> int:
+    kinds: collections.Counter = collections.Counter()
+    problems = 0
+    for path in paths:
+        try:
+            for lineno, line in read_lines(path):
+                if not line.strip():
+                    continue
+                try:
+                    kinds[events.decode(line).kind] += 1
+                except events.EventDecodeError as err:
+                    problems += 1
+                    print(f"{path}:{lineno}: {err}", file=sys.stderr)
+        except OSError as err:
+            print(f"{path}: cannot read: {err.strerror}", file=sys.stderr)
+            return 2
+    for kind, n in sorted(kinds.items()):
+        print(f"{kind:18s} {n}", file=out)
+    print(f"{sum(kinds.values())} valid events, {problems} invalid lines", file=out)
+    return 2 if problems else 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="torch-watchdog", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    lp = sub.add_parser("listen", help="print the agent's events as they arrive")
+    lp.add_argument("--socket", default=os.environ.get("TORCH_WATCHDOG_SOCKET", DEFAULT_SOCKET))
+    lp.add_argument("--json", action="store_true", help="one JSON object per line")
+    ep = sub.add_parser("events", help="check an agent event log (.jsonl or .jsonl.gz)")
+    ep.add_argument("files", nargs="+")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "listen":
+            return listen(args.socket, args.json, sys.stdout)
+        return check_events(args.files, sys.stdout)
+    except OSError as err:
+        print(f"torch-watchdog: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
