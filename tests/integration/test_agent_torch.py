@@ -234,6 +234,33 @@ def test_install_is_idempotent_and_uninstall_removes_everything(collector):
     assert agent_mod.current() is None
 
 
+def test_concurrent_installs_make_one_agent(collector):
+    import threading
+
+    torch._dynamo.reset()
+    got, barrier = [], threading.Barrier(8)
+
+    def racer():
+        barrier.wait()
+        got.append(agent_mod.install(socket_path=collector.path))
+
+    threads = [threading.Thread(target=racer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(got) == 8 and all(a is got[0] for a in got)
+        starts = torch._dynamo.callback.callback_handler.start_callbacks
+        assert starts.count(got[0].hooks._cb_start) == 1
+        assert len(logging.getLogger("torch._utils_internal").filters) == 1
+        assert collector.wait(lambda c: len(c.of("hello")) >= 1)
+        time.sleep(0.1)
+        assert len(collector.of("hello")) == 1
+    finally:
+        agent_mod.uninstall()
+
+
 def test_disabled_by_env(monkeypatch):
     monkeypatch.setenv("TORCH_WATCHDOG_ENABLED", "0")
     assert agent_mod.install() is None and agent_mod.current() is None
