@@ -97,6 +97,10 @@ def bench_gpu(calls: int) -> dict:
             watched(x)
         torch.cuda.synchronize()
         result = compare(compiled, watched, (x,), {}, 50, calls)
+        # the cost of any Python wrapper layer around a compiled module, for comparison
+        result["passthrough"] = compare(compiled, lambda *a, **k: compiled(*a, **k), (x,), {},
+                                        50, calls)
+        result["repeat"] = compare(compiled, watched, (x,), {}, 50, calls)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -132,7 +136,8 @@ def main() -> int:
     if "gpu_reduce_overhead" in results:
         g = results["gpu_reduce_overhead"]
         print(f"GPU reduce-overhead call: bare {g['bare_ns'] / 1e3:.1f} us, watched "
-              f"{g['watched_ns'] / 1e3:.1f} us, ratio {g['ratio']:.3f}x; GPU sync raised under "
+              f"{g['watched_ns'] / 1e3:.1f} us, ratio {g['ratio']:.3f}x (a bare passthrough "
+              f"wrapper: {g['passthrough']['ratio']:.3f}x); GPU sync raised under "
               f"set_sync_debug_mode('error'): {g['sync_under_debug_mode_error']}")
     if args.json:
         with open(args.json, "w") as fh:

@@ -10,6 +10,7 @@ into the server, blocks it or prints to its stderr (set debug=True to see agent 
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -28,6 +29,7 @@ __all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "
 log = logging.getLogger("watchdog.agent")
 _lock = threading.RLock()
 _agent: Optional["Agent"] = None
+_atexit_registered = False
 
 
 class Agent:
@@ -131,7 +133,7 @@ def install(**settings: Any) -> Optional[Agent]:
     Settings are AgentConfig fields; each overrides its TORCH_WATCHDOG_* variable. A bad
     explicit setting raises ValueError; any failure to start is logged and returns None.
     """
-    global _agent
+    global _agent, _atexit_registered
     with _lock:
         if _agent is not None:
             return _agent
@@ -153,6 +155,9 @@ def install(**settings: Any) -> Optional[Agent]:
                     pass
             return None
         _agent = agent
+        if not _atexit_registered:
+            atexit.register(uninstall)  # flush what is queued when the server exits normally
+            _atexit_registered = True
         return agent
 
 

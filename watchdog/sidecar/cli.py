@@ -10,12 +10,13 @@ import collections
 import gzip
 import json
 import os
+import select
 import signal
-import socket
 import sys
 from typing import Iterator, Optional, TextIO
 
 from watchdog import __version__, events
+from watchdog.sidecar.receiver import Receiver
 
 DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"
 
@@ -27,31 +28,26 @@ def describe(e: events.Event) -> str:
     return f"{e.t:.3f} pid={e.pid} {e.kind:17s} {detail}"
 
 
-def listen(path: str, as_json: bool, out: TextIO, max_events: Optional[int] = None) -> int:
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    os.chmod(path, 0o660)
+def listen(path: str, as_json: bool, out: TextIO) -> int:
+    """Print events from agents until SIGINT/SIGTERM; bad datagrams are counted on stderr."""
+    receiver = Receiver(path)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    bad = seen = 0
+    reported = 0
     try:
-        while max_events is None or seen < max_events:
-            data = sock.recv(events.MAX_EVENT_BYTES + 1)
-            try:
-                e = events.decode(data)
-            except events.EventDecodeError as err:
-                bad += 1
-                print(f"dropped malformed datagram #{bad}: {err}", file=sys.stderr)
-                continue
-            seen += 1
-            print(json.dumps(events.to_dict(e)) if as_json else describe(e), file=out, flush=True)
+        while True:
+            select.select([receiver], [], [], 1.0)
+            for event, _pid in receiver.receive():
+                print(json.dumps(events.to_dict(event)) if as_json else describe(event),
+                      file=out, flush=True)
+            dropped = sum(receiver.dropped.values())
+            if dropped > reported:
+                reported = dropped
+                print(f"dropped {dropped} bad datagram(s) so far: {receiver.dropped}",
+                      file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        pass
+        return 0
     finally:
-        sock.close()
-        os.unlink(path)
-    return 0
+        receiver.close()
 
 
 def read_lines(path: str) -> Iterator[tuple[int, str]]:

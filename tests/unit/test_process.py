@@ -1,0 +1,86 @@
+"""Process source against real processes, real pidfiles and a fake systemctl."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
+
+
+def test_own_process_is_alive_with_rss_and_gpu_bytes_attached():
+    me = os.getpid()
+    (sample,) = read_processes({me}, {me: {"GPU-0": 5}, 1: {"GPU-0": 7}})
+    assert sample.pid == me and sample.alive
+    assert sample.rss_bytes is not None and sample.rss_bytes > 1 << 20
+    assert sample.gpu_bytes == {"GPU-0": 5}
+
+
+def test_killed_and_reaped_child_is_dead_without_rss():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.kill()
+    child.wait(10)
+    me = os.getpid()
+    samples = read_processes({child.pid, me})
+    assert [s.pid for s in samples] == sorted([child.pid, me])
+    dead = next(s for s in samples if s.pid == child.pid)
+    assert not dead.alive and dead.rss_bytes is None and dead.gpu_bytes == {}
+
+
+def test_unreaped_child_zombie_counts_as_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left a zombie
+        (sample,) = read_processes({child.pid})
+        assert not sample.alive and sample.rss_bytes is None
+    finally:
+        child.wait(10)
+
+
+def test_nonsense_pids_are_dead_not_errors():
+    assert [(s.pid, s.alive) for s in read_processes({0, -5})] == [(-5, False), (0, False)]
+
+
+def test_pidfile_with_garbage_missing_or_zero_is_none(tmp_path):
+    garbage = tmp_path / "garbage.pid"
+    garbage.write_bytes(b"\xff\xfenot a pid\n")
+    words = tmp_path / "words.pid"
+    words.write_text("server running\n")
+    zero = tmp_path / "zero.pid"
+    zero.write_text("0\n")
+    for path in (garbage, words, zero, tmp_path / "missing.pid", tmp_path):
+        assert read_pidfile(str(path)) is None
+
+
+def test_pidfile_with_a_valid_pid(tmp_path):
+    path = tmp_path / "server.pid"
+    path.write_text(f"{os.getpid()}\n")
+    assert read_pidfile(str(path)) == os.getpid()
+
+
+def fake_run(stdout="", returncode=0, raises=None):
+    seen = []
+
+    def run(args, **kwargs):
+        seen.append((args, kwargs))
+        if raises is not None:
+            raise raises
+        return subprocess.CompletedProcess(args, returncode, stdout=stdout, stderr="")
+
+    return run, seen
+
+
+def test_unit_main_pid_reads_systemctl():
+    run, seen = fake_run("1234\n")
+    assert unit_main_pid("inference.service", run=run) == 1234
+    args, kwargs = seen[0]
+    assert args == ["systemctl", "show", "-p", "MainPID", "--value", "inference.service"]
+    assert kwargs["timeout"] == 5
+
+
+def test_unit_main_pid_is_none_when_inactive_failed_or_missing():
+    cases = [fake_run("0\n"), fake_run("", returncode=1), fake_run("garbage\n"),
+             fake_run(raises=FileNotFoundError("systemctl")),
+             fake_run(raises=subprocess.TimeoutExpired("systemctl", 5))]
+    for run, _ in cases:
+        assert unit_main_pid("inference.service", run=run) is None

@@ -1,0 +1,224 @@
+import json
+import os
+import random
+import select
+import socket
+import stat
+import threading
+import time
+
+import pytest
+
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+from watchdog.sidecar.receiver import Receiver
+
+NO_DROPS = {"malformed": 0, "oversized": 0, "version": 0, "foreign": 0, "spoofed": 0}
+
+
+def _hb(seq: int, pid: int = 0) -> events.Heartbeat:
+    return events.Heartbeat(t=time.time(), pid=pid or os.getpid(), seq=seq, uptime_s=0.0,
+                            queue_depth=0, errors=0)
+
+
+def _raw(**changes) -> bytes:
+    obj = events.to_dict(_hb(1))
+    obj.update(changes)
+    return json.dumps(obj).encode()
+
+
+@pytest.fixture
+def path(short_tmp):
+    return os.path.join(short_tmp, "events.sock")
+
+
+@pytest.fixture
+def rx(path):
+    r = Receiver(path)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def tx():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.settimeout(5)  # a full receiver queue (10 datagrams) fails the test instead of hanging it
+    yield s
+    s.close()
+
+
+def _receive_until(rx: Receiver, n: int, timeout: float = 10.0) -> list:
+    """Poll the receiver's fd like the daemon loop does, until n good events or a timeout."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        select.select([rx], [], [], 0.1)
+        got.extend(rx.receive())
+    return got
+
+
+def test_good_events_round_trip_with_the_kernel_reported_sender_pid(rx, tx):
+    hello = events.Hello(t=time.time(), pid=os.getpid(), torch="2.6.0", agent="0.1.0",
+                         devices=["GPU-0"], config={"recompile_limit": 8},
+                         capabilities={"dynamo": True}, watched=["model"], argv="serve")
+    for ev in (_hb(1), hello, _hb(2)):
+        tx.sendto(events.encode(ev), rx.path)
+    got = rx.receive()
+    assert [(type(e).__name__, pid) for e, pid in got] == [
+        ("Heartbeat", os.getpid()), ("Hello", os.getpid()), ("Heartbeat", os.getpid())]
+    assert got[1][0] == hello
+    assert rx.received == 3 and rx.dropped == NO_DROPS
+    assert rx.receive() == []  # drained, and it did not block
+
+
+def test_bad_datagrams_are_counted_by_reason_and_good_ones_still_arrive(rx, tx):
+    datagrams = [
+        events.encode(_hb(1)),
+        b"\xff\xfe not json",
+        b"",
+        b"[1, 2, 3]",
+        b"[" * 60_000,                         # under the size limit, too deep for json
+        _raw(seq="one"),                       # wrong type: malformed, not a version problem
+        _raw(v=events.SCHEMA_VERSION + 1),     # a newer agent
+        _raw(kind="from_the_future"),          # an unknown kind
+        events.encode(_hb(2)),
+        b"x" * (events.MAX_EVENT_BYTES + 1),   # one byte too long
+        events.encode(_hb(3)),
+    ]
+    got = []
+    for data in datagrams:
+        tx.sendto(data, rx.path)
+        if len(data) > 1000:  # measured: one 60 KB datagram in flight fills a default SO_SNDBUF
+            got.extend(rx.receive())
+    got.extend(rx.receive())
+    assert [e.seq for e, _ in got] == [1, 2, 3]
+    assert rx.dropped == {**NO_DROPS, "malformed": 5, "version": 2, "oversized": 1}
+    assert rx.received == 3
+
+
+def test_exactly_max_event_bytes_is_not_oversized(rx, tx):
+    data = _raw(errors=0)
+    padded = data + b" " * (events.MAX_EVENT_BYTES - len(data))  # JSON allows trailing space
+    tx.sendto(padded, rx.path)
+    assert [e.seq for e, _ in rx.receive()] == [1]
+
+
+def test_random_bytes_never_raise(rx, tx):
+    rng = random.Random(1234)
+    for i in range(300):
+        tx.sendto(bytes(rng.randrange(256) for _ in range(rng.randrange(64))), rx.path)
+        if i % 8 == 7:  # read before the kernel's queue of 10 datagrams fills
+            rx.receive()
+    rx.receive()
+    assert rx.received == 0
+    assert sum(rx.dropped.values()) == 300
+
+
+def test_sender_with_a_uid_not_allowed_is_foreign(path, tx):
+    with Receiver(path, allowed_uids={os.getuid() + 1}) as rx:
+        tx.sendto(events.encode(_hb(1)), path)
+        assert rx.receive() == []
+        assert rx.dropped == {**NO_DROPS, "foreign": 1}
+
+
+def test_sender_with_an_allowed_uid_is_accepted(path, tx):
+    with Receiver(path, allowed_uids={os.getuid()}) as rx:
+        tx.sendto(events.encode(_hb(1)), path)
+        assert [pid for _, pid in rx.receive()] == [os.getpid()]
+
+
+def test_event_claiming_another_pid_is_spoofed(rx, tx):
+    other = os.getpid() + 1
+    assert other > 0
+    tx.sendto(events.encode(_hb(1, pid=other)), rx.path)
+    tx.sendto(events.encode(_hb(2)), rx.path)
+    assert [e.seq for e, _ in rx.receive()] == [2]
+    assert rx.dropped == {**NO_DROPS, "spoofed": 1}
+
+
+def test_burst_of_5000_is_not_lost(rx):
+    # The kernel queues only net.unix.max_dgram_qlen (10) Unix datagrams whatever SO_RCVBUF
+    # says, so the burst starts before receive() and a blocking sender waits for the drain.
+    n = 5000
+
+    def send():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            for i in range(n):
+                s.sendto(events.encode(_hb(i)), rx.path)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    time.sleep(0.05)
+    got = _receive_until(rx, n)
+    sender.join(5)
+    assert [e.seq for e, _ in got] == list(range(n))
+    assert rx.received == n and rx.dropped == NO_DROPS
+
+
+def test_emitter_burst_reaches_a_draining_receiver(rx):
+    em = Emitter(rx.path, None, tick_s=0.05)
+    em.start()
+    try:
+        for i in range(2000):
+            em.emit(_hb(i))
+        got = _receive_until(rx, 2000)
+    finally:
+        em.stop()
+    assert [e.seq for e, _ in got if e.kind == "heartbeat"] == list(range(2000))
+    assert em.dropped == {"queue_full": 0, "socket": 0, "log": 0}
+    assert rx.dropped == NO_DROPS
+
+
+def test_max_batch_bounds_one_call(path, tx):
+    with Receiver(path, max_batch=3) as rx:
+        for i in range(5):
+            tx.sendto(events.encode(_hb(i)), path)
+        assert [e.seq for e, _ in rx.receive()] == [0, 1, 2]
+        assert [e.seq for e, _ in rx.receive()] == [3, 4]
+
+
+def test_socket_mode_and_new_parent_directory(short_tmp):
+    path = os.path.join(short_tmp, "run", "tw", "events.sock")
+    with Receiver(path) as rx:
+        st = os.stat(path)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) & 0o007 == 0
+        assert rx.fileno() >= 0
+
+
+def test_custom_mode(path):
+    with Receiver(path, mode=0o600):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_stale_socket_is_replaced(path, tx):
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(path)
+    dead.close()  # the file stays behind, as after a crash
+    with Receiver(path) as rx:
+        tx.sendto(events.encode(_hb(1)), path)
+        assert [e.seq for e, _ in rx.receive()] == [1]
+
+
+def test_live_socket_is_not_stolen(path):
+    with Receiver(path):
+        with pytest.raises(OSError, match="another receiver"):
+            Receiver(path)
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+
+
+def test_regular_file_is_not_replaced(path):
+    with open(path, "w") as f:
+        f.write("keep me")
+    with pytest.raises(FileExistsError, match="not a socket"):
+        Receiver(path)
+    with open(path) as f:
+        assert f.read() == "keep me"
+
+
+def test_close_unlinks_and_is_idempotent(path):
+    rx = Receiver(path)
+    assert os.path.exists(path)
+    rx.close()
+    assert not os.path.exists(path)
+    rx.close()

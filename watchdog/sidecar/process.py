@@ -1,0 +1,70 @@
+"""Process source: which server pid to watch (pidfile, systemd unit), its liveness and RSS."""
+from __future__ import annotations
+
+import subprocess
+from typing import Callable, Optional
+
+import psutil
+
+from watchdog.sidecar.samples import ProcessSample
+
+SYSTEMCTL_TIMEOUT_S = 5.0
+
+
+def read_processes(pids: set[int],
+                   gpu: Optional[dict[int, dict[str, Optional[int]]]] = None
+                   ) -> tuple[ProcessSample, ...]:
+    """One sample per pid, sorted by pid; vanished or foreign processes never raise."""
+    gpu = gpu or {}
+    return tuple(_read_one(pid, dict(gpu.get(pid, {}))) for pid in sorted(pids))
+
+
+def _read_one(pid: int, gpu_bytes: dict[str, Optional[int]]) -> ProcessSample:
+    # pid 0 means "the caller's process group" to kill() and psutil reports it as existing
+    if pid <= 0 or not psutil.pid_exists(pid):
+        return ProcessSample(pid, False, None, gpu_bytes)
+    try:
+        proc = psutil.Process(pid)
+        # a zombie has exited and released its memory; only its parent hasn't reaped it yet
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return ProcessSample(pid, False, None, gpu_bytes)
+    except psutil.NoSuchProcess:  # also ZombieProcess: it exited between the two calls
+        return ProcessSample(pid, False, None, gpu_bytes)
+    except psutil.AccessDenied:  # hidepid=/proc or another user's process: it exists
+        return ProcessSample(pid, True, None, gpu_bytes)
+    return ProcessSample(pid, True, _rss(proc), gpu_bytes)
+
+
+def _rss(proc: "psutil.Process") -> Optional[int]:
+    try:
+        return int(proc.memory_info().rss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def read_pidfile(path: str) -> Optional[int]:
+    """The pid on a pidfile's first line; None if the file is missing, unreadable or garbage."""
+    try:
+        with open(path, encoding="ascii") as f:
+            first = f.readline(64).strip()  # bounded: a pidfile is one short line
+        pid = int(first)
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return pid if pid > 0 else None
+
+
+def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run
+                  ) -> Optional[int]:
+    """The MainPID of a systemd unit; None when it isn't running or systemctl can't tell."""
+    try:
+        result = run(["systemctl", "show", "-p", "MainPID", "--value", unit],
+                     capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):  # no systemctl binary, or it hung (e.g. on D-Bus)
+        return None
+    if result.returncode != 0:
+        return None
+    try:
+        pid = int((result.stdout or "").strip())
+    except ValueError:
+        return None
+    return pid if pid > 0 else None  # 0: the unit is inactive
