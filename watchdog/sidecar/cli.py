@@ -2,6 +2,8 @@
 
     torch-watchdog listen [--socket PATH] [--json]   print the agent's events as they arrive
     torch-watchdog events FILE...                     check an agent event log, print a summary
+    torch-watchdog replay TRACE... [--config FILE] [--json]   run the pipeline over recordings
+    torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
 """
 from __future__ import annotations
 
@@ -78,6 +80,46 @@ def check_events(paths: list[str], out: TextIO) -> int:
     return 2 if problems else 0
 
 
+def check_config(path: str, out: TextIO) -> int:
+    from watchdog.sidecar import config
+
+    _, problems = config.check(path)
+    for problem in problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    print(f"{path}: OK", file=out)
+    return 0
+
+
+def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
+    from watchdog.sidecar import config
+    from watchdog.sidecar.replay import replay
+
+    cfg = config.Config()
+    if config_path:
+        cfg, problems = config.check(config_path)
+        if cfg is None:
+            for problem in problems:
+                print(f"{config_path}: {problem}", file=sys.stderr)
+            return 2
+    for path in paths:
+        if not os.path.isfile(path):
+            print(f"torch-watchdog: {path}: no such file", file=sys.stderr)
+            return 2
+    result = replay(paths, cfg)
+    if as_json:
+        json.dump(result, out, indent=1)
+        out.write("\n")
+        return 0
+    for f in result["findings"]:
+        print(f"{f['t']:10.1f}s  finding  {f['cause']}", file=out)
+    for a in result["actions"]:
+        print(f"{a['t']:10.1f}s  {a['action']:7s}  {a['reason']}", file=out)
+    print(json.dumps(result["estimates"]), file=out)
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="torch-watchdog", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
@@ -87,10 +129,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     lp.add_argument("--json", action="store_true", help="one JSON object per line")
     ep = sub.add_parser("events", help="check an agent event log (.jsonl or .jsonl.gz)")
     ep.add_argument("files", nargs="+")
+    rp = sub.add_parser("replay", help="run fold/forecast/decide over recorded traces")
+    rp.add_argument("traces", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, "
+                    "recorded traces")
+    rp.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
+    rp.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    cp = sub.add_parser("check-config", help="validate a sidecar config file")
+    cp.add_argument("file")
     args = p.parse_args(argv)
     try:
         if args.command == "listen":
             return listen(args.socket, args.json, sys.stdout)
+        if args.command == "replay":
+            return run_replay(args.traces, args.config, args.json, sys.stdout)
+        if args.command == "check-config":
+            return check_config(args.file, sys.stdout)
         return check_events(args.files, sys.stdout)
     except OSError as err:
         print(f"torch-watchdog: {err}", file=sys.stderr)

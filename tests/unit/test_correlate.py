@@ -1,0 +1,126 @@
+"""fold() on hand-built observation sequences (no I/O, fake times)."""
+import pytest
+
+from watchdog import events
+from watchdog.sidecar.config import CorrelateConfig
+from watchdog.sidecar.correlate import State, fold
+from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample
+
+MB = 1_000_000
+CFG = CorrelateConfig()
+
+
+def sample(t, proc, used=None, total=100_000 * MB, pid=7):
+    used = proc if used is None else used
+    return Sample(t=t, devices=(DeviceSample("GPU-a", used, total, total - used),),
+                  processes=(ProcessSample(pid, True, 1, {"GPU-a": proc}),))
+
+
+def record(t):
+    return events.CudagraphRecord(t=t, pid=7, phase="record", compile_id="0/1", key=[t],
+                                  shape=None, seconds=0.01)
+
+
+def compile_(t, cid="0/0", seconds=1.0):
+    kind = events.Recompile if not cid.endswith("/0") else events.Compile
+    extra = {"reason": "r"} if kind is events.Recompile else {}
+    return kind(t=t, pid=7, compile_id=cid, function="f", seconds=seconds, **extra)
+
+
+def run(observations, cfg=CFG):
+    return fold(State(), observations, cfg)
+
+
+def test_mb_per_graph_from_per_poll_regression_with_steps_left_out():
+    obs, mem, t = [compile_(1.0)], 2000 * MB, 20.0
+    obs.append(sample(t, mem))
+    for i in range(60):  # 2 recordings per poll at 0.5 MB each, plus noise-free
+        t += 0.1
+        obs += [record(t), record(t)]
+        mem += 1 * MB
+        if i == 30:
+            mem += 500 * MB  # a one-poll step (allocator segment): not the graphs' cost
+        obs.append(sample(t + 0.01, mem))
+    obs.append(sample(t + 70, mem))  # no compile claimed the step within a minute
+    s = run(obs)
+    assert s.records == 120
+    assert s.mb_per_graph == pytest.approx(0.5, rel=1e-6)
+    assert s.regression.confidence == pytest.approx(1.0)
+    causes = [f.cause for f in s.findings]
+    assert "cudagraph_per_shape" in causes
+    # the 500 MB step came at no compile: it is growth nothing explains
+    assert "memory_growth_unexplained" in causes
+    assert s.unexplained_bytes() == pytest.approx(500 * MB)
+
+
+def test_a_step_during_a_compile_is_the_compiles():
+    # the compile event arrives when the compile ends, after the memory step it caused
+    obs = [compile_(1.0), sample(20.0, 1000 * MB), record(20.5), sample(21.0, 1000 * MB),
+           sample(25.0, 1600 * MB), compile_(26.0, "0/1", seconds=3.0), sample(26.5, 1600 * MB)]
+    s = run(obs)
+    assert s.compile_jump_bytes == 600 * MB and s.unexplained_bytes() == 0
+    assert not s.findings
+
+
+def test_a_step_no_compile_claims_becomes_unexplained_after_a_while():
+    obs = [compile_(1.0), sample(20.0, 1000 * MB), record(20.5), sample(21.0, 1000 * MB),
+           sample(25.0, 1600 * MB), sample(80.0, 1600 * MB)]
+    s = run(obs)
+    assert not s.findings  # 55 s: a compile may still claim it
+    s = fold(s, [sample(90.0, 1600 * MB)], CFG)
+    assert s.findings[0].cause == "memory_growth_unexplained" and s.findings[0].t == 90.0
+
+
+def test_falls_back_to_device_memory_without_per_process_numbers():
+    obs = [Sample(t=1.0, devices=(DeviceSample("GPU-a", 10 * MB, 100 * MB),),
+                  processes=(ProcessSample(7, True, 1, {"GPU-a": None}),))]
+    s = run(obs)
+    assert s.mem_source == "device" and s.mem_bytes == 10 * MB
+
+
+def test_agent_reported_limit_hit_is_the_fallback():
+    obs = [events.Hello(t=0.0, pid=7, torch="2.11", agent="x", devices=[], config={
+        "recompile_limit": 3}, capabilities={}, watched=[], argv=""),
+        events.RecompileLimit(t=5.0, pid=7, function="forward", limit=3, reason="size",
+                              compile_id="0/3")]
+    s = run(obs)
+    (f,) = s.findings
+    assert f.cause == "recompile_limit_eager_fallback" and f.detail["source"] == "agent"
+    assert s.recompile_limit == 3 and s.limit_hits == 1
+
+
+def new_shape(t, n):
+    return events.NewShape(t=t, pid=7, name="m", shape=[[1, n]], seconds=0.06, distinct=n)
+
+
+def test_limit_inferred_only_when_new_shapes_stop_compiling():
+    cfg = CorrelateConfig(default_recompile_limit=3, storm_recompiles=99)
+    obs = [compile_(1.0), compile_(2.0, "0/1"), compile_(3.0, "0/2"),  # 3 compiles: the limit
+           new_shape(3.5, 1), new_shape(3.6, 2)]
+    s = run(obs, cfg)
+    assert not s.findings  # two new shapes: not yet
+    s = fold(s, [new_shape(3.7, 3)], cfg)
+    (f,) = s.findings
+    assert f.cause == "recompile_limit_eager_fallback" and f.detail["source"] == "inferred"
+
+
+def test_compiling_past_the_assumed_limit_cancels_the_inference():
+    cfg = CorrelateConfig(default_recompile_limit=2, storm_recompiles=99)
+    s = run([compile_(1.0), compile_(2.0, "0/1"), compile_(3.0, "0/2"),
+             new_shape(4, 1), new_shape(5, 2), new_shape(6, 3)], cfg)
+    assert not s.findings and s.limit_t is None
+
+
+def test_recompile_storm_comes_and_goes():
+    cfg = CorrelateConfig(storm_recompiles=3, storm_window_s=10)
+    s = run([compile_(0.0)] + [compile_(float(i), f"0/{i}") for i in (1, 2, 3)], cfg)
+    assert [f.cause for f in s.findings] == ["recompile_storm"]
+    s = fold(s, [sample(30.0, 1 * MB)], cfg)
+    assert "recompile_storm" not in s.active
+
+
+def test_steady_latency_excludes_stalls():
+    calls = events.Calls(t=10.0, pid=7, name="m", calls=101, seconds=5.1, stall_calls=1,
+                         stall_seconds=5.0, distinct_shapes=2, window_s=2.0)
+    s = run([calls])
+    assert s.steady_ms() == pytest.approx(1.0) and s.requests == 101

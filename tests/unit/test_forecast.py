@@ -1,0 +1,86 @@
+import math
+import random
+
+import pytest
+
+from watchdog.sidecar.config import ForecastConfig
+from watchdog.sidecar.correlate import State
+from watchdog.sidecar.forecast import FOREVER, forecast, recorded, shape_space
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize("space, n", [(50, 100), (200, 500), (2017, 3137), (10, 1000)])
+def test_shape_space_recovers_the_number_of_sizes(space, n):
+    rng = random.Random(space * n)
+    trials = []
+    for _ in range(20):
+        seen = {rng.randrange(space) for _ in range(n)}
+        trials.append(shape_space(n, len(seen)))
+    finite = [s for s in trials if math.isfinite(s)]
+    assert statistics_median(finite) == pytest.approx(space, rel=0.15)
+
+
+def statistics_median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def test_shape_space_edges():
+    assert shape_space(0, 0) is None
+    assert shape_space(10, 10) == FOREVER  # every request new: no sign of an end
+    assert shape_space(100, 1) == pytest.approx(1, abs=1e-6)
+
+
+def test_recorded_matches_simulation():
+    rng, space, n = random.Random(1), 300, 600
+    counts = {}
+    for _ in range(n):
+        k = rng.randrange(space)
+        counts[k] = counts.get(k, 0) + 1
+    twice = sum(1 for c in counts.values() if c >= 2)
+    assert recorded(space, n) == pytest.approx(twice, rel=0.1)
+
+
+def state_with(level, total, records, requests, distinct, mb_per_graph, rate=100.0, t=100.0):
+    s = State(now=t, first_t=0.0, records=records, requests=requests,
+              distinct_shapes=distinct, device_used=level, device_total=total,
+              mem_bytes=level, mem_start=level)
+    s.regression.add(1, mb_per_graph * MB)  # slope = mb_per_graph
+    for i in range(10):  # request rate from `calls` windows
+        s.calls.append((t - 9 + i, int(rate), 1.0, 0, 0.0))
+    for i in range(10):  # a flat level
+        s.samples.append((t - 9 + i, level, records, level, total))
+    return s
+
+
+def test_plateau_below_budget_means_no_oom():
+    s = state_with(level=5000 * MB, total=100_000 * MB, records=500, requests=2000,
+                   distinct=1400, mb_per_graph=0.5)
+    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    assert fc.will_oom is False and fc.seconds == FOREVER
+    assert fc.plateau_bytes < fc.budget_bytes
+
+
+def test_discovery_forecast_when_the_plateau_is_above_budget():
+    s = state_with(level=1000 * MB, total=1100 * MB, records=500, requests=2000,
+                   distinct=1400, mb_per_graph=0.5)
+    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    assert fc.will_oom is True
+    assert 0 < fc.seconds_discovery < FOREVER
+    # 100 MB of room is 200 more graphs; at 100 req/s that takes seconds, not hours
+    assert fc.seconds_discovery < 60
+
+
+def test_linear_trend_ignores_one_poll_steps():
+    s = State(now=10.0, device_used=0, device_total=10_000 * MB)
+    level = 1000 * MB
+    for i in range(11):
+        level += 1 * MB + (3000 * MB if i == 5 else 0)
+        s.samples.append((float(i), level, 0, level, 10_000 * MB))
+    s.device_used = level
+    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole
+    assert fc.growth_bytes_per_s == pytest.approx(0.9 * MB)
+    assert fc.seconds_linear == pytest.approx((10_000 - 4011) / 0.9, rel=1e-3)
+    assert fc.seconds_discovery is None  # no recordings: the trend is what we have

@@ -1,0 +1,69 @@
+"""decide(): table-driven guard rails with hand-made forecasts (no clock, no I/O)."""
+import pytest
+
+from watchdog.sidecar.config import PolicyConfig
+from watchdog.sidecar.correlate import Finding, State
+from watchdog.sidecar.forecast import FOREVER, Forecast
+from watchdog.sidecar.policy import PolicyState, decide
+
+CFG = PolicyConfig(reload_lead_s=60, alert_lead_s=600, hold_polls=3, warmup_s=30,
+                   cooldown_s=100, max_reloads_per_hour=2)
+
+
+def fc(seconds):
+    return Forecast(budget_bytes=100, level_bytes=50, seconds_linear=seconds)
+
+
+def run(seconds_by_t, cfg=CFG, first_compile_t=0.0):
+    state, ps, out = State(first_t=0.0, first_compile_t=first_compile_t), PolicyState(), []
+    for t, seconds in seconds_by_t:
+        state.now = t
+        out += [(a.t, a.action, a.reason) for a in decide(state, fc(seconds), ps, cfg)]
+    return out
+
+
+def reloads(actions):
+    return [t for t, action, _ in actions if action == "reload"]
+
+
+@pytest.mark.parametrize("case, series, expected_reloads", [
+    ("holds 3 polls", [(40, 30), (41, 30), (42, 30)], [42]),
+    ("a blip does not reload", [(40, 30), (41, 30), (42, 500), (43, 30)], []),
+    ("never in warm-up", [(10, 1), (11, 1), (12, 1), (20, 1)], []),
+    ("after warm-up it may", [(28, 1), (29, 1), (30, 1), (31, 1), (32, 1)], [32]),
+    ("cooldown", [(40 + i, 1) for i in range(100)], [42]),
+    ("again after cooldown", [(40 + i, 1) for i in range(110)], [42, 142]),
+    ("flat: never", [(40 + i, FOREVER) for i in range(200)], []),
+])
+def test_reload_guard_rails(case, series, expected_reloads):
+    assert reloads(run(series)) == expected_reloads
+
+
+def test_max_per_hour_then_alert_only():
+    cfg = PolicyConfig(reload_lead_s=60, hold_polls=1, warmup_s=0, cooldown_s=10,
+                       max_reloads_per_hour=2)
+    actions = run([(float(t), 1.0) for t in range(0, 100)], cfg)
+    assert reloads(actions) == [0.0, 10.0]
+    assert [a for a in actions if a[2] == "reload_suppressed"] == [(20.0, "alert",
+                                                                    "reload_suppressed")]
+
+
+def test_forecast_alert_once_with_hysteresis():
+    actions = run([(40, 500), (41, 400), (42, 5000), (43, 2000), (44, 300)])
+    assert [t for t, a, r in actions if r == "oom_forecast" and a == "alert"] == [40, 44]
+
+
+def test_each_cause_is_alerted_once():
+    state, ps = State(first_t=0.0, now=50.0), PolicyState()
+    state.findings.append(Finding(45.0, "recompile_storm", {"recompiles_in_window": 5}))
+    first = decide(state, fc(FOREVER), ps, CFG)
+    again = decide(state, fc(FOREVER), ps, CFG)
+    assert [(a.action, a.reason) for a in first] == [("alert", "recompile_storm")]
+    assert again == []
+
+
+def test_dry_run_is_marked():
+    cfg = PolicyConfig(hold_polls=1, warmup_s=0, dry_run=True)
+    state, ps = State(first_t=0.0, now=5.0), PolicyState()
+    (reload,) = [a for a in decide(state, fc(1.0), ps, cfg) if a.action == "reload"]
+    assert reload.detail["dry_run"] is True

@@ -1,0 +1,377 @@
+"""Fold agent events and source samples into one state, and name the causes of what is seen.
+
+Deterministic and free of I/O: `fold(state, observations, cfg)` only reads its arguments and
+updates `state`; the daemon and `replay` call it the same way.
+
+Causes (stable names, documented in the README):
+- `cudagraph_per_shape`: memory grows with each CUDA-graph recording; MB/graph is the slope of
+  the server's memory on recordings, poll by poll (no intercept; one poll's growth above
+  `jump_bytes` is an allocator or compile step and is kept out), with a confidence;
+- `recompile_storm`: `storm_recompiles` recompiles within `storm_window_s`;
+- `recompile_limit_eager_fallback`: the agent saw the limit hit, or (recorded traces) a frame
+  reached the recompile limit and new shapes keep arriving without a compile;
+- `memory_growth_unexplained`: growth that neither recordings nor compiles explain.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from watchdog import events
+from watchdog.sidecar.config import CorrelateConfig
+from watchdog.sidecar.samples import Sample
+
+CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
+          "memory_growth_unexplained")
+COMPILE_SETTLE_S = 10.0  # memory steps this long after a compile are the compile's
+PENDING_S = 60.0         # a step may belong to a compile still running (FACTS #7: 6-14 s each)
+
+
+@dataclass
+class Finding:
+    t: float
+    cause: str
+    detail: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"t": round(self.t, 3), "cause": self.cause, **self.detail}
+
+
+@dataclass
+class Regression:
+    """y = b·x through the origin, accumulated one interval at a time."""
+    n: int = 0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sxx += x * x
+        self.sxy += x * y
+        self.syy += y * y
+        self.sx += x
+        self.sy += y
+
+    @property
+    def slope(self) -> Optional[float]:
+        return self.sxy / self.sxx if self.sxx > 0 else None
+
+    @property
+    def confidence(self) -> float:
+        """1 - (standard error / slope), clipped to [0, 1]."""
+        b = self.slope
+        if b is None or b <= 0 or self.n < 3:
+            return 0.0
+        residual = max(0.0, self.syy - 2 * b * self.sxy + b * b * self.sxx)
+        se = math.sqrt(residual / (self.n - 1) / self.sxx)
+        return max(0.0, min(1.0, 1.0 - se / b))
+
+
+@dataclass
+class State:
+    first_t: Optional[float] = None
+    now: float = 0.0
+    pids: set = field(default_factory=set)
+    torch: Optional[str] = None
+    recompile_limit: Optional[int] = None
+    first_compile_t: Optional[float] = None
+    compiles: int = 0
+    recompiles: int = 0
+    compile_seconds: float = 0.0
+    recompile_times: collections.deque = field(default_factory=collections.deque)
+    frame_attempts: dict = field(default_factory=dict)   # frame id -> compiles seen
+    limit_hits: int = 0
+    limit_t: Optional[float] = None                      # the limit is reached (maybe inferred)
+    limit_frame: Optional[str] = None
+    new_shapes_after_limit: int = 0
+    records: int = 0
+    warmups: int = 0
+    graph_breaks: int = 0
+    cudagraph_warnings: int = 0
+    ooms: int = 0
+    last_oom_t: Optional[float] = None
+    agent_dropped: int = 0
+    distinct_shapes: int = 0
+    new_shape_times: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
+    requests: int = 0
+    calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
+    stalls: int = 0
+    stall_seconds: float = 0.0
+    stall_causes: collections.Counter = field(default_factory=collections.Counter)
+    # memory: the server's (per-process GPU bytes, else device used), and the device
+    mem_bytes: Optional[int] = None
+    mem_source: Optional[str] = None                     # "process" | "device"
+    mem_start: Optional[int] = None
+    device_used: Optional[int] = None
+    device_total: Optional[int] = None
+    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
+    regression: Regression = field(default_factory=Regression)
+    records_at_last_sample: int = 0
+    compile_jump_bytes: int = 0
+    other_jump_bytes: int = 0
+    pending_jumps: list = field(default_factory=list)   # (t, bytes) not yet attributed
+    last_compile_end: float = -math.inf
+    nvml_up: bool = True
+    query_s: Optional[float] = None
+    active: dict = field(default_factory=dict)          # cause -> Finding
+    findings: list = field(default_factory=list)
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def mb_per_graph(self) -> Optional[float]:
+        b = self.regression.slope
+        return None if b is None else b / 1e6
+
+    def explained_bytes(self) -> float:
+        b = self.regression.slope or 0.0
+        return max(0.0, b) * self.records
+
+    def unexplained_bytes(self) -> float:
+        """Growth of the server's memory that recordings and compiles do not account for.
+        A recent step is not counted yet: the compile behind it reports only when it ends."""
+        if self.mem_bytes is None or self.mem_start is None:
+            return 0.0
+        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S)
+        growth = self.mem_bytes - self.mem_start
+        return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
+
+    def steady_ms(self, since: Optional[float] = None, until: Optional[float] = None
+                  ) -> Optional[float]:
+        """Mean latency of calls that were not stalls, from the agent's `calls` windows."""
+        n = s = 0.0
+        for t, calls, seconds, stall_calls, stall_seconds in self.calls:
+            if (since is None or t > since) and (until is None or t <= until):
+                n += calls - stall_calls
+                s += seconds - stall_seconds
+        return 1e3 * s / n if n > 0 else None
+
+    def estimates(self, cfg: CorrelateConfig) -> dict[str, Any]:
+        limit_t = self.limit_t
+        enough = self.records >= cfg.min_records
+        before = self.steady_ms(until=limit_t) if limit_t is not None else self.steady_ms()
+        after = self.steady_ms(since=limit_t) if limit_t is not None else None
+        return {
+            "mb_per_graph": _round(self.mb_per_graph, 4) if enough else None,
+            "mb_per_graph_confidence": round(self.regression.confidence, 3) if enough else None,
+            "recordings": self.records, "warmups": self.warmups,
+            "distinct_shapes": self.distinct_shapes, "requests": self.requests,
+            "compiles": self.compiles, "recompiles": self.recompiles,
+            "compile_seconds": round(self.compile_seconds, 3),
+            "recompile_limit_hits": self.limit_hits, "graph_breaks": self.graph_breaks,
+            "stalls": self.stalls, "stall_seconds": round(self.stall_seconds, 3),
+            "ooms": self.ooms, "memory_source": self.mem_source,
+            "memory_bytes": self.mem_bytes, "memory_growth_bytes":
+                None if self.mem_bytes is None or self.mem_start is None
+                else self.mem_bytes - self.mem_start,
+            "explained_by_recordings_bytes": round(self.explained_bytes()),
+            "unexplained_bytes": round(self.unexplained_bytes()),
+            "device_used_bytes": self.device_used, "device_total_bytes": self.device_total,
+            "steady_ms": _round(before, 3), "steady_ms_after_fallback": _round(after, 3),
+        }
+
+
+def _round(value: Optional[float], digits: int) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
+         watched: Optional[set] = None) -> State:
+    """Update `state` with each observation in order, then re-evaluate the causes."""
+    for obs in observations:
+        if state.first_t is None:
+            state.first_t = obs.t
+        state.now = max(state.now, obs.t)
+        if isinstance(obs, Sample):
+            _sample(state, obs, cfg, watched)
+        else:
+            _event(state, obs, cfg)
+        _evaluate(state, cfg)
+    return state
+
+
+# -- events -------------------------------------------------------------------------------
+def _event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
+    state.pids.add(e.pid)
+    handler = _EVENT_HANDLERS.get(e.kind)
+    if handler is not None:
+        handler(state, e, cfg)
+
+
+def _on_hello(state: State, e: events.Hello, cfg: CorrelateConfig) -> None:
+    state.torch = e.torch
+    limit = e.config.get("recompile_limit", e.config.get("cache_size_limit"))
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        state.recompile_limit = limit
+
+
+def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
+    recompile = e.kind == "recompile"
+    state.recompiles += recompile
+    state.compiles += not recompile
+    state.compile_seconds += e.seconds or 0.0
+    if state.first_compile_t is None:
+        state.first_compile_t = e.t
+    if recompile:
+        state.recompile_times.append(e.t)
+    start = e.t - (e.seconds or 0.0)
+    state.last_compile_end = max(state.last_compile_end, e.t)
+    # memory steps seen while this compile ran (its event comes at the end) are its own
+    for jt, size in list(state.pending_jumps):
+        if start - 1.0 <= jt <= e.t + COMPILE_SETTLE_S:
+            state.compile_jump_bytes += size
+            state.other_jump_bytes -= size
+            state.pending_jumps.remove((jt, size))
+    frame = (e.compile_id or "").split("/")[0]
+    attempts = state.frame_attempts[frame] = state.frame_attempts.get(frame, 0) + 1
+    limit = state.recompile_limit or cfg.default_recompile_limit
+    if state.limit_hits:
+        return  # the agent told us when the limit was hit; nothing to infer
+    if attempts == limit:
+        state.limit_t, state.limit_frame = e.t, frame  # the fallback shows once new shapes
+        state.new_shapes_after_limit = 0               # stop compiling
+    elif attempts > limit and frame == state.limit_frame:
+        state.limit_t = None  # it compiled again: the limit is not what we assumed
+
+
+def _on_limit(state: State, e: events.RecompileLimit, cfg: CorrelateConfig) -> None:
+    state.limit_hits += 1
+    state.limit_t = e.t
+    _activate(state, e.t, "recompile_limit_eager_fallback", {
+        "source": "agent", "function": e.function, "limit": e.limit, "reason": e.reason,
+        "recompiles": state.recompiles, "steady_ms_before": _round(state.steady_ms(), 3)})
+
+
+def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) -> None:
+    if e.phase == "record":
+        state.records += 1
+    else:
+        state.warmups += 1
+
+
+def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> None:
+    state.distinct_shapes = max(state.distinct_shapes + 1, e.distinct)
+    state.new_shape_times.append((e.t, state.distinct_shapes))
+    if state.limit_t is not None and e.t > state.limit_t and state.limit_hits == 0:
+        if e.t > state.last_compile_end:
+            state.new_shapes_after_limit += 1
+
+
+def _on_stall(state: State, e: events.Stall, cfg: CorrelateConfig) -> None:
+    state.stalls += 1
+    state.stall_seconds += e.seconds
+    state.stall_causes[e.cause or "unknown"] += 1
+
+
+def _on_calls(state: State, e: events.Calls, cfg: CorrelateConfig) -> None:
+    state.requests += e.calls
+    state.calls.append((e.t, e.calls, e.seconds, e.stall_calls, e.stall_seconds))
+
+
+def _on_oom(state: State, e: events.Oom, cfg: CorrelateConfig) -> None:
+    state.ooms += 1
+    state.last_oom_t = e.t
+
+
+def _count(attr: str):
+    def handler(state: State, e: Any, cfg: CorrelateConfig) -> None:
+        setattr(state, attr, getattr(state, attr) + 1)
+    return handler
+
+
+def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
+    state.agent_dropped += e.count
+
+
+_EVENT_HANDLERS = {
+    "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
+    "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
+    "stall": _on_stall, "calls": _on_calls, "oom": _on_oom, "dropped": _on_dropped,
+    "graph_break": _count("graph_breaks"), "cudagraph_warning": _count("cudagraph_warnings"),
+}
+
+
+# -- samples ------------------------------------------------------------------------------
+def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int], Optional[str]]:
+    """Per-process GPU bytes of the watched server when NVML says, else the device's used."""
+    procs = [p for p in sample.processes if watched is None or p.pid in watched]
+    per_process = [p.gpu_total for p in procs if p.alive]
+    if per_process and all(v is not None for v in per_process):
+        return sum(per_process), "process"
+    if sample.devices:
+        return sum(d.used_bytes for d in sample.devices), "device"
+    return None, None
+
+
+def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set]) -> None:
+    state.nvml_up, state.query_s = s.nvml_up, s.query_s
+    if s.devices:
+        state.device_used = sum(d.used_bytes for d in s.devices)
+        state.device_total = sum(d.total_bytes for d in s.devices)
+    mem, source = _server_memory(s, watched)
+    if mem is None:
+        return
+    settling = state.first_compile_t is None or s.t < state.last_compile_end + COMPILE_SETTLE_S
+    if source != state.mem_source or (settling and state.records == 0):
+        # a new baseline: never regress across a change of meter, and loading weights and
+        # the first compile are not growth to explain
+        state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
+        state.records_at_last_sample = state.records
+        state.compile_jump_bytes = state.other_jump_bytes = 0
+        state.pending_jumps = []
+        return
+    delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
+    state.mem_bytes, state.records_at_last_sample = mem, state.records
+    state.samples.append((s.t, mem, state.records, state.device_used, state.device_total))
+    if abs(delta) > cfg.jump_bytes:
+        if s.t <= state.last_compile_end + COMPILE_SETTLE_S:
+            state.compile_jump_bytes += delta
+        else:
+            state.other_jump_bytes += delta
+            state.pending_jumps.append((s.t, delta))
+            state.pending_jumps = [j for j in state.pending_jumps if j[0] > s.t - 2 * PENDING_S]
+        return
+    if state.records > 0:  # the regression starts with the first recording
+        state.regression.add(recorded, delta)
+
+
+# -- causes -------------------------------------------------------------------------------
+def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> None:
+    if cause not in state.active:
+        finding = Finding(t, cause, detail)
+        state.active[cause] = finding
+        state.findings.append(finding)
+
+
+def _evaluate(state: State, cfg: CorrelateConfig) -> None:
+    t = state.now
+    while state.recompile_times and state.recompile_times[0] < t - cfg.storm_window_s:
+        state.recompile_times.popleft()
+    if len(state.recompile_times) >= cfg.storm_recompiles:
+        _activate(state, t, "recompile_storm", {
+            "recompiles_in_window": len(state.recompile_times), "window_s": cfg.storm_window_s,
+            "compile_seconds": round(state.compile_seconds, 3)})
+    elif "recompile_storm" in state.active and not state.recompile_times:
+        del state.active["recompile_storm"]
+    if (state.limit_t is not None and state.limit_hits == 0
+            and state.new_shapes_after_limit >= cfg.fallback_new_shapes):
+        _activate(state, t, "recompile_limit_eager_fallback", {
+            "source": "inferred", "limit": state.recompile_limit or cfg.default_recompile_limit,
+            "recompiles": state.recompiles, "reached_at": round(state.limit_t, 3),
+            "new_shapes_without_compile": state.new_shapes_after_limit,
+            "steady_ms_before": _round(state.steady_ms(until=state.limit_t), 3)})
+    b, conf = state.mb_per_graph, state.regression.confidence
+    if (state.records >= cfg.min_records and b is not None and b > 0
+            and conf >= cfg.min_confidence):
+        _activate(state, t, "cudagraph_per_shape", {
+            "recordings": state.records, "distinct_shapes": state.distinct_shapes,
+            "mb_per_graph": round(b, 4), "confidence": round(conf, 3),
+            "mb_so_far": round(b * state.records, 1)})
+    if state.unexplained_bytes() >= cfg.unexplained_bytes:
+        _activate(state, t, "memory_growth_unexplained", {
+            "unexplained_mb": round(state.unexplained_bytes() / 1e6, 1),
+            "growth_mb": round((state.mem_bytes - state.mem_start) / 1e6, 1)})

@@ -1,0 +1,80 @@
+"""What to do about the folded state and its forecast (pure): alert, reload, or nothing.
+
+Guard rails (DESIGN.md, earlyoom, systemd-oomd): the reload condition must hold for
+`hold_polls` consecutive polls; never during the server's warm-up; a cooldown between reloads;
+at most `max_reloads_per_hour`, then alert only. The executor re-checks right before acting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.sidecar.config import PolicyConfig
+from watchdog.sidecar.correlate import State
+from watchdog.sidecar.forecast import Forecast
+
+
+@dataclass(frozen=True)
+class Action:
+    t: float
+    action: str          # "alert" | "reload"
+    reason: str
+    detail: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"t": round(self.t, 3), "action": self.action, "reason": self.reason,
+                **self.detail}
+
+
+@dataclass
+class PolicyState:
+    alerted: set = field(default_factory=set)     # causes already alerted
+    forecast_alerted: bool = False
+    holding: int = 0                              # consecutive polls with the reload condition
+    reloads: list = field(default_factory=list)   # times of reload decisions
+    suppressed_alerted: bool = False
+
+
+def warming_up(state: State, cfg: PolicyConfig) -> bool:
+    start = state.first_compile_t if state.first_compile_t is not None else state.first_t
+    return start is None or state.now < start + cfg.warmup_s
+
+
+def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig) -> list[Action]:
+    now, actions = state.now, []
+    for finding in state.findings:
+        if finding.cause not in ps.alerted:
+            ps.alerted.add(finding.cause)
+            actions.append(Action(now, "alert", finding.cause, dict(finding.detail)))
+    seconds = fc.seconds
+    if warming_up(state, cfg):  # loading weights and compiling look like runaway growth
+        ps.holding = 0
+        return actions
+    if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
+        ps.forecast_alerted = True
+        actions.append(Action(now, "alert", "oom_forecast", _why(fc)))
+    elif seconds > 2 * cfg.alert_lead_s:
+        ps.forecast_alerted = False  # hysteresis: re-arm only once well clear
+    ps.holding = ps.holding + 1 if seconds <= cfg.reload_lead_s else 0
+    if ps.holding < cfg.hold_polls:
+        return actions
+    if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
+        return actions
+    recent = [t for t in ps.reloads if t > now - 3600]
+    if len(recent) >= cfg.max_reloads_per_hour:
+        if not ps.suppressed_alerted:
+            ps.suppressed_alerted = True
+            actions.append(Action(now, "alert", "reload_suppressed",
+                                  {"reloads_last_hour": len(recent), **_why(fc)}))
+        return actions
+    ps.reloads.append(now)
+    ps.holding, ps.suppressed_alerted = 0, False
+    actions.append(Action(now, "reload", "oom_forecast", {"dry_run": cfg.dry_run, **_why(fc)}))
+    return actions
+
+
+def _why(fc: Forecast) -> dict[str, Any]:
+    d = fc.as_dict()
+    return {k: d[k] for k in ("seconds_to_oom", "seconds_to_oom_linear",
+                              "seconds_to_oom_discovery", "plateau_bytes", "budget_bytes",
+                              "level_bytes")}

@@ -1,0 +1,30 @@
+"""One tick's results, handed from the daemon loop to the metrics exporter (and status views).
+
+The loop builds a new frozen Snapshot each tick and swaps a reference; a scrape reads whatever
+reference it finds, so it never waits for the loop and never sees half an update.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from watchdog.sidecar.samples import DeviceSample
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    t: float                                       # wall-clock time of the tick
+    devices: tuple[DeviceSample, ...] = ()
+    server_gpu_bytes: dict[str, Optional[int]] = field(default_factory=dict)  # by gpu_uuid
+    server_rss_bytes: Optional[int] = None
+    server_alive: Optional[bool] = None
+    estimates: dict[str, Any] = field(default_factory=dict)   # correlate.State.estimates()
+    forecast: dict[str, Any] = field(default_factory=dict)    # forecast.Forecast.as_dict()
+    active_causes: tuple[str, ...] = ()
+    actions_total: dict[str, int] = field(default_factory=dict)   # by action ("alert", …)
+    sources_up: dict[str, bool] = field(default_factory=dict)     # "nvml", "process", "agent"
+    poll_seconds: Optional[float] = None           # the last tick's duration
+    nvml_query_seconds: Optional[float] = None
+    events_received_total: int = 0
+    events_dropped_total: dict[str, int] = field(default_factory=dict)  # by receiver reason
+    agent_events_lost_total: int = 0               # what agents reported in `dropped` events
