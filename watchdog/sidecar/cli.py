@@ -4,6 +4,7 @@
     torch-watchdog events FILE...                     check an agent event log, print a summary
     torch-watchdog replay TRACE... [--config FILE] [--json]   run the pipeline over recordings
     torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
+    torch-watchdog sidecar [--config FILE]            the daemon (run it under systemd)
 """
 from __future__ import annotations
 
@@ -92,6 +93,35 @@ def check_config(path: str, out: TextIO) -> int:
     return 0
 
 
+def run_sidecar(config_path: Optional[str]) -> int:
+    """Exit codes: 0 stopped by a signal, 1 could not start (socket, port), 2 bad config."""
+    import structlog
+
+    from watchdog.sidecar import config
+    from watchdog.sidecar.daemon import Daemon
+
+    structlog.configure(processors=[structlog.processors.add_log_level,
+                                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                                    structlog.processors.JSONRenderer()],
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    log = structlog.get_logger("torch-watchdog")
+    cfg = config.Config()
+    if config_path:
+        cfg, problems = config.check(config_path)
+        if cfg is None:
+            log.error("bad config", path=config_path, problems=problems)
+            return 2
+    daemon = Daemon(cfg, config_path, log)
+    try:
+        daemon.start()
+    except OSError as e:
+        log.error("cannot start", error=str(e), socket=cfg.agent.socket_path,
+                  metrics_port=cfg.metrics_port)
+        daemon.halt()
+        return 1
+    return daemon.run()
+
+
 def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
     from watchdog.sidecar import config
     from watchdog.sidecar.replay import replay
@@ -136,6 +166,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rp.add_argument("--json", action="store_true", help="print the whole result as JSON")
     cp = sub.add_parser("check-config", help="validate a sidecar config file")
     cp.add_argument("file")
+    sp = sub.add_parser("sidecar", help="run the daemon")
+    sp.add_argument("--config", help="YAML config (config/watchdog.yaml documents every key)")
     args = p.parse_args(argv)
     try:
         if args.command == "listen":
@@ -144,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_replay(args.traces, args.config, args.json, sys.stdout)
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
+        if args.command == "sidecar":
+            return run_sidecar(args.config)
         return check_events(args.files, sys.stdout)
     except OSError as err:
         print(f"torch-watchdog: {err}", file=sys.stderr)

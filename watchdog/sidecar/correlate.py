@@ -4,6 +4,9 @@ Deterministic and free of I/O: `fold(state, observations, cfg)` only reads its a
 updates `state`; the daemon and `replay` call it the same way.
 
 Causes (stable names, documented in the README):
+The server's memory is its per-process GPU memory (NVML), else the device's used memory, else
+(host-memory mode, no GPU) its RSS.
+
 - `cudagraph_per_shape`: memory grows with each CUDA-graph recording; MB/graph is the slope of
   the server's memory on recordings, poll by poll (no intercept; one poll's growth above
   `jump_bytes` is an allocator or compile step and is kept out), with a confidence;
@@ -105,10 +108,12 @@ class State:
     stall_causes: collections.Counter = field(default_factory=collections.Counter)
     # memory: the server's (per-process GPU bytes, else device used), and the device
     mem_bytes: Optional[int] = None
-    mem_source: Optional[str] = None                     # "process" | "device"
+    mem_source: Optional[str] = None                     # "process" | "device" | "rss"
     mem_start: Optional[int] = None
     device_used: Optional[int] = None
     device_total: Optional[int] = None
+    host_used: Optional[int] = None
+    host_total: Optional[int] = None
     samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
@@ -304,6 +309,9 @@ def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int
         return sum(per_process), "process"
     if sample.devices:
         return sum(d.used_bytes for d in sample.devices), "device"
+    rss = [p.rss_bytes for p in procs if p.alive]
+    if rss and all(v is not None for v in rss):  # host-memory mode: no GPU
+        return sum(rss), "rss"
     return None, None
 
 
@@ -312,6 +320,9 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.devices:
         state.device_used = sum(d.used_bytes for d in s.devices)
         state.device_total = sum(d.total_bytes for d in s.devices)
+    if s.host_total_bytes is not None and s.host_available_bytes is not None:
+        state.host_used = s.host_total_bytes - s.host_available_bytes
+        state.host_total = s.host_total_bytes
     mem, source = _server_memory(s, watched)
     if mem is None:
         return
@@ -326,7 +337,8 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
     state.mem_bytes, state.records_at_last_sample = mem, state.records
-    state.samples.append((s.t, mem, state.records, state.device_used, state.device_total))
+    state.samples.append((s.t, mem, state.records, state.device_used if s.devices
+                          else state.host_used, state.device_total))
     if abs(delta) > cfg.jump_bytes:
         if s.t <= state.last_compile_end + COMPILE_SETTLE_S:
             state.compile_jump_bytes += delta

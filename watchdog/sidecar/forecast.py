@@ -80,9 +80,11 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:
     if cfg.process_budget_bytes is not None:
         return state.mem_bytes, cfg.process_budget_bytes
-    if state.device_used is None or state.device_total is None:
-        return None, None
-    return state.device_used, state.device_total - cfg.headroom_bytes
+    if state.device_used is not None and state.device_total is not None:
+        return state.device_used, state.device_total - cfg.headroom_bytes
+    if state.host_used is not None and state.host_total is not None:  # host-memory mode
+        return state.host_used, state.host_total - cfg.headroom_bytes
+    return None, None
 
 
 def _trend(state: State, window_s: float, per_process: bool, jump_bytes: int) -> Optional[float]:

@@ -41,3 +41,6 @@ class Sample:
     nvml_up: bool = True
     nvml_error: Optional[str] = None
     query_s: Optional[float] = None  # how long the NVML queries took (FACTS #11: p99 ~100 ms)
+    # host memory, for host-memory mode (no GPU: the server's RSS against the machine's RAM)
+    host_total_bytes: Optional[int] = None
+    host_available_bytes: Optional[int] = None

@@ -1,0 +1,296 @@
+"""The /metrics view of a Snapshot: exact values, names, absence of unknowns, never a failing scrape."""
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog.sidecar import metrics
+from watchdog.sidecar.correlate import CAUSES
+from watchdog.sidecar.metrics import SnapshotCollector, make_registry, render, serve, stop
+from watchdog.sidecar.samples import DeviceSample
+from watchdog.sidecar.snapshot import Snapshot
+
+GIB = 1 << 30
+ESTIMATES = {
+    "mb_per_graph": 12.5, "mb_per_graph_confidence": 0.9, "recordings": 40, "warmups": 41,
+    "distinct_shapes": 45, "requests": 1000, "compiles": 3, "recompiles": 2,
+    "compile_seconds": 12.25, "recompile_limit_hits": 1, "graph_breaks": 4, "stalls": 5,
+    "stall_seconds": 2.5, "ooms": 0, "memory_source": "process", "memory_bytes": 20 * GIB,
+    "memory_growth_bytes": GIB, "explained_by_recordings_bytes": 500_000_000,
+    "unexplained_bytes": 1_000_000, "device_used_bytes": 30 * GIB,
+    "device_total_bytes": 80 * GIB, "steady_ms": 8.0, "steady_ms_after_fallback": None,
+}
+FORECAST = {
+    "seconds_to_oom": 1234.5, "seconds_to_oom_linear": 5000.0, "seconds_to_oom_discovery": 1234.5,
+    "plateau_bytes": 90e9, "will_oom": True, "budget_bytes": 76 * GIB, "level_bytes": 30 * GIB,
+    "shape_space_estimate": 120.0, "growth_bytes_per_s": 1e6,
+}
+
+
+def snapshot(**overrides) -> Snapshot:
+    fields = dict(
+        t=1_700_000_000.5,
+        devices=(DeviceSample("GPU-aaa", 30 * GIB, 80 * GIB, 50 * GIB),
+                 DeviceSample("GPU-bbb", 1 * GIB, 80 * GIB, None)),
+        server_gpu_bytes={"GPU-aaa": 20 * GIB, "GPU-bbb": None},
+        server_rss_bytes=3 * GIB, server_alive=True,
+        estimates=dict(ESTIMATES), forecast=dict(FORECAST),
+        active_causes=("cudagraph_per_shape",),
+        actions_total={"alert": 2, "reload": 1},
+        sources_up={"nvml": True, "process": True, "agent": False},
+        poll_seconds=0.04, nvml_query_seconds=0.012, events_received_total=777,
+        events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9)
+    fields.update(overrides)
+    return Snapshot(**fields)
+
+
+def scrape(snap=None, collector=None) -> dict:
+    """{(sample name, frozenset(labels)): value} plus the parsed families under key None."""
+    collector = collector or SnapshotCollector()
+    if snap is not None:
+        collector.update(snap)
+    return parse(render(make_registry(collector)).decode())
+
+
+def parse(text: str) -> dict:
+    families = list(text_string_to_metric_families(text))
+    out = {(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples}
+    out[None] = families
+    return out
+
+
+def value(samples, name, **labels):
+    return samples[(name, frozenset(labels.items()))]
+
+
+def names(samples) -> set:
+    return {key[0] for key in samples if key is not None}
+
+
+def test_device_and_server_memory_per_gpu_uuid():
+    s = scrape(snapshot())
+    assert value(s, "torch_watchdog_gpu_memory_used_bytes", gpu_uuid="GPU-aaa") == 30 * GIB
+    assert value(s, "torch_watchdog_gpu_memory_used_bytes", gpu_uuid="GPU-bbb") == 1 * GIB
+    assert value(s, "torch_watchdog_gpu_memory_total_bytes", gpu_uuid="GPU-bbb") == 80 * GIB
+    assert value(s, "torch_watchdog_gpu_memory_free_bytes", gpu_uuid="GPU-aaa") == 50 * GIB
+    # None is "unknown": absent, never 0
+    assert ("torch_watchdog_gpu_memory_free_bytes", frozenset({("gpu_uuid", "GPU-bbb")})) not in s
+    assert value(s, "torch_watchdog_server_gpu_memory_bytes", gpu_uuid="GPU-aaa") == 20 * GIB
+    assert ("torch_watchdog_server_gpu_memory_bytes",
+            frozenset({("gpu_uuid", "GPU-bbb")})) not in s
+    assert value(s, "torch_watchdog_server_rss_bytes") == 3 * GIB
+    assert value(s, "torch_watchdog_server_up") == 1
+
+
+@pytest.mark.parametrize("alive, expected", [(True, 1), (False, 0), (None, None)])
+def test_server_up_is_absent_when_unknown(alive, expected):
+    s = scrape(snapshot(server_alive=alive, server_rss_bytes=None))
+    assert "torch_watchdog_server_rss_bytes" not in names(s)
+    if expected is None:
+        assert "torch_watchdog_server_up" not in names(s)
+    else:
+        assert value(s, "torch_watchdog_server_up") == expected
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("torch_watchdog_cudagraph_recordings_total", 40),
+    ("torch_watchdog_cudagraph_warmups_total", 41),
+    ("torch_watchdog_compiles_total", 3),
+    ("torch_watchdog_recompiles_total", 2),
+    ("torch_watchdog_recompile_limit_hits_total", 1),
+    ("torch_watchdog_stalls_total", 5),
+    ("torch_watchdog_stall_seconds_total", 2.5),
+    ("torch_watchdog_graph_breaks_total", 4),
+    ("torch_watchdog_ooms_total", 0),
+    ("torch_watchdog_compile_seconds_total", 12.25),
+    ("torch_watchdog_requests_total", 1000),
+    ("torch_watchdog_distinct_shapes", 45),
+    ("torch_watchdog_cudagraph_memory_per_graph_bytes", 12.5e6),
+    ("torch_watchdog_cudagraph_memory_per_graph_confidence_ratio", 0.9),
+    ("torch_watchdog_memory_unexplained_bytes", 1_000_000),
+    ("torch_watchdog_memory_explained_by_recordings_bytes", 500_000_000),
+    ("torch_watchdog_oom_forecast_seconds", 1234.5),
+    ("torch_watchdog_oom_forecast_linear_seconds", 5000.0),
+    ("torch_watchdog_memory_plateau_bytes", 90e9),
+    ("torch_watchdog_memory_budget_bytes", 76 * GIB),
+    ("torch_watchdog_shape_space_estimate", 120.0),
+    ("torch_watchdog_poll_duration_seconds", 0.04),
+    ("torch_watchdog_nvml_query_seconds", 0.012),
+    ("torch_watchdog_events_received_total", 777),
+    ("torch_watchdog_agent_events_lost_total", 9),
+    ("torch_watchdog_last_poll_timestamp_seconds", 1_700_000_000.5),
+    ("torch_watchdog_scrape_errors_total", 0),
+])
+def test_scalar_values(name, expected):
+    assert value(scrape(snapshot()), name) == pytest.approx(expected)
+
+
+def test_counters_are_typed_counter_and_end_in_total():
+    families = {f.name: f for f in scrape(snapshot())[None]}
+    for name, kind, _, _ in metrics.METRICS:
+        assert name.startswith("torch_watchdog_")
+        assert name.endswith("_total") == (kind == "counter"), name
+        if kind == "counter":  # the parser names a counter family without its _total
+            assert families[name[:-len("_total")]].type == "counter"
+
+
+def test_labelled_families():
+    s = scrape(snapshot())
+    assert value(s, "torch_watchdog_actions_total", action="alert") == 2
+    assert value(s, "torch_watchdog_actions_total", action="reload") == 1
+    assert value(s, "torch_watchdog_events_dropped_total", reason="bad_json") == 3
+    assert value(s, "torch_watchdog_events_dropped_total", reason="foreign_pid") == 1
+    assert value(s, "torch_watchdog_source_up", source="nvml") == 1
+    assert value(s, "torch_watchdog_source_up", source="agent") == 0
+
+
+def test_every_cause_exported_active_one_others_zero():
+    s = scrape(snapshot(active_causes=("recompile_storm",)))
+    for cause in CAUSES:
+        expected = 1 if cause == "recompile_storm" else 0
+        assert value(s, "torch_watchdog_cause_active", cause=cause) == expected
+    assert len([k for k in s if k and k[0] == "torch_watchdog_cause_active"]) == len(CAUSES) == 4
+
+
+def test_no_forecast_is_plus_inf_and_unknown_estimates_are_absent():
+    fc = dict(FORECAST, seconds_to_oom=None, seconds_to_oom_linear=None, plateau_bytes=None,
+              budget_bytes=None, shape_space_estimate=None)
+    est = dict(ESTIMATES, mb_per_graph=None, mb_per_graph_confidence=None)
+    s = scrape(snapshot(forecast=fc, estimates=est))
+    assert value(s, "torch_watchdog_oom_forecast_seconds") == math.inf
+    assert value(s, "torch_watchdog_oom_forecast_linear_seconds") == math.inf
+    for name in ("torch_watchdog_memory_plateau_bytes", "torch_watchdog_memory_budget_bytes",
+                 "torch_watchdog_shape_space_estimate",
+                 "torch_watchdog_cudagraph_memory_per_graph_bytes",
+                 "torch_watchdog_cudagraph_memory_per_graph_confidence_ratio"):
+        assert name not in names(s)
+    assert "+Inf means no OOM forecast" in render_help("torch_watchdog_oom_forecast_seconds")
+
+
+def render_help(name: str) -> str:
+    return next(h for n, _, _, h in metrics.METRICS if n == name)
+
+
+def test_no_pid_or_shape_labels_anywhere():
+    s = scrape(snapshot())
+    labels = {label for key in s if key is not None for label, _ in key[1]}
+    assert labels == {"gpu_uuid", "cause", "action", "reason", "source"}
+    assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
+
+
+def test_every_family_has_a_one_line_help():
+    for family in scrape(snapshot())[None]:
+        assert family.documentation and "\n" not in family.documentation, family.name
+    assert len({n for n, *_ in metrics.METRICS}) == len(metrics.METRICS)
+
+
+def test_garbage_values_skip_their_family_and_count_scrape_errors():
+    collector = SnapshotCollector()
+    bad = snapshot(estimates=dict(ESTIMATES, recordings="lots", mb_per_graph="12.5"),
+                   forecast=dict(FORECAST, budget_bytes=[1]))
+    first = scrape(bad, collector)
+    assert value(first, "torch_watchdog_scrape_errors_total") == 3
+    for name in ("torch_watchdog_cudagraph_recordings_total",
+                 "torch_watchdog_cudagraph_memory_per_graph_bytes",
+                 "torch_watchdog_memory_budget_bytes"):
+        assert name not in names(first)
+    assert value(first, "torch_watchdog_compiles_total") == 3  # the rest is still there
+    # cumulative across scrapes; a good snapshot stops the growth
+    assert value(scrape(None, collector), "torch_watchdog_scrape_errors_total") == 6
+    collector.update(snapshot())
+    good = scrape(None, collector)
+    assert value(good, "torch_watchdog_scrape_errors_total") == 6
+    assert value(good, "torch_watchdog_cudagraph_recordings_total") == 40
+
+
+def test_broken_snapshot_object_never_raises():
+    collector = SnapshotCollector()
+    collector.update(object())  # not even a Snapshot: every family fails, the scrape does not
+    s = scrape(None, collector)
+    assert value(s, "torch_watchdog_scrape_errors_total") == len(metrics.METRICS) - 1
+
+
+def test_empty_collector_renders_only_self_metrics_with_zeros():
+    s = scrape()
+    assert value(s, "torch_watchdog_scrape_errors_total") == 0
+    assert value(s, "torch_watchdog_events_received_total") == 0
+    assert value(s, "torch_watchdog_agent_events_lost_total") == 0
+    assert value(s, "torch_watchdog_last_poll_timestamp_seconds") == 0
+    assert "torch_watchdog_gpu_memory_used_bytes" not in names(s)
+    assert "torch_watchdog_cause_active" not in names(s)
+    assert "torch_watchdog_oom_forecast_seconds" not in names(s)
+
+
+def test_registry_is_not_the_global_one():
+    from prometheus_client import REGISTRY
+    registry = make_registry(SnapshotCollector())
+    assert registry is not REGISTRY
+    assert b"python_gc" not in render(registry)
+
+
+def _serve_on_free_port(registry):
+    try:
+        server, thread = serve("127.0.0.1", 0, registry)
+    except OSError:
+        server = None
+    if server is not None:
+        return server, thread, server.server_port
+    with socket.socket() as probe:  # old prometheus-client: no handle, so pick the port first
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, thread = serve("127.0.0.1", port, registry)
+    return server, thread, port
+
+
+def test_http_scrape_serves_the_latest_snapshot():
+    collector = SnapshotCollector()
+    server, thread, port = _serve_on_free_port(make_registry(collector))
+    try:
+        collector.update(snapshot())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert reply.status == 200
+            body = reply.read().decode()
+        s = parse(body)
+        assert value(s, "torch_watchdog_gpu_memory_used_bytes", gpu_uuid="GPU-aaa") == 30 * GIB
+        collector.update(snapshot(active_causes=()))  # the next scrape sees the new tick
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            s = parse(reply.read().decode())
+        assert value(s, "torch_watchdog_cause_active", cause="cudagraph_per_shape") == 0
+    finally:
+        stop(server, thread)
+    if thread is not None:
+        assert not thread.is_alive()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_accepts_the_exposition():
+    text = render(make_registry(_updated(snapshot())))
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _updated(snap):
+    collector = SnapshotCollector()
+    collector.update(snap)
+    return collector
+
+
+def test_real_pipeline_output_renders_without_errors():
+    """The keys the table reads are the keys correlate/forecast produce (a rename upstream would
+    silently drop a metric otherwise): a fresh state's dicts render with no scrape error."""
+    from watchdog.sidecar.config import CorrelateConfig, ForecastConfig
+    from watchdog.sidecar.correlate import State
+    from watchdog.sidecar.forecast import forecast
+    state = State()
+    est, fc = state.estimates(CorrelateConfig()), forecast(state, ForecastConfig()).as_dict()
+    assert set(ESTIMATES) == set(est) and set(FORECAST) == set(fc)
+    s = scrape(snapshot(estimates=est, forecast=fc))
+    assert value(s, "torch_watchdog_scrape_errors_total") == 0
+    assert value(s, "torch_watchdog_cudagraph_recordings_total") == 0
+    assert value(s, "torch_watchdog_oom_forecast_seconds") == math.inf

@@ -1,0 +1,225 @@
+"""The sidecar's loop: read the sources, fold, forecast, decide, publish — once per poll.
+
+Signal handlers only queue the signal (and wake the loop through a pipe); the loop dispatches
+`handle_<name>()`. One exit path, `halt()`. Failures are tiered: fatal at start (config, socket,
+metrics port: a clear message and exit code 2 or 1); at run time a failing source is degraded
+(`source_up` = 0, reading None), never a crash of the loop.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import select
+import signal
+import time
+from typing import Any, Callable, Optional
+
+import psutil
+
+from watchdog.sidecar import config as config_mod
+from watchdog.sidecar import correlate, policy
+from watchdog.sidecar.forecast import forecast
+from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
+from watchdog.sidecar.nvml import NvmlSource
+from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
+from watchdog.sidecar.receiver import Receiver
+from watchdog.sidecar.samples import Sample
+from watchdog.sidecar.snapshot import Snapshot
+from watchdog.sidecar.systemd import Notifier
+
+AGENT_SILENT_S = 30.0   # an agent pid not heard from for this long (and dead) is forgotten
+UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often
+
+
+class Daemon:
+    def __init__(self, cfg: config_mod.Config, config_path: Optional[str], log: Any, *,
+                 nvml: Optional[NvmlSource] = None, clock: Callable[[], float] = time.time,
+                 notifier: Optional[Notifier] = None, serve_metrics: bool = True):
+        self.cfg, self.config_path, self.log = cfg, config_path, log
+        self.clock = clock
+        self.nvml = nvml or NvmlSource()
+        self.notifier = notifier or Notifier()
+        self.state, self.policy_state = correlate.State(), policy.PolicyState()
+        self.collector = SnapshotCollector()
+        self.registry = make_registry(self.collector)
+        self.serve_metrics = serve_metrics
+        self.signals: collections.deque = collections.deque()
+        self.agent_pids: dict[int, float] = {}   # pid -> last heard (wall clock)
+        self.unit_pid: Optional[int] = None
+        self._unit_checked = -1e18
+        self.actions_total: collections.Counter = collections.Counter()
+        self.receiver: Optional[Receiver] = None
+        self.http = None
+        self.running = False
+        self.ticks = 0
+        self._wake_r, self._wake_w = os.pipe()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind the socket and the metrics port; raises OSError with a clear message."""
+        agent = self.cfg.agent
+        self.receiver = Receiver(agent.socket_path, set(agent.allowed_uids)
+                                 if agent.allowed_uids is not None else None, agent.socket_mode)
+        if self.serve_metrics:
+            self.http = serve(self.cfg.metrics_address, self.cfg.metrics_port, self.registry)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._queue_signal)
+        os.set_blocking(self._wake_w, False)
+        self.running = True
+        self.log.info("started", socket=agent.socket_path, metrics_port=self.cfg.metrics_port,
+                      config=self.config_path, poll_interval_s=self.cfg.poll_interval_s)
+        self.notifier.ready("watching")
+
+    def _queue_signal(self, signum: int, frame: Any) -> None:
+        self.signals.append(signum)  # nothing else here: the loop does the work
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    def run(self) -> int:
+        next_poll = time.monotonic()
+        while self.running:
+            self._dispatch_signals()
+            if not self.running:
+                break
+            now = time.monotonic()
+            if now >= next_poll:
+                self.tick()
+                next_poll = max(next_poll + self.cfg.poll_interval_s, now)
+            self._wait(next_poll - time.monotonic())
+        return self.halt()
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep until the next poll, waking for a signal; agent datagrams wait in the socket
+        (the kernel queues ~10; a 10 Hz poll drains them, the agent retries a full queue)."""
+        ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
+        if ready:
+            try:
+                os.read(self._wake_r, 512)
+            except BlockingIOError:
+                pass
+
+    def _dispatch_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.popleft()
+            name = {signal.SIGHUP: "reload"}.get(signum, "stop")
+            getattr(self, f"handle_{name}")(signum)
+
+    def handle_stop(self, signum: int) -> None:
+        self.log.info("stopping", signal=signal.Signals(signum).name)
+        self.running = False
+
+    def handle_reload(self, signum: int) -> None:
+        if not self.config_path:
+            return
+        cfg, problems = config_mod.check(self.config_path)
+        if cfg is None:
+            self.log.error("config reload failed; keeping the old config", problems=problems)
+            return
+        restart_needed = [k for k in ("metrics_address", "metrics_port", "agent")
+                          if getattr(cfg, k) != getattr(self.cfg, k)]
+        self.cfg = cfg
+        self.log.info("config reloaded", needs_restart_to_apply=restart_needed)
+
+    def halt(self) -> int:
+        """The one exit path."""
+        self.notifier.stopping()
+        if self.receiver is not None:
+            self.receiver.close()
+        self.nvml.close()
+        if self.http is not None and self.http[0] is not None:
+            stop(*self.http)
+        self.log.info("stopped", ticks=self.ticks)
+        return 0
+
+    # -- one poll -------------------------------------------------------------------------------
+    def tick(self) -> Snapshot:
+        started = time.perf_counter()
+        now = self.clock()
+        observations: list = self._receive(now)
+        pids = self.watched_pids(now)
+        reading = self.nvml.read(pids)
+        processes = read_processes(pids, reading.process_gpu_bytes)
+        host = psutil.virtual_memory()
+        sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
+                        nvml_error=reading.error, query_s=reading.query_s,
+                        host_total_bytes=host.total, host_available_bytes=host.available)
+        observations.append(sample)
+        cfg = self.cfg
+        correlate.fold(self.state, observations, cfg.correlate, watched=pids or None)
+        fc = forecast(self.state, cfg.forecast, cfg.correlate.min_records,
+                      cfg.correlate.jump_bytes)
+        for action in policy.decide(self.state, fc, self.policy_state, cfg.policy):
+            self.actions_total[action.action] += 1
+            self.log.warning("action", **action.as_dict())
+        for finding in self.state.findings[len(self.state.findings) - self._new_findings():]:
+            self.log.warning("finding", **finding.as_dict())
+        snapshot = self._snapshot(sample, fc, time.perf_counter() - started)
+        self.collector.update(snapshot)
+        self.ticks += 1
+        self.notifier.watchdog()  # only after a completed tick
+        if self.ticks % 50 == 1:
+            self.notifier.status(_status_line(self.state, fc))
+        return snapshot
+
+    def _new_findings(self) -> int:
+        seen = getattr(self, "_findings_logged", 0)
+        self._findings_logged = len(self.state.findings)
+        return len(self.state.findings) - seen
+
+    def _receive(self, now: float) -> list:
+        got = self.receiver.receive() if self.receiver is not None else []
+        if self.cfg.server.trust_agent_pids:
+            for _event, pid in got:
+                self.agent_pids[pid] = now
+        return [event for event, _pid in got]
+
+    def watched_pids(self, now: float) -> set[int]:
+        pids = set()
+        server = self.cfg.server
+        if server.pidfile:
+            pid = read_pidfile(server.pidfile)
+            if pid:
+                pids.add(pid)
+        if server.unit:
+            if time.monotonic() - self._unit_checked >= UNIT_LOOKUP_S:
+                self._unit_checked = time.monotonic()
+                self.unit_pid = unit_main_pid(server.unit)
+            if self.unit_pid:
+                pids.add(self.unit_pid)
+        for pid, heard in list(self.agent_pids.items()):
+            if now - heard > AGENT_SILENT_S and not psutil.pid_exists(pid):
+                del self.agent_pids[pid]
+            else:
+                pids.add(pid)
+        return pids
+
+    def _snapshot(self, sample: Sample, fc: Any, poll_s: float) -> Snapshot:
+        gpu: dict[str, Optional[int]] = {}
+        for p in sample.processes:
+            for uuid, used in p.gpu_bytes.items():
+                gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
+                    else gpu.get(uuid, 0) + used
+        alive = [p for p in sample.processes if p.alive]
+        rss = [p.rss_bytes for p in alive if p.rss_bytes is not None]
+        receiver = self.receiver
+        return Snapshot(
+            t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
+            server_rss_bytes=sum(rss) if rss else None,
+            server_alive=bool(alive) if sample.processes else None,
+            estimates=self.state.estimates(self.cfg.correlate), forecast=fc.as_dict(),
+            active_causes=tuple(self.state.active), actions_total=dict(self.actions_total),
+            sources_up={"nvml": sample.nvml_up, "process": bool(alive),
+                        "agent": bool(self.agent_pids)},
+            poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
+            events_received_total=receiver.received if receiver else 0,
+            events_dropped_total=dict(receiver.dropped) if receiver else {},
+            agent_events_lost_total=self.state.agent_dropped)
+
+
+def _status_line(state: correlate.State, fc: Any) -> str:
+    seconds = fc.seconds
+    eta = "no OOM forecast" if seconds == float("inf") else f"OOM in ~{seconds:.0f} s"
+    return (f"{state.records} graphs, {state.recompiles} recompiles, "
+            f"{len(state.active)} active causes, {eta}")

@@ -1,0 +1,281 @@
+"""The Prometheus view of the latest Snapshot: a custom Collector, its registry, its HTTP server.
+
+The daemon polls on its own timer (prediction needs history), so a scrape does not read the GPU:
+it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()`, and
+`torch_watchdog_last_poll_timestamp_seconds` says when that was. A scrape never raises: a family
+that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
+
+Conventions (DESIGN.md "Habits → Metrics"): prefix `torch_watchdog_`, base units, counters end
+in `_total`, GPUs labelled `gpu_uuid`; no pid or shape labels (they are unbounded). A reading
+that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
+exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import threading
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from watchdog.sidecar.correlate import CAUSES
+from watchdog.sidecar.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+GAUGE, COUNTER = "gauge", "counter"
+SCRAPE_ERRORS = "torch_watchdog_scrape_errors_total"
+# One sample: (label values, raw value); a raw value of None is skipped (the reading is unknown).
+Samples = Iterable["tuple[tuple[str, ...], Any]"]
+
+
+class Spec(NamedTuple):
+    name: str                      # the exposed name (counters with their `_total`)
+    kind: str                      # GAUGE | COUNTER
+    labels: tuple[str, ...]
+    help: str
+    samples: Callable[[Snapshot], Samples]
+    before_first_poll: bool = False  # exported (from an empty Snapshot) before the first update
+
+
+# --- sample getters ---------------------------------------------------------------------------
+
+def _num(value: Any) -> float:
+    # Strict on purpose: a string here is a bug upstream, to be counted, not silently parsed.
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _one(get: Callable[[Snapshot], Any]) -> Callable[[Snapshot], Samples]:
+    return lambda s: [((), get(s))]
+
+
+def _device(attr: str) -> Callable[[Snapshot], Samples]:
+    return lambda s: [((str(d.uuid),), getattr(d, attr)) for d in s.devices]
+
+
+def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
+    return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
+
+
+def _est(key: str, scale: float = 1.0) -> Callable[[Snapshot], Samples]:
+    def get(s: Snapshot) -> Any:
+        value = s.estimates.get(key)
+        return None if value is None else _num(value) * scale
+    return _one(get)
+
+
+def _fc(key: str) -> Callable[[Snapshot], Samples]:
+    return _one(lambda s: s.forecast.get(key))
+
+
+def _fc_seconds(key: str) -> Callable[[Snapshot], Samples]:
+    # None (or no forecast at all) means "no OOM in sight": +Inf, so thresholds never fire.
+    def get(s: Snapshot) -> Any:
+        value = s.forecast.get(key)
+        return math.inf if value is None else value
+    return _one(get)
+
+
+def _causes(s: Snapshot) -> Samples:
+    return [((cause,), 1 if cause in s.active_causes else 0) for cause in CAUSES]
+
+
+def _sources(s: Snapshot) -> Samples:
+    return [((str(k),), None if v is None else int(bool(v))) for k, v in sorted(s.sources_up.items())]
+
+
+def _alive(s: Snapshot) -> Any:
+    return None if s.server_alive is None else int(bool(s.server_alive))
+
+
+# --- the table --------------------------------------------------------------------------------
+
+_G = ("gpu_uuid",)
+SPECS: tuple[Spec, ...] = (
+    # device (NVML)
+    Spec("torch_watchdog_gpu_memory_used_bytes", GAUGE, _G,
+         "GPU memory used by all processes, from NVML, at the last poll.", _device("used_bytes")),
+    Spec("torch_watchdog_gpu_memory_total_bytes", GAUGE, _G,
+         "GPU memory size, from NVML.", _device("total_bytes")),
+    Spec("torch_watchdog_gpu_memory_free_bytes", GAUGE, _G,
+         "GPU memory free, from NVML, at the last poll.", _device("free_bytes")),
+    # the watched inference server
+    Spec("torch_watchdog_server_gpu_memory_bytes", GAUGE, _G,
+         "GPU memory used by the watched server's process (absent where NVML does not say).",
+         _by_label("server_gpu_bytes")),
+    Spec("torch_watchdog_server_rss_bytes", GAUGE, (),
+         "Resident set size of the watched server's process.", _one(lambda s: s.server_rss_bytes)),
+    Spec("torch_watchdog_server_up", GAUGE, (),
+         "1 if the watched server's process is alive, 0 if not (absent when unknown).",
+         _one(_alive)),
+    # pipeline (cumulative counts from the agent's events, correlated)
+    Spec("torch_watchdog_cudagraph_recordings_total", COUNTER, (),
+         "CUDA graphs recorded by the server.", _est("recordings")),
+    Spec("torch_watchdog_cudagraph_warmups_total", COUNTER, (),
+         "CUDA-graph warm-up runs (a size's first run, before it is recorded).", _est("warmups")),
+    Spec("torch_watchdog_compiles_total", COUNTER, (),
+         "torch.compile compilations (first compiles and recompiles).", _est("compiles")),
+    Spec("torch_watchdog_recompiles_total", COUNTER, (),
+         "torch.compile recompilations (a guard failed).", _est("recompiles")),
+    Spec("torch_watchdog_recompile_limit_hits_total", COUNTER, (),
+         "Times a frame hit the recompile limit and fell back to eager.",
+         _est("recompile_limit_hits")),
+    Spec("torch_watchdog_stalls_total", COUNTER, (),
+         "Server steps stalled by compilation or graph recording.", _est("stalls")),
+    Spec("torch_watchdog_stall_seconds_total", COUNTER, (),
+         "Time the server's steps spent stalled.", _est("stall_seconds")),
+    Spec("torch_watchdog_graph_breaks_total", COUNTER, (),
+         "torch.compile graph breaks.", _est("graph_breaks")),
+    Spec("torch_watchdog_ooms_total", COUNTER, (),
+         "CUDA out-of-memory errors seen by the agent.", _est("ooms")),
+    Spec("torch_watchdog_compile_seconds_total", COUNTER, (),
+         "Time spent compiling.", _est("compile_seconds")),
+    Spec("torch_watchdog_requests_total", COUNTER, (),
+         "Requests (steps) seen by the agent.", _est("requests")),
+    Spec("torch_watchdog_distinct_shapes", GAUGE, (),
+         "Distinct input shapes seen so far.", _est("distinct_shapes")),
+    Spec("torch_watchdog_cudagraph_memory_per_graph_bytes", GAUGE, (),
+         "Estimated GPU memory per recorded CUDA graph (absent until enough recordings).",
+         _est("mb_per_graph", 1e6)),
+    Spec("torch_watchdog_cudagraph_memory_per_graph_confidence_ratio", GAUGE, (),
+         "Confidence (0-1) of the memory-per-graph estimate.", _est("mb_per_graph_confidence")),
+    Spec("torch_watchdog_memory_explained_by_recordings_bytes", GAUGE, (),
+         "Server memory growth explained by CUDA-graph recordings.",
+         _est("explained_by_recordings_bytes")),
+    Spec("torch_watchdog_memory_unexplained_bytes", GAUGE, (),
+         "Server memory growth that neither recordings nor compiles explain.",
+         _est("unexplained_bytes")),
+    # forecast
+    Spec("torch_watchdog_oom_forecast_seconds", GAUGE, (),
+         "Forecast time until GPU memory runs out (shape-discovery model, else trend); "
+         "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom")),
+    Spec("torch_watchdog_oom_forecast_linear_seconds", GAUGE, (),
+         "Forecast time until GPU memory runs out from the linear trend alone; "
+         "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom_linear")),
+    Spec("torch_watchdog_memory_plateau_bytes", GAUGE, (),
+         "Forecast memory level once every input shape is recorded (absent when unknown).",
+         _fc("plateau_bytes")),
+    Spec("torch_watchdog_memory_budget_bytes", GAUGE, (),
+         "The memory budget the forecast measures against.", _fc("budget_bytes")),
+    Spec("torch_watchdog_shape_space_estimate", GAUGE, (),
+         "Estimated number of distinct input shapes the traffic draws from.",
+         _fc("shape_space_estimate")),
+    # causes and actions
+    Spec("torch_watchdog_cause_active", GAUGE, ("cause",),
+         "1 while the watchdog attributes memory growth or slowdown to this cause, else 0.",
+         _causes),
+    Spec("torch_watchdog_actions_total", COUNTER, ("action",),
+         "Actions taken by the policy (alert, reload, ...).", _by_label("actions_total")),
+    # the watchdog itself
+    Spec("torch_watchdog_source_up", GAUGE, ("source",),
+         "1 if the source (nvml, process, agent) answered at the last poll, else 0.",
+         _sources, True),
+    Spec("torch_watchdog_poll_duration_seconds", GAUGE, (),
+         "Duration of the last poll.", _one(lambda s: s.poll_seconds), True),
+    Spec("torch_watchdog_nvml_query_seconds", GAUGE, (),
+         "Duration of the last poll's NVML queries.", _one(lambda s: s.nvml_query_seconds), True),
+    Spec("torch_watchdog_events_received_total", COUNTER, (),
+         "Agent events received.", _one(lambda s: s.events_received_total), True),
+    Spec("torch_watchdog_events_dropped_total", COUNTER, ("reason",),
+         "Datagrams dropped by the receiver, by reason.", _by_label("events_dropped_total"), True),
+    Spec("torch_watchdog_agent_events_lost_total", COUNTER, (),
+         "Events the agents reported losing (their queue was full).",
+         _one(lambda s: s.agent_events_lost_total), True),
+    Spec("torch_watchdog_last_poll_timestamp_seconds", GAUGE, (),
+         "Unix time of the last poll; all other values are from that poll (0 before the first).",
+         _one(lambda s: s.t), True),
+)
+_SCRAPE_ERRORS_HELP = "Metric families left out of a scrape because they could not be built."
+
+# (name, type, labels, help), for the README.
+METRICS: list[tuple[str, str, tuple[str, ...], str]] = (
+    [(s.name, s.kind, s.labels, s.help) for s in SPECS]
+    + [(SCRAPE_ERRORS, COUNTER, (), _SCRAPE_ERRORS_HELP)])
+
+_EMPTY = Snapshot(t=0.0)
+
+
+def _family(spec: Spec, snap: Snapshot) -> Optional[Metric]:
+    """The family for `spec`, None when it has no sample; raises on bad data (caller counts)."""
+    cls = CounterMetricFamily if spec.kind == COUNTER else GaugeMetricFamily
+    family = cls(spec.name, spec.help, labels=spec.labels)
+    for labels, value in spec.samples(snap):
+        if value is not None:
+            family.add_metric([str(v) for v in labels], _num(value))
+    return family if family.samples else None
+
+
+class SnapshotCollector:
+    """Renders the latest Snapshot; `update()` is a single reference swap, so no lock."""
+
+    def __init__(self) -> None:
+        self._snapshot: Optional[Snapshot] = None
+        self._errors = 0
+        self._errors_lock = threading.Lock()  # scrapes may run in parallel server threads
+        self._warned: set[str] = set()
+
+    def update(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot  # read once: the whole scrape sees one tick
+        for spec in SPECS:
+            if snap is None and not spec.before_first_poll:
+                continue
+            try:
+                family = _family(spec, snap if snap is not None else _EMPTY)
+            except Exception as exc:  # never fail a scrape; count it and move on
+                self._count_error(spec.name, exc)
+                continue
+            if family is not None:
+                yield family
+        errors = CounterMetricFamily(SCRAPE_ERRORS, _SCRAPE_ERRORS_HELP)
+        errors.add_metric([], float(self._errors))
+        yield errors
+
+    def _count_error(self, name: str, exc: BaseException) -> None:
+        with self._errors_lock:
+            self._errors += 1
+            first = name not in self._warned
+            self._warned.add(name)
+        if first:  # once per family: a bad value repeats every scrape
+            log.warning("metric %s left out of the scrape: %r", name, exc)
+
+
+def make_registry(collector: SnapshotCollector) -> CollectorRegistry:
+    """A fresh registry holding only `collector` (not the global one: no process_/python_ noise
+    from the default collectors, and tests can build as many as they like)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The text exposition a scrape of /metrics would return."""
+    return generate_latest(registry)
+
+
+def serve(address: str, port: int, registry: CollectorRegistry) -> tuple[Any, Any]:
+    """Serve /metrics on address:port in a daemon thread; returns (server, thread).
+
+    prometheus-client >= 0.20 returns them (client_python PR #999; port 0 then means "any":
+    read `server.server_port`); older versions return None, and so (None, None) here: such a
+    server cannot be stopped, only left to die with the process."""
+    started = start_http_server(port, addr=address, registry=registry)
+    if isinstance(started, tuple) and len(started) == 2:
+        return started[0], started[1]
+    return None, None
+
+
+def stop(server: Any, thread: Any, timeout_s: float = 5.0) -> None:
+    """Stop a server returned by `serve()` and release its port (no-op for (None, None))."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()  # shutdown() alone keeps the port bound (client_python #1068)
+    if thread is not None:
+        thread.join(timeout_s)
