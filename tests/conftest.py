@@ -12,6 +12,14 @@ import pytest
 
 from watchdog import events
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def with_root() -> str:
+    """PYTHONPATH for a child process: this checkout first, keeping what the environment had
+    (on the GPU machine, a --target directory of carried wheels)."""
+    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
 
 class Collector:
     """Binds a datagram socket like the sidecar will, and keeps every decoded event."""

@@ -12,7 +12,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 SCHEMA_VERSION = 1
 # One event is one Unix datagram; the agent truncates long strings well below this.
@@ -212,44 +212,50 @@ def from_dict(obj: Any) -> Event:
     kind = obj.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise EventDecodeError(f"unknown event kind {kind!r}")
-    fields = _FIELDS[kind]
-    extra = set(obj) - set(fields) - {"v", "kind"}
-    if extra:
-        raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+    checks = _CHECKS[kind]
+    if len(obj) != len(checks) + 2:
+        extra = set(obj) - {name for name, _ in checks} - {"v", "kind"}
+        if extra:
+            raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
     values = {}
-    for name in fields:
+    for name, check in checks:
         if name not in obj:
             raise EventDecodeError(f"{kind}: missing field {name!r}")
-        if not _conforms(obj[name], _HINTS[kind][name]):
-            raise EventDecodeError(f"{kind}: field {name!r} has a bad value {obj[name]!r:.80}")
-        values[name] = obj[name]
-    if values["pid"] <= 0 or not math.isfinite(values["t"]):
-        raise EventDecodeError(f"{kind}: bad pid or t")
+        value = obj[name]
+        if not check(value):
+            raise EventDecodeError(f"{kind}: field {name!r} has a bad value {value!r:.80}")
+        values[name] = value
+    if values["pid"] <= 0:
+        raise EventDecodeError(f"{kind}: bad pid")
     return KINDS[kind](**values)
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    """Does a JSON value match a field's annotation? bool is never an int, an int is a float."""
+def _checker(hint: Any) -> Callable[[Any], bool]:
+    """A fast predicate for one field's annotation (built once per kind, at import).
+    bool is never an int; an int is a float; floats must be finite."""
     origin = typing.get_origin(hint)
     if origin is Union:
-        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+        parts = [_checker(arg) for arg in typing.get_args(hint)]
+        return lambda v: any(p(v) for p in parts)
     if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+        item = _checker(typing.get_args(hint)[0])
+        return lambda v: type(v) is list and all(item(x) for x in v)
     if origin is dict:
-        key, item = typing.get_args(hint)
-        return isinstance(value, dict) and all(
-            _conforms(k, key) and _conforms(v, item) for k, v in value.items())
+        key, item = (_checker(a) for a in typing.get_args(hint))
+        return lambda v: type(v) is dict and all(key(k) and item(x) for k, x in v.items())
     if hint is type(None):
-        return value is None
+        return lambda v: v is None
     if hint is bool:
-        return isinstance(value, bool)
+        return lambda v: type(v) is bool
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda v: type(v) is int
     if hint is float:
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
-    return isinstance(value, hint)
+        return lambda v: (type(v) is float and math.isfinite(v)) or type(v) is int
+    return lambda v: type(v) is hint
+
+
+_CHECKS = {kind: [(name, _checker(_HINTS[kind][name])) for name in _FIELDS[kind]]
+           for kind in KINDS}
 
 
 def clip(text: Optional[str], limit: int = MAX_TEXT_CHARS) -> Optional[str]:

@@ -74,10 +74,13 @@ def main() -> int:
     p.add_argument("--traffic", choices=["variable", "bucketed"], default="variable")
     p.add_argument("--budget", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--socket", default="", help="also send events to a sidecar here")
+    p.add_argument("--linger", type=float, default=0.0,
+                   help="seconds to stay alive after serving, agent on (for a sidecar scrape)")
     a = p.parse_args()
     log = os.path.join(tempfile.mkdtemp(), "events.jsonl")
     torch.cuda.init()
-    installed = agent.install(socket_path="", event_log=log, graph_budget=a.budget,
+    installed = agent.install(socket_path=a.socket, event_log=log, graph_budget=a.budget,
                               stall_threshold_s=0.02)
     model = Block().cuda().half().eval()
     compiled = torch.compile(model, mode="reduce-overhead",
@@ -102,6 +105,9 @@ def main() -> int:
     wall = time.perf_counter() - t0
     real = truth()
     free1 = torch.cuda.mem_get_info()[0]
+    if a.linger:
+        print(json.dumps({"lingering": True, "agent_truth_nodes": real["nodes"]}), flush=True)
+        time.sleep(a.linger)
     agent.uninstall()
     with open(log) as fh:
         evs = [events.decode(line) for line in fh]

@@ -6,15 +6,15 @@ import re
 import subprocess
 import sys
 
+from tests.conftest import with_root
 from watchdog import events
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "server_script.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def run_server(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_WATCHDOG_")}
-    env.update(env_extra, PYTHONPATH=ROOT)
+    env.update(env_extra, PYTHONPATH=with_root())
     return subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)
 

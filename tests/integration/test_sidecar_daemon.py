@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import pytest
+from tests.conftest import with_root
 import torch
 import torch._dynamo
 
@@ -59,7 +60,7 @@ def daemon(short_tmp):
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(notify_path)
     notify.settimeout(10)
-    env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=ROOT)
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=with_root())
     proc = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar", "--config",
                              cfg], env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     info = {"proc": proc, "port": port, "socket": sock, "config": cfg, "notify": notify}
@@ -125,7 +126,7 @@ def test_bad_config_exits_2_and_busy_port_exits_1(short_tmp):
     bad = os.path.join(short_tmp, "bad.yaml")
     with open(bad, "w") as fh:
         fh.write("metrics_port: 0\nbogus: 1\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=with_root())
     r = subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar", "--config", bad],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bogus" in r.stderr and "metrics_port" in r.stderr

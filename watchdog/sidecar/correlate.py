@@ -103,6 +103,8 @@ class State:
     new_shape_times: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
+    steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
+    steady_at_limit: Optional[tuple] = None             # steady_totals when the limit came
     stalls: int = 0
     stall_seconds: float = 0.0
     stall_causes: collections.Counter = field(default_factory=collections.Counter)
@@ -145,21 +147,22 @@ class State:
         growth = self.mem_bytes - self.mem_start
         return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
 
-    def steady_ms(self, since: Optional[float] = None, until: Optional[float] = None
-                  ) -> Optional[float]:
-        """Mean latency of calls that were not stalls, from the agent's `calls` windows."""
-        n = s = 0.0
-        for t, calls, seconds, stall_calls, stall_seconds in self.calls:
-            if (since is None or t > since) and (until is None or t <= until):
-                n += calls - stall_calls
-                s += seconds - stall_seconds
-        return 1e3 * s / n if n > 0 else None
+    def steady_ms(self, part: str = "all") -> Optional[float]:
+        """Mean latency of the calls that were not stalls (from the agent's `calls` windows):
+        "all", or "before"/"after" the recompile limit was reached."""
+        calls, seconds = self.steady_totals
+        if part != "all":
+            at = self.steady_at_limit
+            if at is None:
+                return None
+            calls, seconds = at if part == "before" else (calls - at[0], seconds - at[1])
+        return 1e3 * seconds / calls if calls > 0 else None
 
     def estimates(self, cfg: CorrelateConfig) -> dict[str, Any]:
         limit_t = self.limit_t
         enough = self.records >= cfg.min_records
-        before = self.steady_ms(until=limit_t) if limit_t is not None else self.steady_ms()
-        after = self.steady_ms(since=limit_t) if limit_t is not None else None
+        before = self.steady_ms("before" if limit_t is not None else "all")
+        after = self.steady_ms("after") if limit_t is not None else None
         return {
             "mb_per_graph": _round(self.mb_per_graph, 4) if enough else None,
             "mb_per_graph_confidence": round(self.regression.confidence, 3) if enough else None,
@@ -186,7 +189,8 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
 
 def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
          watched: Optional[set] = None) -> State:
-    """Update `state` with each observation in order, then re-evaluate the causes."""
+    """Update `state` with each observation in order, then evaluate the causes (a finding's
+    `t` is the time of the batch's last observation; replay folds one observation at a time)."""
     for obs in observations:
         if state.first_t is None:
             state.first_t = obs.t
@@ -195,7 +199,7 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             _sample(state, obs, cfg, watched)
         else:
             _event(state, obs, cfg)
-        _evaluate(state, cfg)
+    _evaluate(state, cfg)  # once per batch: the daemon folds a poll's worth at a time
     return state
 
 
@@ -239,16 +243,17 @@ def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
     if attempts == limit:
         state.limit_t, state.limit_frame = e.t, frame  # the fallback shows once new shapes
         state.new_shapes_after_limit = 0               # stop compiling
+        state.steady_at_limit = state.steady_totals
     elif attempts > limit and frame == state.limit_frame:
         state.limit_t = None  # it compiled again: the limit is not what we assumed
 
 
 def _on_limit(state: State, e: events.RecompileLimit, cfg: CorrelateConfig) -> None:
     state.limit_hits += 1
-    state.limit_t = e.t
+    state.limit_t, state.steady_at_limit = e.t, state.steady_totals
     _activate(state, e.t, "recompile_limit_eager_fallback", {
         "source": "agent", "function": e.function, "limit": e.limit, "reason": e.reason,
-        "recompiles": state.recompiles, "steady_ms_before": _round(state.steady_ms(), 3)})
+        "recompiles": state.recompiles, "steady_ms_before": _round(state.steady_ms("before"), 3)})
 
 
 def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) -> None:
@@ -275,6 +280,8 @@ def _on_stall(state: State, e: events.Stall, cfg: CorrelateConfig) -> None:
 def _on_calls(state: State, e: events.Calls, cfg: CorrelateConfig) -> None:
     state.requests += e.calls
     state.calls.append((e.t, e.calls, e.seconds, e.stall_calls, e.stall_seconds))
+    calls, seconds = state.steady_totals
+    state.steady_totals = (calls + e.calls - e.stall_calls, seconds + e.seconds - e.stall_seconds)
 
 
 def _on_oom(state: State, e: events.Oom, cfg: CorrelateConfig) -> None:
@@ -375,7 +382,7 @@ def _evaluate(state: State, cfg: CorrelateConfig) -> None:
             "source": "inferred", "limit": state.recompile_limit or cfg.default_recompile_limit,
             "recompiles": state.recompiles, "reached_at": round(state.limit_t, 3),
             "new_shapes_without_compile": state.new_shapes_after_limit,
-            "steady_ms_before": _round(state.steady_ms(until=state.limit_t), 3)})
+            "steady_ms_before": _round(state.steady_ms("before"), 3)})
     b, conf = state.mb_per_graph, state.regression.confidence
     if (state.records >= cfg.min_records and b is not None and b > 0
             and conf >= cfg.min_confidence):

@@ -90,8 +90,14 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
 def _trend(state: State, window_s: float, per_process: bool, jump_bytes: int) -> Optional[float]:
     """Growth rate (bytes/s) of the level over the last window, steps left out: one poll's
     jump (a model loaded, a ballast, a compile's workspace) says nothing about the rate."""
-    points = [(t, mem if per_process else used) for t, mem, _, used, _ in state.samples
-              if t >= state.now - window_s and (mem if per_process else used) is not None]
+    points = []
+    for t, mem, _, used, _ in reversed(state.samples):  # newest first: stop at the window
+        if t < state.now - window_s:
+            break
+        level = mem if per_process else used
+        if level is not None:
+            points.append((t, level))
+    points.reverse()
     if len(points) < 3 or points[-1][0] <= points[0][0]:
         return None
     growth = sum(b - a for (_, a), (_, b) in zip(points, points[1:]) if abs(b - a) <= jump_bytes)
@@ -99,7 +105,12 @@ def _trend(state: State, window_s: float, per_process: bool, jump_bytes: int) ->
 
 
 def _request_rate(state: State, window_s: float) -> Optional[float]:
-    recent = [(t, calls) for t, calls, *_ in state.calls if t >= state.now - window_s]
+    recent = []
+    for t, calls, *_ in reversed(state.calls):
+        if t < state.now - window_s:
+            break
+        recent.append((t, calls))
+    recent.reverse()
     if len(recent) < 2:
         return None
     span = recent[-1][0] - recent[0][0]

@@ -1,0 +1,130 @@
+"""Sidecar cost, measured in one run (ratios and rates, not pass/fail):
+
+1. CPU of the real daemon (a subprocess, 10 Hz polling): idle, and with 1,000 events/s
+   arriving over its socket — CPU seconds per wall second (target < 0.01).
+2. Ingest capacity: events/s it takes in when a sender floods it (blocking sends, so the kernel
+   queue throttles the sender instead of dropping).
+3. Replay speed: trace seconds per wall second on the recorded traces in tests/fixtures.
+
+    python benchmarks/sidecar_cost.py [--seconds 20]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from watchdog import events  # noqa: E402
+from watchdog.sidecar.config import Config  # noqa: E402
+from watchdog.sidecar.replay import replay  # noqa: E402
+
+
+def received(port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("torch_watchdog_events_received"))
+    return float(line.split()[-1])
+
+
+def event_bytes(i: int) -> bytes:
+    kinds = [
+        events.Heartbeat(t=time.time(), pid=os.getpid(), seq=i, uptime_s=1.0, queue_depth=0,
+                         errors=0),
+        events.NewShape(t=time.time(), pid=os.getpid(), name="m", shape=[[1, 32 + i % 2000]],
+                        seconds=0.05, distinct=i),
+        events.CudagraphRecord(t=time.time(), pid=os.getpid(), phase="record", compile_id="0/1",
+                               key=[i], shape=[[1, i]], seconds=0.007),
+    ]
+    return events.encode(kinds[i % 3])
+
+
+def send_at(path: str, rate: float, seconds: float) -> int:
+    """Blocking sends at `rate` events/s (rate=None: as fast as the receiver drains)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sent, start = 0, time.monotonic()
+    while (now := time.monotonic()) - start < seconds:
+        due = sent + 1000 if rate is None else int((now - start) * rate)
+        while sent < due:
+            s.sendto(event_bytes(sent), path)
+            sent += 1
+        if rate is not None:
+            time.sleep(0.001)
+    s.close()
+    return sent
+
+
+def cpu_ratio(proc: psutil.Process, seconds: float, work=None) -> float:
+    """CPU seconds (user + system) of `proc` per wall second while `work` runs."""
+    before, t0 = proc.cpu_times(), time.monotonic()
+    if work:
+        work()
+    else:
+        time.sleep(seconds)
+    after, wall = proc.cpu_times(), time.monotonic() - t0
+    user, system = after.user - before.user, after.system - before.system
+    print(f"  (user {user / wall:.4f}, system {system / wall:.4f} CPU-s per s)")
+    return (user + system) / wall
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=20)
+    a = p.parse_args()
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="tw-bench-") as d:
+        port = 19000 + os.getpid() % 1000
+        sock = os.path.join(d, "events.sock")
+        cfg = os.path.join(d, "c.yaml")
+        with open(cfg, "w") as fh:
+            fh.write(f"metrics_port: {port}\nstate_dir: {d}\nagent:\n  socket_path: {sock}\n")
+        daemon = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+                                   "--config", cfg], cwd=ROOT, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(sock):
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the sidecar did not start (try: torch-watchdog sidecar)")
+                time.sleep(0.05)
+            time.sleep(1.0)
+            proc = psutil.Process(daemon.pid)
+            results["cpu_idle"] = round(cpu_ratio(proc, a.seconds), 4)
+            n0 = received(port)
+            results["cpu_1000_events_per_s"] = round(
+                cpu_ratio(proc, a.seconds, lambda: send_at(sock, 1000, a.seconds)), 4)
+            time.sleep(0.5)
+            results["events_received_at_1000_per_s"] = received(port) - n0
+            n1, t = received(port), time.monotonic()
+            send_at(sock, None, 5.0)  # flood: as fast as the kernel queue lets us
+            time.sleep(0.5)
+            results["ingest_events_per_s"] = round((received(port) - n1) / (time.monotonic() - t))
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+    speeds = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "*.jsonl.gz"))):
+        r = replay([path], Config())["replay"]
+        speeds[os.path.basename(path)] = r["speed"]
+    results["replay_trace_seconds_per_wall_second"] = speeds
+    print(f"sidecar CPU, idle at 10 Hz: {results['cpu_idle']:.4f} CPU-s per s")
+    print(f"sidecar CPU, 10 Hz + 1,000 events/s: {results['cpu_1000_events_per_s']:.4f} CPU-s "
+          f"per s (target < 0.01); received {results['events_received_at_1000_per_s']:.0f}")
+    print(f"ingest capacity (flooding sender): {results['ingest_events_per_s']} events/s")
+    for name, speed in speeds.items():
+        print(f"replay {name}: {speed}x real time")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

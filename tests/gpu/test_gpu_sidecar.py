@@ -1,0 +1,72 @@
+"""On a real GPU: the sidecar daemon watches a real reduce-overhead server process (the agent
+sends over the real socket) and its /metrics shows the recordings and the NVML growth."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from tests.conftest import with_root
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sock = os.path.join(short_tmp, "events.sock")
+    cfg = os.path.join(short_tmp, "c.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}\nagent:\n  socket_path: {sock}\n")
+    env = dict(os.environ, PYTHONPATH=with_root())
+    daemon = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+                               "--config", cfg], env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            assert daemon.poll() is None, daemon.stderr.read()
+            assert time.monotonic() < deadline, "the sidecar did not bind its socket"
+            time.sleep(0.05)
+        first = scrape(port)
+        server = subprocess.Popen([sys.executable, os.path.join(HERE, "scenario.py"), "--dynamic",
+                                   "none", "--traffic", "variable", "--socket", sock,
+                                   "--linger", "3"], env=env, stdout=subprocess.PIPE, text=True)
+        line = json.loads(server.stdout.readline() or "{}")
+        assert line.get("lingering"), "the server scenario failed before serving"
+        time.sleep(1.5)  # a few polls with the server alive and idle
+        m = scrape(port)
+        out = server.communicate(timeout=120)[0]
+        result = json.loads(out.strip().splitlines()[-1])
+        out_dir = os.environ.get("WATCHDOG_GPU_RESULTS")
+        if out_dir:
+            with open(os.path.join(out_dir, "sidecar-metrics.json"), "w") as fh:
+                json.dump({"scenario": result, "metrics": m, "before": first}, fh, indent=1)
+        assert m["torch_watchdog_cudagraph_recordings_total"] == result["truth"]["nodes"]
+        assert m['torch_watchdog_source_up{source="nvml"}'] == 1
+        uuid = result["devices"][0]
+        server_mem = m[f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{uuid}"}}']
+        assert server_mem > 100 << 20  # the server's own NVML memory, by process
+        assert m[f'torch_watchdog_gpu_memory_used_bytes{{gpu_uuid="{uuid}"}}'] >= server_mem
+        assert m["torch_watchdog_cudagraph_memory_per_graph_bytes"] > 0
+        assert m["torch_watchdog_events_dropped_total{reason=\"spoofed\"}"] == 0
+    finally:
+        daemon.terminate()
+        daemon.wait(15)
