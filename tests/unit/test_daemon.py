@@ -1,0 +1,135 @@
+"""Daemon.tick() driven by hand: a fake clock, a fake NVML backend, the real socket."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import structlog
+
+from tests.unit.test_nvml import FakeNvml, NVMLError_GpuIsLost
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+from watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig
+from watchdog.sidecar.daemon import Daemon
+from watchdog.sidecar.metrics import render
+from watchdog.sidecar.nvml import NvmlSource
+
+GPU = "GPU-fake-0"
+MB = 1_000_000
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def rig(short_tmp):
+    me = os.getpid()
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 correlate=CorrelateConfig(min_records=10))
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    d.start()
+    sender = Emitter(cfg.agent.socket_path, None)
+    yield d, nvml, clock, sender
+    d.halt()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def send(sender: Emitter, *evs: events.Event) -> None:
+    for e in evs:
+        sender.emit(e)
+    sender.drain()
+
+
+def test_ticks_fold_agent_events_with_nvml_per_process_memory(rig):
+    d, nvml, clock, sender = rig
+    me = os.getpid()
+    send(sender, events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=2.0))
+    d.tick()  # the agent's pid is now watched
+    clock.t += 20  # past the compile's settling time
+    for i in range(30):  # each poll: 2 recordings, +1 MB of the server's GPU memory
+        send(sender, *[events.CudagraphRecord(t=clock.t, pid=me, phase="record",
+                                              compile_id="0/1", key=[i, k], shape=None,
+                                              seconds=0.01) for k in (0, 1)])
+        nvml.devices[0]["procs"] = [(me, (2_000 + i + 1) * MB)]
+        nvml.devices[0]["used"] = (10_000 + i + 1) * MB
+        clock.t += 0.1
+        snap = d.tick()
+    assert snap.estimates["recordings"] == 60
+    assert snap.estimates["mb_per_graph"] == pytest.approx(0.5, rel=1e-6)
+    assert snap.server_gpu_bytes == {GPU: 2_030 * MB}
+    assert "cudagraph_per_shape" in snap.active_causes
+    assert snap.sources_up == {"nvml": True, "process": True, "agent": True}
+    assert snap.forecast["will_oom"] is None  # no request counts: no discovery model
+    text = render(d.registry).decode()
+    assert "torch_watchdog_cudagraph_recordings_total 60.0" in text
+    assert f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{GPU}"}} 2.03e+09' in text
+
+
+def test_a_lost_gpu_degrades_the_source_and_the_loop_goes_on(rig):
+    d, nvml, clock, sender = rig
+    assert d.tick().sources_up["nvml"] is True
+    nvml.fail["nvmlDeviceGetMemoryInfo"] = NVMLError_GpuIsLost("GPU is lost")
+    clock.t += 0.1
+    snap = d.tick()
+    assert snap.sources_up["nvml"] is False and snap.devices == ()
+    del nvml.fail["nvmlDeviceGetMemoryInfo"]
+    clock.t += 0.1
+    assert d.tick().sources_up["nvml"] is True  # re-initialised on the next poll
+
+
+def test_garbage_and_spoofed_datagrams_are_counted(rig):
+    d, nvml, clock, sender = rig
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(b"{not json", d.cfg.agent.socket_path)
+    s.close()
+    send(sender, events.Heartbeat(t=clock.t, pid=os.getpid() + 1, seq=1, uptime_s=1.0,
+                                  queue_depth=0, errors=0))
+    snap = d.tick()
+    assert snap.events_dropped_total["malformed"] == 1
+    assert snap.events_dropped_total["spoofed"] == 1
+    assert snap.events_received_total == 0 and not d.agent_pids
+
+
+def test_sighup_keeps_the_old_config_when_the_new_one_is_bad(rig, short_tmp):
+    d, *_ = rig
+    path = os.path.join(short_tmp, "w.yaml")
+    d.config_path = path
+    with open(path, "w") as fh:
+        fh.write("poll_interval_s: 0.5\n")
+    d.handle_reload(signal.SIGHUP)
+    assert d.cfg.poll_interval_s == 0.5
+    with open(path, "w") as fh:
+        fh.write("poll_interval_s: [oops]\n")
+    d.handle_reload(signal.SIGHUP)
+    assert d.cfg.poll_interval_s == 0.5
+
+
+def test_signals_are_only_queued_then_dispatched_by_the_loop(rig):
+    d, *_ = rig
+    d._queue_signal(signal.SIGTERM, None)
+    assert d.running and list(d.signals) == [signal.SIGTERM]
+    d._dispatch_signals()
+    assert not d.running
+
+
+def test_pidfile_pid_is_watched(rig, short_tmp):
+    d, *_ = rig
+    pidfile = os.path.join(short_tmp, "server.pid")
+    with open(pidfile, "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+    d.cfg = Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile))
+    assert d.watched_pids(0.0) == {os.getpid()}
+    snap = d.tick()
+    assert snap.server_alive is True and snap.server_rss_bytes > 0
