@@ -41,10 +41,11 @@ def wait_for(cond, timeout=15.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if cond():
-                return True
-        except (OSError, KeyError):
-            pass
+            met = cond()
+        except (OSError, KeyError):  # not up yet, or the metric not exported yet
+            met = False
+        if met:
+            return True
         time.sleep(0.1)
     return cond()
 

@@ -15,31 +15,31 @@ G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
 
 
 class NVMLError(Exception):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLError_NoPermission(NVMLError):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLError_NotSupported(NVMLError):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLError_GpuIsLost(NVMLError):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLError_FunctionNotFound(NVMLError):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLError_DriverNotLoaded(NVMLError):
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class NVMLLibraryMismatchError(Exception):  # like pynvml: not an NVMLError
-    pass
+    """A fake of pynvml's class of the same name."""
 
 
 class FakeNvml:

@@ -69,7 +69,7 @@ def test_kwargs_calls_are_watched(emitted):
 
 def test_exceptions_pass_through_unchanged_and_ooms_are_reported(emitted):
     class Boom(Exception):
-        pass
+        """The application's own error."""
 
     def fail(x):
         raise Boom("mine")

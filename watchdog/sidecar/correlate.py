@@ -49,16 +49,12 @@ class Regression:
     sxx: float = 0.0
     sxy: float = 0.0
     syy: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
 
     def add(self, x: float, y: float) -> None:
         self.n += 1
         self.sxx += x * x
         self.sxy += x * y
         self.syy += y * y
-        self.sx += x
-        self.sy += y
 
     @property
     def slope(self) -> Optional[float]:
@@ -97,7 +93,6 @@ class State:
     graph_breaks: int = 0
     cudagraph_warnings: int = 0
     ooms: int = 0
-    last_oom_t: Optional[float] = None
     agent_dropped: int = 0
     distinct_shapes: int = 0
     new_shape_times: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
@@ -284,11 +279,6 @@ def _on_calls(state: State, e: events.Calls, cfg: CorrelateConfig) -> None:
     state.steady_totals = (calls + e.calls - e.stall_calls, seconds + e.seconds - e.stall_seconds)
 
 
-def _on_oom(state: State, e: events.Oom, cfg: CorrelateConfig) -> None:
-    state.ooms += 1
-    state.last_oom_t = e.t
-
-
 def _count(attr: str):
     def handler(state: State, e: Any, cfg: CorrelateConfig) -> None:
         setattr(state, attr, getattr(state, attr) + 1)
@@ -302,7 +292,7 @@ def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
 _EVENT_HANDLERS = {
     "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
     "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
-    "stall": _on_stall, "calls": _on_calls, "oom": _on_oom, "dropped": _on_dropped,
+    "stall": _on_stall, "calls": _on_calls, "oom": _count("ooms"), "dropped": _on_dropped,
     "graph_break": _count("graph_breaks"), "cudagraph_warning": _count("cudagraph_warnings"),
 }
 

@@ -50,6 +50,7 @@ class Daemon:
         self.unit_pid: Optional[int] = None
         self._unit_checked = -1e18
         self.actions_total: collections.Counter = collections.Counter()
+        self.findings_logged = 0
         self.receiver: Optional[Receiver] = None
         self.pending: list = []
         self.backlog_dropped = 0
@@ -172,8 +173,9 @@ class Daemon:
         for action in policy.decide(self.state, fc, self.policy_state, cfg.policy):
             self.actions_total[action.action] += 1
             self.log.warning("action", **action.as_dict())
-        for finding in self.state.findings[len(self.state.findings) - self._new_findings():]:
+        for finding in self.state.findings[self.findings_logged:]:
             self.log.warning("finding", **finding.as_dict())
+        self.findings_logged = len(self.state.findings)
         snapshot = self._snapshot(sample, fc, time.perf_counter() - started)
         self.collector.update(snapshot)
         self.ticks += 1
@@ -181,11 +183,6 @@ class Daemon:
         if self.ticks % 50 == 1:
             self.notifier.status(_status_line(self.state, fc))
         return snapshot
-
-    def _new_findings(self) -> int:
-        seen = getattr(self, "_findings_logged", 0)
-        self._findings_logged = len(self.state.findings)
-        return len(self.state.findings) - seen
 
     def _receive(self, now: float) -> list:
         if self.receiver is not None:
