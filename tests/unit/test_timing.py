@@ -97,6 +97,17 @@ def test_oom_already_seen_by_the_allocator_is_not_reported_twice(emitted):
     assert not [e for e in emitted if e.kind == "oom"]
 
 
+def test_odd_arguments_never_break_the_call(emitted):
+    class Odd:
+        shape = [1, 2]  # unhashable
+
+    f = watch(lambda x: "ok", name="odd")
+    assert [f(Odd()), f(Odd()), f(5), f("text")] == ["ok"] * 4
+    assert watch(lambda *a, **k: "ok")(1, [2], {"k": 3}, key=None) == "ok"
+    with pytest.raises(TypeError):  # the caller's own mistake still reaches the caller
+        f()
+
+
 def test_is_oom():
     assert is_oom(torch.OutOfMemoryError("x"))
     assert is_oom(RuntimeError("CUDA error: out of memory"))

@@ -103,8 +103,9 @@ class Watched:
         self.name = name
         self._fn = fn
         # the uncompiled callable, for routing novel shapes to eager under a graph budget
-        self._eager = (getattr(fn, "_orig_mod", None)
-                       or getattr(fn, "_torchdynamo_orig_callable", None))
+        self._eager = getattr(fn, "_orig_mod", None)
+        if self._eager is None:
+            self._eager = getattr(fn, "_torchdynamo_orig_callable", None)
         self._tensor = tensor_type
         self._seen: set = set()
         self._full = False
@@ -122,7 +123,7 @@ class Watched:
             except AttributeError:
                 sig = ()
         fn = self._fn
-        if route_eager and sig not in self._seen and self._eager is not None:
+        if route_eager and self._eager is not None and self._unseen(sig):
             fn = self._eager
         global current_sig
         current_sig = sig
@@ -137,9 +138,19 @@ class Watched:
         current_sig = None
         self.calls += 1
         self.total_ns += dt
-        if dt >= stall_ns or (sig not in self._seen and not self._full):
+        try:
+            slow = dt >= stall_ns or (sig not in self._seen and not self._full)
+        except TypeError:  # an argument whose `.shape` is unhashable: not a tensor
+            sig, slow = (), dt >= stall_ns
+        if slow:
             self._slow(sig, dt, t0)
         return out
+
+    def _unseen(self, sig: Any) -> bool:
+        try:
+            return sig not in self._seen
+        except TypeError:
+            return False
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not in __slots__
         return getattr(self._fn, name)
