@@ -61,10 +61,11 @@ def listener(path: str, t0: float, seen: list) -> threading.Thread:
 
     def run() -> None:
         while True:
-            e = events.decode(sock.recv(events.MAX_EVENT_BYTES))
-            seen.append(e)
-            if e.kind in SHOWN:
-                show(e, t0)
+            for line in sock.recv(events.MAX_DATAGRAM_BYTES).split(b"\n"):
+                e = events.decode(line)
+                seen.append(e)
+                if e.kind in SHOWN:
+                    show(e, t0)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -31,6 +31,7 @@ class Collector:
         self.sock.settimeout(0.05)
         self.events: list[events.Event] = []
         self.garbage: list[bytes] = []
+        self.datagrams = 0
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -38,13 +39,15 @@ class Collector:
     def _run(self) -> None:
         while not self._stop:
             try:
-                data = self.sock.recv(events.MAX_EVENT_BYTES + 1)
+                data = self.sock.recv(events.MAX_DATAGRAM_BYTES + 1)
             except (socket.timeout, OSError):
                 continue
-            try:
-                self.events.append(events.decode(data))
-            except events.EventDecodeError:
-                self.garbage.append(data)
+            self.datagrams += 1
+            for line in data.split(b"\n"):  # a datagram carries one or more events
+                try:
+                    self.events.append(events.decode(line))
+                except events.EventDecodeError:
+                    self.garbage.append(line)
 
     def of(self, kind: str) -> list:
         return [e for e in list(self.events) if e.kind == kind]

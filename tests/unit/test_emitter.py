@@ -73,6 +73,16 @@ def test_full_receiver_buffer_never_blocks(short_tmp):
         sink.close()
 
 
+def test_events_are_packed_several_to_a_datagram(collector):
+    em = Emitter(collector.path, None)  # not started: one drain sends what is queued
+    for i in range(300):
+        em.emit(_hb(i))
+    em.drain()
+    assert collector.wait(lambda c: len(c.of("heartbeat")) == 300, 5)
+    assert em.sent == 300 and em.dropped["socket"] == 0
+    assert collector.datagrams < 10  # ~100 bytes an event: a few datagrams, not 300
+
+
 def test_queue_is_bounded_and_overflow_counted():
     em = Emitter(None, None, queue_size=10)  # not started: nothing drains
     for i in range(25):
@@ -96,7 +106,8 @@ def test_log_rotates_once_past_its_size(short_tmp):
     em = Emitter(None, log, log_max_bytes=2000)
     for i in range(100):
         em.emit(_hb(i))
-    em.drain()
+        if i % 10 == 9:  # one drain writes its batch at once; ~1 KB here
+            em.drain()
     em.stop()
     assert os.path.getsize(log) <= 2000 and os.path.getsize(log + ".1") <= 2000
     with open(log) as f:

@@ -1,7 +1,8 @@
 """Bounded event queue and its sender thread: Unix datagram socket and/or JSON-lines log.
 
 `emit()` runs on the server's threads: it appends to a bounded deque and returns, never
-blocking, never raising. Encoding and all I/O happen on one daemon thread. A dead or absent
+blocking, never raising. Encoding and all I/O happen on one daemon thread, every `tick_s`
+(at once for an OOM or a recompile-limit hit), several events to a datagram. A dead or absent
 sidecar, a full socket buffer or an unwritable log loses events, counted per reason and
 reported in `dropped` events; sinks are retried every `reconnect_s`.
 """
@@ -18,6 +19,7 @@ from watchdog import events
 
 DROP_REASONS = ("queue_full", "socket", "log")
 SENT, FULL, DOWN = "sent", "full", "down"
+URGENT = frozenset({"oom", "recompile_limit", "mitigation"})
 FULL_RETRY_S = 1.0
 
 
@@ -40,6 +42,7 @@ class Emitter:
         self.sent = 0
         self._parked: Optional[bytes] = None  # a datagram the receiver had no room for
         self._parked_at = 0.0
+        self._parked_n = 0
         self._stuck = False
         self._thread: Optional[threading.Thread] = None
 
@@ -50,7 +53,7 @@ class Emitter:
             self.dropped["queue_full"] += 1
             return
         queue.append(event)
-        if len(queue) == 1:
+        if event.kind in URGENT:  # the process may be about to die: send now, not next tick
             self._wake.set()
 
     def depth(self) -> int:
@@ -97,12 +100,14 @@ class Emitter:
             self._on_error(e)
 
     def drain(self) -> None:
-        """Send everything queued. A full receiver buffer (the kernel queues only ~10 datagrams
-        per Unix socket by default) parks one datagram and ends the round; it is retried every
-        few ms for up to `FULL_RETRY_S`, then dropped. Producers never wait for any of this."""
+        """Send everything queued, packed as several events per datagram (one per line, up to
+        MAX_DATAGRAM_BYTES): the receiver then wakes once for many events. A full receiver
+        queue (the kernel holds only ~10 datagrams per Unix socket) parks one datagram and
+        ends the round; it is retried every few ms for up to FULL_RETRY_S, then dropped.
+        Producers never wait for any of this."""
         if self._parked is not None and not self._retry_parked():
             return
-        queue = self._queue
+        queue, batch, size = self._queue, [], 0
         while queue:
             event = queue.popleft()
             if self._log is None and self._socket is not None and not self._socket.ready():
@@ -113,29 +118,42 @@ class Emitter:
             except (TypeError, ValueError) as e:
                 self._on_error(e)
                 continue
-            logged = self._log is not None and self._log.write(data)
-            if self._log is not None and not logged:
-                self.dropped["log"] += 1
-            if self._socket is None:
-                self.sent += logged
-                continue
-            result = self._socket.send(data)
-            if result == FULL and not self._stuck:
-                self._parked, self._parked_at = data, time.monotonic()
-                self.sent += logged
-                return
-            self._stuck = self._stuck and result != SENT
-            if result == SENT or logged:
-                self.sent += 1
-            if result != SENT:
-                self.dropped["socket"] += 1
+            if batch and size + len(data) + 1 > events.MAX_DATAGRAM_BYTES:
+                if not self._flush(batch):
+                    return
+                batch, size = [], 0
+            batch.append(data)
+            size += len(data) + 1
+        if batch:
+            self._flush(batch)
+
+    def _flush(self, batch: list[bytes]) -> bool:
+        """Log and send one datagram's worth; False if it had to be parked."""
+        payload, n = b"\n".join(batch), len(batch)
+        logged = self._log is not None and self._log.write(payload)
+        if self._log is not None and not logged:
+            self.dropped["log"] += n
+        if self._socket is None:
+            self.sent += n if logged else 0
+            return True
+        result = self._socket.send(payload)
+        if result == FULL and not self._stuck:
+            self._parked, self._parked_n, self._parked_at = payload, n, time.monotonic()
+            self.sent += n if logged else 0
+            return False
+        self._stuck = self._stuck and result != SENT
+        if result == SENT or logged:
+            self.sent += n
+        if result != SENT:
+            self.dropped["socket"] += n
+        return True
 
     def _retry_parked(self) -> bool:
         result = self._socket.send(self._parked)
         if result == FULL and time.monotonic() - self._parked_at < FULL_RETRY_S:
             return False
         if result != SENT:  # a receiver that stopped reading: drop at once until it reads again
-            self.dropped["socket"] += 1
+            self.dropped["socket"] += self._parked_n
             self._stuck = True
         self._parked = None
         return True

@@ -64,33 +64,39 @@ class Receiver:
                                                              self._ancbufsize)
             except (BlockingIOError, InterruptedError):
                 break
-            event, pid, reason = self._check(data, ancdata, flags)
-            if reason is not None:
-                self.dropped[reason] += 1
-            else:
-                good.append((event, pid))
+            if flags & socket.MSG_TRUNC:
+                self.dropped["oversized"] += 1
+                continue
+            cred = _credentials(ancdata)
+            # Without credentials the sender cannot be attributed, so it is treated as foreign.
+            if cred is None or (self.allowed_uids is not None
+                                and cred[1] not in self.allowed_uids):
+                self.dropped["foreign"] += 1
+                continue
+            for line in data.split(b"\n"):  # a datagram carries one or more events
+                if not line and data:
+                    continue
+                event, reason = self._check(line, cred[0])
+                if reason is not None:
+                    self.dropped[reason] += 1
+                else:
+                    good.append((event, cred[0]))
         self.received += len(good)
         return good
 
-    def _check(self, data: bytes, ancdata: list, flags: int) -> tuple:
-        """(event, sender_pid, None) for a good datagram, else (None, None, reason)."""
-        if flags & socket.MSG_TRUNC:
-            return None, None, "oversized"
-        cred = _credentials(ancdata)
-        # Without credentials the sender cannot be attributed, so it is treated as foreign.
-        if cred is None or (self.allowed_uids is not None and cred[1] not in self.allowed_uids):
-            return None, None, "foreign"
+    def _check(self, data: bytes, sender: int) -> tuple:
+        """(event, None) for a good event line, else (None, reason)."""
         try:
             event = events.decode(data)
         except events.EventDecodeError:
-            return None, None, _rejection(data)
+            return None, _rejection(data)
         except Exception:  # the schema promises EventDecodeError only; a bug there must not stop us
-            return None, None, "malformed"
+            return None, "malformed"
         # The kernel reports the pid in the sidecar's pid namespace; a server in another pid
         # namespace (a container) reports a different one and is dropped here as well.
-        if event.pid != cred[0]:
-            return None, None, "spoofed"
-        return event, cred[0], None
+        if event.pid != sender:
+            return None, "spoofed"
+        return event, None
 
     def close(self) -> None:
         """Close the socket and remove its path (idempotent)."""
