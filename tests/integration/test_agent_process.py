@@ -59,3 +59,12 @@ def test_bad_env_value_is_reported_not_fatal(short_tmp, collector):
     assert collector.wait(lambda c: bool(c.of("hello")), 5)
     problems = [v for k, v in collector.of("hello")[0].config.items() if "problem" in k]
     assert problems and "TORCH_WATCHDOG_STALL_S" in problems[0]
+
+
+def test_importing_the_package_pulls_in_nothing_heavy():
+    code = ("import sys, watchdog, watchdog.events, watchdog.agent, watchdog.sidecar.cli; "
+            "print(sorted(m for m in ('torch', 'pynvml', 'prometheus_client', 'yaml') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=with_root()),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -127,7 +127,6 @@ def test_callbacks_come_back_after_dynamo_reset(agent, collector):
     assert agent.hooks._cb_end in handler.end_callbacks
     # with compilation-metrics logging off the callbacks are the only compile source
     with torch._dynamo.config.patch(log_compilation_metrics=False):
-        agent.hooks.capabilities["compilation_metrics"] = False
         torch.compile(lambda x: x.cos(), backend="eager")(torch.ones(2))
     assert collector.wait(lambda c: len(c.of("compile")) == 1)
 

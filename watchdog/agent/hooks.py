@@ -171,16 +171,14 @@ class TorchHooks:
     def _detect(self) -> dict[str, bool]:
         torch = self.torch
         dyn_utils = getattr(torch._dynamo, "utils", None)
-        metrics = getattr(dyn_utils, "CompilationMetrics", None)
-        fields = getattr(metrics, "__dataclass_fields__", {})
+        fields = getattr(getattr(dyn_utils, "CompilationMetrics", None), "__dataclass_fields__", {})
         triton_cfg = getattr(getattr(torch, "_inductor", None), "config", None)
         triton_cfg = getattr(triton_cfg, "triton", None)
         return {
             "compile_callbacks": self._handler is not None,
             "cudagraph_recording_callback": hasattr(
                 getattr(torch._dynamo.callback, "CallbackTrigger", None), "CUDAGRAPH_RECORDING"),
-            "compilation_metrics": metrics is not None and bool(
-                getattr(torch._dynamo.config, "log_compilation_metrics", True)),
+            "compilation_metrics": self._metrics_flowing(),
             "recompile_reason": "recompile_reason" in fields,
             "guard_failures": hasattr(dyn_utils, "guard_failures"),
             "cudagraph_capture_sizes": hasattr(triton_cfg, "cudagraph_capture_sizes"),
@@ -246,10 +244,16 @@ class TorchHooks:
             compile_id = getattr(args, "compile_id", None)
             if trigger == "CUDAGRAPH_RECORDING":
                 self._recorded(compile_id)
-            elif trigger == "DYNAMO" and not self.capabilities.get("compilation_metrics"):
+            elif trigger == "DYNAMO" and not self._metrics_flowing():
                 self._compiled(compile_id, None, None, None, None)  # fallback path
         except Exception as e:
             self.on_error(e)
+
+    def _metrics_flowing(self) -> bool:
+        """Do compilation metrics reach our tap? Read live: the app may turn them off."""
+        config = self.torch._dynamo.config
+        return (hasattr(self.torch._dynamo.utils, "CompilationMetrics")
+                and bool(getattr(config, "log_compilation_metrics", True)))
 
     def _recorded(self, compile_id: Optional[str]) -> None:
         start = getattr(tls, "record_ns", None)
