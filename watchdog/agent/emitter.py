@@ -57,7 +57,8 @@ class Emitter:
             self._wake.set()
 
     def depth(self) -> int:
-        return len(self._queue)
+        """Events not yet sent: queued, plus those in a parked datagram."""
+        return len(self._queue) + (self._parked_n if self._parked is not None else 0)
 
     # -- sender thread ----------------------------------------------------------------------
     def start(self) -> None:
