@@ -129,8 +129,10 @@ def main() -> int:
     print(f"  steady-state latency after the eager fallback: {fallback_ms:.2f} ms per request, "
           f"vs {compiled_ms:.2f} ms on a compiled shape ({fallback_ms / compiled_ms:.1f}x)")
     print(f"  bucketed: {bucket_ms:.2f} ms per request (padding included), no fallback")
+    tool = os.path.join(os.path.dirname(sys.executable), "torch-watchdog")
     print(f"  the post-mortem event log: {log}")
-    print(f"  check it with: torch-watchdog events {log}")
+    print(f"  check it:  {tool} events {log}")
+    print(f"  replay it through the sidecar's pipeline:  {tool} replay {log}")
     return 0
 
 

@@ -86,6 +86,7 @@ def test_agent_reported_limit_hit_is_the_fallback():
     s = run(obs)
     (f,) = s.findings
     assert f.cause == "recompile_limit_eager_fallback" and f.detail["source"] == "agent"
+    assert f.as_dict()["cause"] == f.cause and f.detail["last_reason"] == "size"
     assert s.recompile_limit == 3 and s.limit_hits == 1
 
 

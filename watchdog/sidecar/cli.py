@@ -142,10 +142,11 @@ def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out:
         json.dump(result, out, indent=1)
         out.write("\n")
         return 0
-    for f in result["findings"]:
-        print(f"{f['t']:10.1f}s  finding  {f['cause']}", file=out)
-    for a in result["actions"]:
-        print(f"{a['t']:10.1f}s  {a['action']:7s}  {a['reason']}", file=out)
+    rows = [(f["t"], "finding", f["cause"]) for f in result["findings"]]
+    rows += [(a["t"], a["action"], a["reason"]) for a in result["actions"]]
+    start = min((r[0] for r in rows), default=0.0)
+    for t, what, why in sorted(rows):  # times from the first one: agent logs use epoch time
+        print(f"+{t - start:9.1f}s  {what:8s} {why}", file=out)
     print(json.dumps(result["estimates"]), file=out)
     return 0
 

@@ -39,7 +39,7 @@ class Finding:
     detail: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "cause": self.cause, **self.detail}
+        return {**self.detail, "t": round(self.t, 3), "cause": self.cause}
 
 
 @dataclass
@@ -247,7 +247,7 @@ def _on_limit(state: State, e: events.RecompileLimit, cfg: CorrelateConfig) -> N
     state.limit_hits += 1
     state.limit_t, state.steady_at_limit = e.t, state.steady_totals
     _activate(state, e.t, "recompile_limit_eager_fallback", {
-        "source": "agent", "function": e.function, "limit": e.limit, "reason": e.reason,
+        "source": "agent", "function": e.function, "limit": e.limit, "last_reason": e.reason,
         "recompiles": state.recompiles, "steady_ms_before": _round(state.steady_ms("before"), 3)})
 
 

@@ -22,8 +22,8 @@ class Action:
     detail: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "action": self.action, "reason": self.reason,
-                **self.detail}
+        return {**self.detail, "t": round(self.t, 3), "action": self.action,
+                "reason": self.reason}
 
 
 @dataclass
