@@ -133,3 +133,39 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
     assert d.watched_pids(0.0) == {os.getpid()}
     snap = d.tick()
     assert snap.server_alive is True and snap.server_rss_bytes > 0
+
+
+def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
+    from watchdog.sidecar.replay import replay
+
+    me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "s.sock")),
+                 correlate=CorrelateConfig(min_records=10), sample_log=log)
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    d.start()
+    sender = Emitter(cfg.agent.socket_path, None)
+    try:
+        send(sender, events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f",
+                                    seconds=2.0))
+        d.tick()
+        clock.t += 20
+        for i in range(30):
+            send(sender, *[events.CudagraphRecord(t=clock.t, pid=me, phase="record",
+                                                  compile_id="0/1", key=[i, k], shape=None,
+                                                  seconds=0.01) for k in (0, 1)])
+            nvml.devices[0]["procs"] = [(me, (2_000 + i + 1) * MB)]
+            clock.t += 0.1
+            live = d.tick().estimates
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    replayed = replay([log], cfg)
+    assert replayed["replay"]["bad_lines"] == 0
+    for key in ("recordings", "mb_per_graph", "compiles", "memory_bytes"):
+        assert replayed["estimates"][key] == live[key], key
+    assert [f["cause"] for f in replayed["findings"]] == ["cudagraph_per_shape"]

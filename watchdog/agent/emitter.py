@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from watchdog import events
+from watchdog.jsonl import JsonLines
 
 DROP_REASONS = ("queue_full", "socket", "log")
 SENT, FULL, DOWN = "sent", "full", "down"
@@ -36,7 +37,7 @@ class Emitter:
         self._on_tick = on_tick
         self._on_error = on_error
         self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
-        self._log = _LogSink(log_path, reconnect_s, log_max_bytes) if log_path else None
+        self._log = JsonLines(log_path, reconnect_s, log_max_bytes) if log_path else None
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self._reported = dict.fromkeys(DROP_REASONS, 0)
         self.sent = 0
@@ -206,47 +207,3 @@ class _SocketSink:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-
-
-class _LogSink:
-    """Append-only JSON lines, rotated once to `<path>.1` past `max_bytes`."""
-
-    def __init__(self, path: str, reconnect_s: float, max_bytes: int):
-        self.path = path
-        self._reconnect_s = reconnect_s
-        self._max_bytes = max_bytes
-        self._file = None
-        self._size = 0
-        self._retry_at = 0.0
-
-    def write(self, data: bytes) -> bool:
-        now = time.monotonic()
-        try:
-            if self._file is None:
-                if now < self._retry_at:
-                    return False
-                self._file = open(self.path, "ab", buffering=0)
-                self._size = self._file.tell()
-            if self._size + len(data) + 1 > self._max_bytes > 0:
-                self._rotate()
-            self._file.write(data + b"\n")
-            self._size += len(data) + 1
-            return True
-        except OSError:
-            self.close()
-            self._retry_at = now + self._reconnect_s
-            return False
-
-    def _rotate(self) -> None:
-        self._file.close()
-        os.replace(self.path, self.path + ".1")
-        self._file = open(self.path, "ab", buffering=0)
-        self._size = 0
-
-    def close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None

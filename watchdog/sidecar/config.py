@@ -66,6 +66,8 @@ class Config:
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9464
     state_dir: str = "/var/lib/torch-watchdog"
+    sample_log: Optional[str] = None      # every poll and agent event, for replay after an incident
+    sample_log_max_bytes: int = 256 * MiB # then rotated once to <sample_log>.1
     server: ServerConfig = field(default_factory=ServerConfig)
     agent: AgentSocketConfig = field(default_factory=AgentSocketConfig)
     correlate: CorrelateConfig = field(default_factory=CorrelateConfig)

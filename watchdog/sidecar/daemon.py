@@ -8,6 +8,7 @@ metrics port: a clear message and exit code 2 or 1); at run time a failing sourc
 from __future__ import annotations
 
 import collections
+import json
 import os
 import select
 import signal
@@ -16,6 +17,8 @@ from typing import Any, Callable, Optional
 
 import psutil
 
+from watchdog import events
+from watchdog.jsonl import JsonLines
 from watchdog.sidecar import config as config_mod
 from watchdog.sidecar import correlate, policy
 from watchdog.sidecar.forecast import forecast
@@ -23,7 +26,7 @@ from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, st
 from watchdog.sidecar.nvml import NvmlSource
 from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
 from watchdog.sidecar.receiver import Receiver
-from watchdog.sidecar.samples import Sample
+from watchdog.sidecar.samples import Sample, sample_to_dict
 from watchdog.sidecar.snapshot import Snapshot
 from watchdog.sidecar.systemd import Notifier
 
@@ -53,6 +56,9 @@ class Daemon:
         self.findings_logged = 0
         self.receiver: Optional[Receiver] = None
         self.pending: list = []
+        self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
+                           if cfg.sample_log else None)
+        self.sample_log_failed = False
         self.backlog_dropped = 0
         self.http = None
         self.running = False
@@ -148,6 +154,8 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.close()
         self.nvml.close()
+        if self.sample_log is not None:
+            self.sample_log.close()
         if self.http is not None and self.http[0] is not None:
             stop(*self.http)
         self.log.info("stopped", ticks=self.ticks)
@@ -166,6 +174,7 @@ class Daemon:
                         nvml_error=reading.error, query_s=reading.query_s,
                         host_total_bytes=host.total, host_available_bytes=host.available)
         observations.append(sample)
+        self._log_observations(observations)
         cfg = self.cfg
         correlate.fold(self.state, observations, cfg.correlate, watched=pids or None)
         fc = forecast(self.state, cfg.forecast, cfg.correlate.min_records,
@@ -183,6 +192,17 @@ class Daemon:
         if self.ticks % 50 == 1:
             self.notifier.status(_status_line(self.state, fc))
         return snapshot
+
+    def _log_observations(self, observations: list) -> None:
+        """One write per poll: the agent events received, then the sample (for replay)."""
+        if self.sample_log is None:
+            return
+        lines = [events.encode(o) if not isinstance(o, Sample)
+                 else json.dumps(sample_to_dict(o), separators=(",", ":")).encode()
+                 for o in observations]
+        if not self.sample_log.write(b"\n".join(lines)) and not self.sample_log_failed:
+            self.sample_log_failed = True  # logged once; retried every few seconds
+            self.log.error("cannot write the sample log", path=self.cfg.sample_log)
 
     def _receive(self, now: float) -> list:
         if self.receiver is not None:

@@ -7,7 +7,7 @@ agent's events. Times are wall-clock seconds (same base as event `t`); byte coun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,30 @@ class Sample:
     # host memory, for host-memory mode (no GPU: the server's RSS against the machine's RAM)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None
+
+
+def sample_to_dict(s: Sample) -> dict[str, Any]:
+    """One line of the sidecar's sample log (read back by traces.py for replay)."""
+    return {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
+            "devices": [{"uuid": d.uuid, "used": d.used_bytes, "total": d.total_bytes,
+                         "free": d.free_bytes} for d in s.devices],
+            "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
+                           "gpu": p.gpu_bytes} for p in s.processes],
+            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
+
+
+def sample_from_dict(d: dict[str, Any]) -> Sample:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    def opt_int(v: Any) -> Optional[int]:
+        return None if v is None else int(v)
+
+    return Sample(
+        t=float(d["t"]), nvml_up=bool(d["nvml_up"]),
+        query_s=None if d.get("query_s") is None else float(d["query_s"]),
+        devices=tuple(DeviceSample(str(x["uuid"]), int(x["used"]), int(x["total"]),
+                                   opt_int(x.get("free"))) for x in d["devices"]),
+        processes=tuple(ProcessSample(int(x["pid"]), bool(x["alive"]), opt_int(x.get("rss")),
+                                      {str(k): opt_int(v) for k, v in x["gpu"].items()})
+                        for x in d["processes"]),
+        host_total_bytes=opt_int(d.get("host_total")),
+        host_available_bytes=opt_int(d.get("host_available")))

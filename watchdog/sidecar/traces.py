@@ -1,7 +1,8 @@
 """Recorded inputs → the pipeline's observations (agent events and samples), for replay.
 
-Reads `.jsonl` and `.jsonl.gz`, line by line, of two kinds:
+Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the agent's event log (schema v1, lines with `"v"`), decoded strictly;
+- the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received);
 - the recorded-trace format of FACTS.md (`start`, `req`, `compile_start`/`compile_end`,
   `nvml`, `crash`, …): translated into what the agent and the sidecar's sources would have
   produced (NewShape/Stall/Calls from `req`, Compile/Recompile/CudagraphRecord from the
@@ -16,7 +17,7 @@ import json
 from typing import Any, Iterable, Iterator, Optional, Union
 
 from watchdog import events
-from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample
+from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample, sample_from_dict
 
 Observation = Union[events.Event, Sample]
 TRACE_PID = 1
@@ -137,6 +138,8 @@ class Reader:
             obj = json.loads(line)
             if isinstance(obj, dict) and "v" in obj:
                 return [events.from_dict(obj)]
+            if isinstance(obj, dict) and obj.get("kind") == "sample":  # the sidecar's own log
+                return [sample_from_dict(obj)]
             if isinstance(obj, dict) and isinstance(obj.get("t"), (int, float)):
                 return self.adapter.feed(obj)
         except (ValueError, KeyError, TypeError, events.EventDecodeError):
