@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 SCHEMA_VERSION = 1
+DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"  # where the sidecar listens by default
 # The agent truncates long strings well below this; a datagram is at most MAX_DATAGRAM_BYTES.
 MAX_EVENT_BYTES = 64 * 1024
 MAX_DATAGRAM_BYTES = MAX_EVENT_BYTES

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"
+from watchdog.events import DEFAULT_SOCKET
 BUDGET_MODES = ("auto", "capture_sizes", "eager")
 
 

@@ -19,9 +19,8 @@ import sys
 from typing import Iterator, Optional, TextIO
 
 from watchdog import __version__, events
+from watchdog.sidecar.config import AgentSocketConfig
 from watchdog.sidecar.receiver import Receiver
-
-DEFAULT_SOCKET = "/run/torch-watchdog/events.sock"
 
 
 def describe(e: events.Event) -> str:
@@ -156,7 +155,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("listen", help="print the agent's events as they arrive")
-    lp.add_argument("--socket", default=os.environ.get("TORCH_WATCHDOG_SOCKET", DEFAULT_SOCKET))
+    lp.add_argument("--socket", default=os.environ.get("TORCH_WATCHDOG_SOCKET",
+                                                   AgentSocketConfig().socket_path))
     lp.add_argument("--json", action="store_true", help="one JSON object per line")
     ep = sub.add_parser("events", help="check an agent event log (.jsonl or .jsonl.gz)")
     ep.add_argument("files", nargs="+")

@@ -10,6 +10,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from watchdog.events import DEFAULT_SOCKET
+
 MiB = 1 << 20
 
 
@@ -23,7 +25,7 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class AgentSocketConfig:
-    socket_path: str = "/run/torch-watchdog/events.sock"
+    socket_path: str = DEFAULT_SOCKET
     allowed_uids: Optional[list[int]] = None   # None: any local uid may send events
     socket_mode: int = 0o660
 
