@@ -45,7 +45,9 @@ def snapshot(**overrides) -> Snapshot:
         actions_total={"alert": 2, "reload": 1},
         sources_up={"nvml": True, "process": True, "agent": False},
         poll_seconds=0.04, nvml_query_seconds=0.012, events_received_total=777,
-        events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9)
+        events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9,
+        alerts_sent_total={"http://am:9093": 4}, alert_posts_failed_total={"http://am:9093": 1},
+        alerts_dropped_total={"http://am:9093": 0})
     fields.update(overrides)
     return Snapshot(**fields)
 
@@ -180,7 +182,8 @@ def render_help(name: str) -> str:
 def test_no_pid_or_shape_labels_anywhere():
     s = scrape(snapshot())
     labels = {label for key in s if key is not None for label, _ in key[1]}
-    assert labels == {"gpu_uuid", "cause", "action", "reason", "source"}
+    # all bounded: device UUIDs, the four causes, actions, reasons, sources, configured URLs
+    assert labels == {"gpu_uuid", "cause", "action", "reason", "source", "url"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 

@@ -63,6 +63,16 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class AlertsConfig:
+    urls: list[str] = field(default_factory=list)  # Alertmanager base URLs (an HA pair: both)
+    resend_s: float = 60.0                # firing alerts re-sent this often; endsAt = 4 x this
+    resolved_retention_s: float = 900.0   # resolved alerts re-sent for this long
+    timeout_s: float = 5.0                # per POST
+    service: str = "inference"            # label `service` on every alert
+    instance: Optional[str] = None        # label `instance`; None: this host's name
+
+
+@dataclass(frozen=True)
 class Config:
     poll_interval_s: float = 0.1
     metrics_address: str = "127.0.0.1"
@@ -75,6 +85,7 @@ class Config:
     correlate: CorrelateConfig = field(default_factory=CorrelateConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
 class ConfigError(ValueError):

@@ -12,6 +12,7 @@ import json
 import os
 import select
 import signal
+import socket
 import time
 from typing import Any, Callable, Optional
 
@@ -19,8 +20,8 @@ import psutil
 
 from watchdog import events
 from watchdog.jsonl import JsonLines
+from watchdog.sidecar import alerts, correlate, policy
 from watchdog.sidecar import config as config_mod
-from watchdog.sidecar import correlate, policy
 from watchdog.sidecar.forecast import forecast
 from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
 from watchdog.sidecar.nvml import NvmlSource
@@ -58,6 +59,10 @@ class Daemon:
         self.pending: list = []
         self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
                            if cfg.sample_log else None)
+        self.book = alerts.AlertBook(cfg.alerts.resend_s, cfg.alerts.resolved_retention_s)
+        self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
+                                          on_failure=self._alert_failed)
+                       if cfg.alerts.urls else None)
         self.sample_log_failed = False
         self.backlog_dropped = 0
         self.http = None
@@ -76,6 +81,8 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._queue_signal)
         os.set_blocking(self._wake_w, False)
+        if self.sender is not None:
+            self.sender.start()
         self.running = True
         self.log.info("started", socket=agent.socket_path, metrics_port=self.cfg.metrics_port,
                       config=self.config_path, poll_interval_s=self.cfg.poll_interval_s)
@@ -154,6 +161,8 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.close()
         self.nvml.close()
+        if self.sender is not None:
+            self.sender.stop()
         if self.sample_log is not None:
             self.sample_log.close()
         if self.http is not None and self.http[0] is not None:
@@ -185,7 +194,9 @@ class Daemon:
         for finding in self.state.findings[self.findings_logged:]:
             self.log.warning("finding", **finding.as_dict())
         self.findings_logged = len(self.state.findings)
-        snapshot = self._snapshot(sample, fc, time.perf_counter() - started)
+        estimates = self.state.estimates(cfg.correlate)
+        self._alert(now, sample, estimates, fc)
+        snapshot = self._snapshot(sample, estimates, fc, time.perf_counter() - started)
         self.collector.update(snapshot)
         self.ticks += 1
         self.notifier.watchdog()  # only after a completed tick
@@ -233,7 +244,26 @@ class Daemon:
                 pids.add(pid)
         return pids
 
-    def _snapshot(self, sample: Sample, fc: Any, poll_s: float) -> Snapshot:
+    def _alert(self, now: float, sample: Sample, estimates: dict, fc: Any) -> None:
+        """Hand the alerts that should fire now to the sender's thread (never waits)."""
+        if self.sender is None:
+            return
+        active = {cause: f.detail for cause, f in self.state.active.items()}
+        if fc.seconds <= self.cfg.policy.alert_lead_s and not policy.warming_up(
+                self.state, self.cfg.policy):
+            active["oom_forecast"] = fc.as_dict()
+        a = self.cfg.alerts
+        labels = {"service": a.service, "instance": a.instance or socket.gethostname()}
+        used = [uuid for p in sample.processes for uuid, b in p.gpu_bytes.items() if b]
+        if used or sample.devices:
+            labels["gpu_uuid"] = used[0] if used else sample.devices[0].uuid
+        self.book.update(alerts.build(active, estimates, fc.as_dict(), labels), now)
+        self.sender.submit(self.book.due(now))
+
+    def _alert_failed(self, url: str, error: str) -> None:
+        self.log.warning("alertmanager unreachable; will retry", url=url, error=error)
+
+    def _snapshot(self, sample: Sample, estimates: dict, fc: Any, poll_s: float) -> Snapshot:
         gpu: dict[str, Optional[int]] = {}
         for p in sample.processes:
             for uuid, used in p.gpu_bytes.items():
@@ -246,7 +276,7 @@ class Daemon:
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             server_rss_bytes=sum(rss) if rss else None,
             server_alive=bool(alive) if sample.processes else None,
-            estimates=self.state.estimates(self.cfg.correlate), forecast=fc.as_dict(),
+            estimates=estimates, forecast=fc.as_dict(),
             active_causes=tuple(self.state.active), actions_total=dict(self.actions_total),
             sources_up={"nvml": sample.nvml_up, "process": bool(alive),
                         "agent": bool(self.agent_pids)},
@@ -254,7 +284,10 @@ class Daemon:
             events_received_total=receiver.received if receiver else 0,
             events_dropped_total={**(receiver.dropped if receiver else {}),
                                   "backlog": self.backlog_dropped},
-            agent_events_lost_total=self.state.agent_dropped)
+            agent_events_lost_total=self.state.agent_dropped,
+            alerts_sent_total=dict(self.sender.sent) if self.sender else {},
+            alert_posts_failed_total=dict(self.sender.failed) if self.sender else {},
+            alerts_dropped_total=dict(self.sender.dropped) if self.sender else {})
 
 
 def _status_line(state: correlate.State, fc: Any) -> str:

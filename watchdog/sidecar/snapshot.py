@@ -28,3 +28,6 @@ class Snapshot:
     events_received_total: int = 0
     events_dropped_total: dict[str, int] = field(default_factory=dict)  # by receiver reason
     agent_events_lost_total: int = 0               # what agents reported in `dropped` events
+    alerts_sent_total: dict[str, int] = field(default_factory=dict)         # by Alertmanager URL
+    alert_posts_failed_total: dict[str, int] = field(default_factory=dict)  # (a few, configured)
+    alerts_dropped_total: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,117 @@
+"""The daemon's alerts in a real Alertmanager (Debian package prometheus-alertmanager, started
+here on loopback): they appear with their labels and annotations, resolve, and survive the
+Alertmanager being down for a while."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import ROOT, with_root
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+
+BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+pytestmark = pytest.mark.skipif(BINARY is None, reason="needs prometheus-alertmanager "
+                                "(.ci/run installs it: apt-get install prometheus-alertmanager)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
+    cfg = os.path.join(tmp, "am.yml")
+    with open(cfg, "w") as fh:
+        fh.write("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
+    proc = subprocess.Popen([BINARY, f"--config.file={cfg}", f"--storage.path={tmp}/am-data",
+                             f"--web.listen-address=127.0.0.1:{port}",
+                             "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("alertmanager did not become ready")
+
+
+def am_alerts(port: int) -> dict[str, dict]:
+    data = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5).read()
+    return {a["labels"]["alertname"]: a for a in json.loads(data)}
+
+
+def wait_for(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except OSError:  # the Alertmanager is restarting
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):
+    am_port, port = free_port(), free_port()
+    am = start_alertmanager(short_tmp, am_port)
+    sock = os.path.join(short_tmp, "events.sock")
+    cfg = os.path.join(short_tmp, "watchdog.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(f"metrics_port: {port}\nagent:\n  socket_path: {sock}\n"
+                 f"correlate:\n  storm_recompiles: 3\n  storm_window_s: 4\n"
+                 f"alerts:\n  urls: [\"http://127.0.0.1:{am_port}\"]\n  resend_s: 1\n"
+                 f"  timeout_s: 1\n  service: test-llm\n  instance: box-1\n")
+    daemon = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+                               "--config", cfg], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=with_root()))
+    try:
+        assert wait_for(lambda: os.path.exists(sock), 30)
+        em, me = Emitter(sock, None), os.getpid()
+        for i in range(1, 4):  # three recompiles: a storm
+            em.emit(events.Recompile(t=time.time(), pid=me, compile_id=f"0/{i}", function="fwd",
+                                     seconds=6.5, reason="size mismatch"))
+        em.drain()
+        assert wait_for(lambda: "TorchCompileRecompileStorm" in am_alerts(am_port))
+        storm = am_alerts(am_port)["TorchCompileRecompileStorm"]
+        assert storm["labels"]["cause"] == "recompile_storm"
+        assert storm["labels"]["service"] == "test-llm" and storm["labels"]["instance"] == "box-1"
+        assert "3 recompiles" in storm["annotations"]["description"]
+        assert storm["annotations"]["fix"]
+
+        am.kill()  # the Alertmanager goes away; the sidecar keeps working and keeps the alert
+        am.wait()
+        em.emit(events.RecompileLimit(t=time.time(), pid=me, function="fwd", limit=8,
+                                      reason="size mismatch", compile_id="0/8"))
+        em.drain()
+        time.sleep(2)
+        assert daemon.poll() is None
+        am = start_alertmanager(short_tmp, am_port)
+        assert wait_for(lambda: "TorchCompileRecompileLimitEagerFallback" in am_alerts(am_port))
+        fallback = am_alerts(am_port)["TorchCompileRecompileLimitEagerFallback"]
+        assert "recompile limit 8 reached in fwd" in fallback["annotations"]["description"]
+        # the storm ends (no recompile for storm_window_s): its alert resolves
+        assert wait_for(lambda: "TorchCompileRecompileStorm" not in am_alerts(am_port), 30)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        failed = [line for line in metrics.splitlines()
+                  if line.startswith("torch_watchdog_alert_posts_failed_total{")]
+        assert failed and float(failed[0].split()[-1]) >= 1  # the outage was counted
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(15)
+        am.kill()
+        am.wait()

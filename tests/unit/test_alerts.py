@@ -1,0 +1,108 @@
+"""Alert building and the firing/resolved book (pure, fake clock), and the sender's retries."""
+import urllib.error
+
+from watchdog.sidecar import alerts
+from watchdog.sidecar.alerts import AlertBook, AlertSender, build, rfc3339
+
+LABELS = {"service": "llm", "instance": "gpu-7", "gpu_uuid": "GPU-1"}
+EST = {"recordings": 1983, "distinct_shapes": 1990, "mb_per_graph": 0.47, "recompiles": 0}
+FC = {"seconds_to_oom": 2400.0, "plateau_bytes": 3.2e9}
+
+
+def test_one_alert_per_cause_with_identifying_labels_and_explaining_annotations():
+    firing = build({"cudagraph_per_shape": {"recordings": 1983}}, EST, FC, LABELS)
+    ((key, alert),) = firing.items()
+    assert alert["labels"] == {**LABELS, "alertname": "TorchCompileCudagraphPerShape",
+                               "cause": "cudagraph_per_shape", "severity": "warning"}
+    text = alert["annotations"]["description"]
+    assert "1,983 CUDA graphs recorded for 1,990 distinct shapes" in text
+    assert "0.47 MB each, 932 MB so far" in text
+    assert "~40 min to OOM" in text and "plateau 3.2 GB" in text
+    assert "cudagraph_capture_sizes" in alert["annotations"]["fix"]
+    assert key == tuple(sorted(alert["labels"].items()))
+
+
+def test_rfc3339():
+    assert rfc3339(0.25) == "1970-01-01T00:00:00.250Z"
+
+
+def test_firing_is_resent_with_a_lease_and_resolution_is_sent_then_retained():
+    book = AlertBook(resend_s=60, resolved_retention_s=900)
+    firing = build({"recompile_storm": {}}, EST, FC, LABELS)
+    book.update(firing, 1000.0)
+    (first,) = book.due(1000.0)
+    assert first["startsAt"] == rfc3339(1000.0) and first["endsAt"] == rfc3339(1240.0)
+    book.update(firing, 1030.0)
+    assert book.due(1030.0) == []  # not due before resend_s
+    book.update(firing, 1061.0)
+    (again,) = book.due(1061.0)
+    assert again["endsAt"] == rfc3339(1061.0 + 240) and again["startsAt"] == first["startsAt"]
+    book.update({}, 1070.0)  # resolved: sent at once with endsAt = now
+    (resolved,) = book.due(1070.0)
+    assert resolved["endsAt"] == rfc3339(1070.0)
+    book.update({}, 1131.0)
+    assert [a["endsAt"] for a in book.due(1131.0)] == [rfc3339(1070.0)]  # re-sent
+    book.update({}, 1971.0)
+    assert book.due(1971.0) == [] and not book.tracked  # retention over
+
+
+def test_a_cause_that_comes_back_is_a_new_alert():
+    book = AlertBook(resend_s=60)
+    firing = build({"recompile_storm": {}}, EST, FC, LABELS)
+    book.update(firing, 0.0)
+    book.due(0.0)
+    book.update({}, 10.0)
+    book.due(10.0)
+    book.update(firing, 20.0)
+    (alert,) = book.due(20.0)
+    assert alert["startsAt"] == rfc3339(20.0)
+
+
+class FakePost:
+    def __init__(self, failures):
+        self.failures, self.got = list(failures), []
+
+    def __call__(self, url, batch, timeout):
+        if self.failures:
+            raise self.failures.pop(0)
+        self.got.append((url, [a["labels"]["cause"] for a in batch]))
+
+
+def batch(cause="recompile_storm"):
+    return [{"labels": {"cause": cause}, "annotations": {}}]
+
+
+def test_sender_retries_with_backoff_and_sends_to_every_url(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(alerts.time, "monotonic", lambda: now[0])
+    post = FakePost([ConnectionRefusedError("down")])
+    failures = []
+    sender = AlertSender(["http://a", "http://b"], post=post,
+                         on_failure=lambda url, e: failures.append(url))
+    sender.submit(batch())
+    sender.flush()  # a fails once, b delivers
+    assert post.got == [("http://b", ["recompile_storm"])] and failures == ["http://a"]
+    sender.flush()
+    assert len(post.got) == 1  # a is backing off
+    now[0] = 1.5
+    sender.flush()
+    assert post.got[-1] == ("http://a", ["recompile_storm"])
+    assert sender.sent == {"http://a": 1, "http://b": 1} and sender.failed == {"http://a": 1}
+
+
+def test_a_refused_batch_is_dropped_not_retried_forever():
+    post = FakePost([urllib.error.HTTPError("http://a", 400, "bad", {}, None)])
+    sender = AlertSender(["http://a"], post=post)
+    sender.submit(batch())
+    sender.flush()
+    sender.flush()
+    assert post.got == [] and sender.dropped == {"http://a": 1}
+    assert not sender.outbox["http://a"]
+
+
+def test_outbox_is_bounded():
+    sender = AlertSender(["http://a"], max_outbox=3, post=FakePost([]))
+    for cause in "abcde":
+        sender.submit(batch(cause))
+    assert list(a["labels"]["cause"] for a in sender.outbox["http://a"]) == ["c", "d", "e"]
+    assert sender.dropped == {"http://a": 2}
