@@ -31,6 +31,8 @@ FIXES = {
                                  "or a cache (e.g. the allocator's, or a KV cache).",
     "oom_forecast": "The server will run out of GPU memory; the sidecar reloads it before then "
                     "if reloads are enabled.",
+    "reload": "The sidecar restarted the server to avoid an OOM; fix the cause above or it "
+              "will happen again.",
 }
 
 
@@ -60,6 +62,8 @@ def describe(cause: str, detail: dict[str, Any], estimates: dict[str, Any],
     if cause == "recompile_limit_eager_fallback":
         parts.append(f"recompile limit {detail.get('limit')} reached"
                      + (f" in {detail['function']}" if detail.get("function") else ""))
+    if cause == "reload":
+        parts.append(f"reload ({detail.get('method')}): {detail.get('outcome')}")
     if cause == "memory_growth_unexplained":
         parts.append(f"{detail.get('unexplained_mb', 0):,.0f} MB of growth unexplained")
     seconds, plateau = forecast.get("seconds_to_oom"), forecast.get("plateau_bytes")

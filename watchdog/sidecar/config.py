@@ -63,6 +63,16 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class ReloadConfig:
+    method: str = "none"                  # none | signal | systemd | http | command
+    unit: Optional[str] = None            # systemd: the unit to restart (default: server.unit)
+    url: Optional[str] = None             # http: POSTed to drain and reload the server
+    command: Optional[list[str]] = None   # command: argv to run
+    grace_s: float = 30.0                 # signal: SIGKILL this long after SIGTERM
+    timeout_s: float = 120.0              # systemd, http, command: the longest a reload may take
+
+
+@dataclass(frozen=True)
 class AlertsConfig:
     urls: list[str] = field(default_factory=list)  # Alertmanager base URLs (an HA pair: both)
     resend_s: float = 60.0                # firing alerts re-sent this often; endsAt = 4 x this
@@ -86,6 +96,7 @@ class Config:
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    reload: ReloadConfig = field(default_factory=ReloadConfig)
 
 
 class ConfigError(ValueError):
@@ -250,7 +261,21 @@ def semantic_problems(config: Config) -> list[str]:
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
-    return problems
+    return problems + _reload_problems(config)
+
+
+RELOAD_METHODS = ("none", "signal", "systemd", "http", "command")
+
+
+def _reload_problems(config: Config) -> list[str]:
+    r = config.reload
+    if r.method not in RELOAD_METHODS:
+        return [f"reload.method: one of {', '.join(RELOAD_METHODS)}, got {r.method!r}"]
+    needs = {"systemd": (r.unit or config.server.unit, "reload.unit (or server.unit)"),
+             "http": (r.url, "reload.url"), "command": (r.command, "reload.command")}
+    if r.method in needs and not needs[r.method][0]:
+        return [f"reload.method {r.method} needs {needs[r.method][1]}"]
+    return []
 
 
 def _lookup(config: Config, dotted: str) -> Any:

@@ -323,19 +323,20 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     mem, source = _server_memory(s, watched)
     if mem is None:
         return
-    settling = state.first_compile_t is None or s.t < state.last_compile_end + COMPILE_SETTLE_S
-    if source != state.mem_source or (settling and state.records == 0):
-        # a new baseline: never regress across a change of meter, and loading weights and
-        # the first compile are not growth to explain
+    if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
         state.records_at_last_sample = state.records
-        state.compile_jump_bytes = state.other_jump_bytes = 0
-        state.pending_jumps = []
         return
     delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
     state.mem_bytes, state.records_at_last_sample = mem, state.records
     state.samples.append((s.t, mem, state.records, state.device_used if s.devices
                           else state.host_used, state.device_total))
+    if _warming_up(state, s.t) and state.records == 0:
+        # loading weights and the first compiles are not growth to explain: move the baseline
+        state.mem_start = mem
+        state.compile_jump_bytes = state.other_jump_bytes = 0
+        state.pending_jumps = []
+        return
     if abs(delta) > cfg.jump_bytes:
         if s.t <= state.last_compile_end + COMPILE_SETTLE_S:
             state.compile_jump_bytes += delta
@@ -346,6 +347,13 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     if state.records > 0:  # the regression starts with the first recording
         state.regression.add(recorded, delta)
+
+
+def _warming_up(state: State, t: float) -> bool:
+    """Within a compile's settling time, or (no compile seen) the first minute."""
+    if state.first_compile_t is None:
+        return state.first_t is None or t < state.first_t + PENDING_S
+    return t < state.last_compile_end + COMPILE_SETTLE_S
 
 
 # -- causes -------------------------------------------------------------------------------

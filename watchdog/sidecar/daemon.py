@@ -20,7 +20,7 @@ import psutil
 
 from watchdog import events
 from watchdog.jsonl import JsonLines
-from watchdog.sidecar import alerts, correlate, policy
+from watchdog.sidecar import alerts, correlate, policy, reload
 from watchdog.sidecar import config as config_mod
 from watchdog.sidecar.forecast import forecast
 from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
@@ -60,6 +60,13 @@ class Daemon:
         self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
                            if cfg.sample_log else None)
         self.book = alerts.AlertBook(cfg.alerts.resend_s, cfg.alerts.resolved_retention_s)
+        self.reload_log = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"))
+        self.policy_state.reloads = self.reload_log.times()  # cooldown survives a restart
+        run = reload.executor(cfg.reload, cfg.server.unit)
+        self.reloader = reload.Reloader(run) if run else None
+        self.pending_reload: Optional[policy.Action] = None
+        self.reload_started = 0.0
+        self.reload_note: Optional[dict] = None
         self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
                                           on_failure=self._alert_failed)
                        if cfg.alerts.urls else None)
@@ -188,9 +195,12 @@ class Daemon:
         correlate.fold(self.state, observations, cfg.correlate, watched=pids or None)
         fc = forecast(self.state, cfg.forecast, cfg.correlate.min_records,
                       cfg.correlate.jump_bytes)
+        self._carry_out_reload(now, pids, fc)
         for action in policy.decide(self.state, fc, self.policy_state, cfg.policy):
             self.actions_total[action.action] += 1
             self.log.warning("action", **action.as_dict())
+            if action.action == "reload":
+                self._reload_decided(action)
         for finding in self.state.findings[self.findings_logged:]:
             self.log.warning("finding", **finding.as_dict())
         self.findings_logged = len(self.state.findings)
@@ -244,6 +254,49 @@ class Daemon:
                 pids.add(pid)
         return pids
 
+    # -- reloads ----------------------------------------------------------------------------
+    def _reload_decided(self, action: policy.Action) -> None:
+        """Record the decision first (a restarted sidecar must not reload again), then carry
+        it out one poll later if the condition still holds."""
+        self.reload_log.record(action.t, None, action.reason)
+        if self.reload_log.error:
+            self.log.error("cannot write the reload record", error=self.reload_log.error)
+        if action.detail.get("dry_run") or self.reloader is None:
+            why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
+            self._reload_done(action.t, reload.Outcome(False, f"not carried out: {why}", 0.0))
+        else:
+            self.pending_reload = action
+
+    def _carry_out_reload(self, now: float, pids: set[int], fc: Any) -> None:
+        if self.reloader is None:
+            return
+        outcome = self.reloader.poll()
+        if outcome is not None:
+            self._reload_done(self.reload_started, outcome)
+            if outcome.ok:  # a new server: a new state, the old pids are gone
+                self.state, self.agent_pids = correlate.State(), {}
+        action, self.pending_reload = self.pending_reload, None
+        if action is None or self.reloader.busy:
+            return
+        if fc.seconds > self.cfg.policy.reload_lead_s:  # re-checked right before acting
+            self._reload_done(action.t, reload.Outcome(False, "cancelled: the forecast cleared",
+                                                       0.0))
+            return
+        self.reload_started = action.t
+        self.reload_note = {"outcome": "in progress", "seconds_to_oom": fc.as_dict()[
+            "seconds_to_oom"], "method": self.cfg.reload.method}
+        self.log.warning("reloading the server", method=self.cfg.reload.method, pids=sorted(pids))
+        self.reloader.start(pids)
+
+    def _reload_done(self, t: float, outcome: reload.Outcome) -> None:
+        self.reload_log.record(t, outcome, "oom_forecast")
+        kind = "reload_ok" if outcome.ok else "reload_not_done"
+        self.actions_total[kind] += 1
+        self.reload_note = {"outcome": outcome.detail, "method": self.cfg.reload.method,
+                            "reload_seconds": round(outcome.seconds, 3), "done": True}
+        (self.log.warning if outcome.ok else self.log.error)(
+            "reload finished", ok=outcome.ok, detail=outcome.detail, seconds=outcome.seconds)
+
     def _alert(self, now: float, sample: Sample, estimates: dict, fc: Any) -> None:
         """Hand the alerts that should fire now to the sender's thread (never waits)."""
         if self.sender is None:
@@ -252,6 +305,10 @@ class Daemon:
         if fc.seconds <= self.cfg.policy.alert_lead_s and not policy.warming_up(
                 self.state, self.cfg.policy):
             active["oom_forecast"] = fc.as_dict()
+        if self.reload_note is not None:  # before and after each reload, then it resolves
+            active["reload"] = self.reload_note
+            if self.reload_note.get("done"):
+                self.reload_note = None
         a = self.cfg.alerts
         labels = {"service": a.service, "instance": a.instance or socket.gethostname()}
         used = [uuid for p in sample.processes for uuid, b in p.gpu_bytes.items() if b]

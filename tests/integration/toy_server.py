@@ -1,0 +1,28 @@
+"""A toy server for the reload tests: announces itself to the sidecar like the agent does,
+grows its memory 5 MB every 0.1 s, and stops gracefully on SIGTERM (writing a marker)."""
+import os
+import signal
+import sys
+import time
+
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+
+sock, marker = sys.argv[1], sys.argv[2]
+
+
+def stop(*_):
+    with open(marker, "w") as fh:
+        fh.write("graceful")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+em = Emitter(sock, None)
+hoard = []
+for i in range(600):
+    hoard.append(bytearray(5 << 20))  # touched: it counts in RSS
+    em.emit(events.Heartbeat(t=time.time(), pid=os.getpid(), seq=i, uptime_s=i / 10,
+                             queue_depth=0, errors=0))
+    em.drain()
+    time.sleep(0.1)
