@@ -110,8 +110,11 @@ class Daemon:
                 break
             now = time.monotonic()
             if now >= next_poll:
-                self.tick()
-                next_poll = max(next_poll + self.cfg.poll_interval_s, now)
+                try:
+                    self.tick()
+                except Exception as e:  # a bug must not stop the watching; no WATCHDOG=1 for
+                    self.log.exception("poll failed", error=repr(e))  # this poll, so systemd
+                next_poll = max(next_poll + self.cfg.poll_interval_s, now)  # sees a streak
             self._wait(next_poll - time.monotonic())
         return self.halt()
 
@@ -157,7 +160,9 @@ class Daemon:
         if cfg is None:
             self.log.error("config reload failed; keeping the old config", problems=problems)
             return
-        restart_needed = [k for k in ("metrics_address", "metrics_port", "agent")
+        restart_needed = [k for k in ("metrics_address", "metrics_port", "agent", "alerts",
+                                      "reload", "state_dir", "sample_log",
+                                      "sample_log_max_bytes")
                           if getattr(cfg, k) != getattr(self.cfg, k)]
         self.cfg = cfg
         self.log.info("config reloaded", needs_restart_to_apply=restart_needed)
@@ -274,7 +279,7 @@ class Daemon:
         if outcome is not None:
             self._reload_done(self.reload_started, outcome)
             if outcome.ok:  # a new server: a new state, the old pids are gone
-                self.state, self.agent_pids = correlate.State(), {}
+                self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
         action, self.pending_reload = self.pending_reload, None
         if action is None or self.reloader.busy:
             return
