@@ -105,8 +105,11 @@ def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):
             "cudagraph_per_shape", "memory_growth_unexplained", "recompile_limit_eager_fallback",
             "recompile_storm"]
         assert query('up{job="torch-watchdog"}')[0]["value"][1] == "1"
-        # the rules load against the real series: nothing fires for an idle sidecar
-        assert query("ALERTS") == []
+        # the rules run against the real series: nothing fires for an idle sidecar; without a
+        # GPU (CI) the NVML rule may already be pending, which is what it is for
+        assert query('ALERTS{alertstate="firing"}') == []
+        pending = {r["metric"]["alertname"] for r in query("ALERTS")}
+        assert pending <= {"TorchWatchdogNvmlDown"}
     finally:
         prom.send_signal(signal.SIGTERM)
         sidecar.send_signal(signal.SIGTERM)
