@@ -58,10 +58,11 @@ def wait_for(cond, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if cond():
-                return True
+            met = cond()
         except OSError:  # the Alertmanager is restarting
-            pass
+            met = False
+        if met:
+            return True
         time.sleep(0.2)
     return False
 

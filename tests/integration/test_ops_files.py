@@ -96,10 +96,10 @@ def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):
         while time.monotonic() < deadline:
             try:
                 result = query('torch_watchdog_cause_active{job="torch-watchdog"}')
-                if len(result) == 4:
-                    break
-            except OSError:
-                pass
+            except OSError:  # Prometheus still starting
+                result = []
+            if len(result) == 4:
+                break
             time.sleep(0.5)
         assert sorted(r["metric"]["cause"] for r in result) == [
             "cudagraph_per_shape", "memory_growth_unexplained", "recompile_limit_eager_fallback",
