@@ -100,9 +100,11 @@ def test_new_shapes_and_stalls_through_watch(agent, collector):
             model(ids(2, seq))
     assert collector.wait(lambda c: len(c.of("new_shape")) == 2)
     assert [e.shape for e in collector.of("new_shape")] == [[[2, 6]], [[2, 10]]]
-    stalls = collector.of("stall")
-    assert stalls and all(s.new_shape for s in stalls)
-    assert {s.cause for s in stalls} <= {"compile", "recompile"}
+    # the first call of each shape compiled: a stall, caused by it (a loaded machine may add
+    # slow calls of known shapes too; those are stalls without a compile)
+    new_stalls = [s for s in collector.of("stall") if s.new_shape]
+    assert [s.shape for s in new_stalls] == [[[2, 6]], [[2, 10]]]
+    assert [s.cause for s in new_stalls] == ["compile", "recompile"]
     assert collector.wait(lambda c: sum(e.calls for e in c.of("calls")) == 5)
     assert collector.of("calls")[-1].distinct_shapes == 2
 
