@@ -15,6 +15,28 @@ from watchdog import events
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on (for the servers the tests start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll `cond` until true; OSError (a server still starting) or KeyError (a metric not
+    exported yet) count as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            met = cond()
+        except (OSError, KeyError):
+            met = False
+        if met:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def with_root() -> str:
     """PYTHONPATH for a child process: this checkout first, keeping what the environment had
     (on the GPU machine, a --target directory of carried wheels)."""

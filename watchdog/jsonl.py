@@ -2,8 +2,16 @@
 sample log. Stdlib only (both sides use it)."""
 from __future__ import annotations
 
+import gzip
 import os
 import time
+from typing import IO
+
+
+def open_lines(path: str) -> IO[str]:
+    """A `.jsonl` or `.jsonl.gz` file opened for reading text lines (bad bytes replaced)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    return opener(path, "rt", encoding="utf-8", errors="replace")
 
 
 class JsonLines:

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,19 +14,13 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, with_root
+from tests.conftest import ROOT, free_port, wait_for, with_root
 from watchdog import events
 from watchdog.agent.emitter import Emitter
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = pytest.mark.skipif(BINARY is None, reason="needs prometheus-alertmanager "
                                 "(.ci/run installs it: apt-get install prometheus-alertmanager)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
@@ -52,19 +45,6 @@ def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
 def am_alerts(port: int) -> dict[str, dict]:
     data = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5).read()
     return {a["labels"]["alertname"]: a for a in json.loads(data)}
-
-
-def wait_for(cond, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            met = cond()
-        except OSError:  # the Alertmanager is restarting
-            met = False
-        if met:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, with_root
+from tests.conftest import ROOT, free_port, with_root
 
 
 def need(tool: str) -> str:
@@ -60,12 +59,6 @@ def test_alertmanager_example_route():
                         os.path.join(ROOT, "config", "alertmanager-example.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):

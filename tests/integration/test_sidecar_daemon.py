@@ -12,19 +12,13 @@ import time
 import urllib.request
 
 import pytest
-from tests.conftest import with_root
+from tests.conftest import free_port, wait_for, with_root
 import torch
 import torch._dynamo
 
 import watchdog.agent as agent_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -35,19 +29,6 @@ def scrape(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
-
-
-def wait_for(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            met = cond()
-        except (OSError, KeyError):  # not up yet, or the metric not exported yet
-            met = False
-        if met:
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 @pytest.fixture

@@ -32,19 +32,20 @@ def current_shape() -> Any:
 
 # What the installed agent tells every watched callable. Module globals, not attributes of an
 # object: the hot path reads them on every call and a global read is the cheapest there is.
-emit: Callable[[events.Event], None]
-stall_ns: int
-max_shapes: int
-route_eager: bool  # graph budget in "eager" mode: novel shapes skip the compiler
-
-
 def _discard(event: events.Event) -> None:
     return None
 
 
+INERT = {"emit": _discard, "stall_ns": 50_000_000, "max_shapes": 65_536, "route_eager": False}
+emit: Callable[[events.Event], None] = _discard
+stall_ns: int = INERT["stall_ns"]
+max_shapes: int = INERT["max_shapes"]
+route_eager: bool = False  # graph budget in "eager" mode: novel shapes skip the compiler
+
+
 def configure(**settings: Any) -> None:
     """Set emit / stall_ns / max_shapes / route_eager (install() and the mitigations do)."""
-    unknown = set(settings) - {"emit", "stall_ns", "max_shapes", "route_eager"}
+    unknown = set(settings) - set(INERT)
     if unknown:
         raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
     globals().update(settings)
@@ -52,10 +53,9 @@ def configure(**settings: Any) -> None:
 
 def reset() -> None:
     """Back to inert: watched callables keep working and send nowhere."""
-    configure(emit=_discard, stall_ns=50_000_000, max_shapes=65_536, route_eager=False)
+    configure(**INERT)
 
 
-reset()
 watched: "weakref.WeakSet[Watched]" = weakref.WeakSet()
 
 

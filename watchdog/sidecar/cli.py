@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import os
 import select
 import signal
 import sys
-from typing import Iterator, Optional, TextIO
+from typing import Optional, TextIO
 
 from watchdog import __version__, events
+from watchdog.jsonl import open_lines
 from watchdog.sidecar.config import AgentSocketConfig
 from watchdog.sidecar.receiver import Receiver
 
@@ -52,25 +52,20 @@ def listen(path: str, as_json: bool, out: TextIO) -> int:
         receiver.close()
 
 
-def read_lines(path: str) -> Iterator[tuple[int, str]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-        yield from enumerate(fh, 1)
-
-
 def check_events(paths: list[str], out: TextIO) -> int:
     kinds: collections.Counter = collections.Counter()
     problems = 0
     for path in paths:
         try:
-            for lineno, line in read_lines(path):
-                if not line.strip():
-                    continue
-                try:
-                    kinds[events.decode(line).kind] += 1
-                except events.EventDecodeError as err:
-                    problems += 1
-                    print(f"{path}:{lineno}: {err}", file=sys.stderr)
+            with open_lines(path) as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        kinds[events.decode(line).kind] += 1
+                    except events.EventDecodeError as err:
+                        problems += 1
+                        print(f"{path}:{lineno}: {err}", file=sys.stderr)
         except OSError as err:
             print(f"{path}: cannot read: {err.strerror}", file=sys.stderr)
             return 2

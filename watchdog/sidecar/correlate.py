@@ -91,11 +91,9 @@ class State:
     records: int = 0
     warmups: int = 0
     graph_breaks: int = 0
-    cudagraph_warnings: int = 0
     ooms: int = 0
     agent_dropped: int = 0
     distinct_shapes: int = 0
-    new_shape_times: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
     steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
@@ -115,11 +113,8 @@ class State:
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
     compile_jump_bytes: int = 0
-    other_jump_bytes: int = 0
     pending_jumps: list = field(default_factory=list)   # (t, bytes) not yet attributed
     last_compile_end: float = -math.inf
-    nvml_up: bool = True
-    query_s: Optional[float] = None
     active: dict = field(default_factory=dict)          # cause -> Finding
     findings: list = field(default_factory=list)
 
@@ -228,7 +223,6 @@ def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
     for jt, size in list(state.pending_jumps):
         if start - 1.0 <= jt <= e.t + COMPILE_SETTLE_S:
             state.compile_jump_bytes += size
-            state.other_jump_bytes -= size
             state.pending_jumps.remove((jt, size))
     frame = (e.compile_id or "").split("/")[0]
     attempts = state.frame_attempts[frame] = state.frame_attempts.get(frame, 0) + 1
@@ -260,7 +254,6 @@ def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) ->
 
 def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> None:
     state.distinct_shapes = max(state.distinct_shapes + 1, e.distinct)
-    state.new_shape_times.append((e.t, state.distinct_shapes))
     if state.limit_t is not None and e.t > state.limit_t and state.limit_hits == 0:
         if e.t > state.last_compile_end:
             state.new_shapes_after_limit += 1
@@ -293,7 +286,7 @@ _EVENT_HANDLERS = {
     "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
     "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
     "stall": _on_stall, "calls": _on_calls, "oom": _count("ooms"), "dropped": _on_dropped,
-    "graph_break": _count("graph_breaks"), "cudagraph_warning": _count("cudagraph_warnings"),
+    "graph_break": _count("graph_breaks"),
 }
 
 
@@ -313,7 +306,6 @@ def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int
 
 
 def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set]) -> None:
-    state.nvml_up, state.query_s = s.nvml_up, s.query_s
     if s.devices:
         state.device_used = sum(d.used_bytes for d in s.devices)
         state.device_total = sum(d.total_bytes for d in s.devices)
@@ -331,17 +323,16 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     state.mem_bytes, state.records_at_last_sample = mem, state.records
     state.samples.append((s.t, mem, state.records, state.device_used if s.devices
                           else state.host_used, state.device_total))
-    if _warming_up(state, s.t) and state.records == 0:
+    if _settling(state, s.t) and state.records == 0:
         # loading weights and the first compiles are not growth to explain: move the baseline
         state.mem_start = mem
-        state.compile_jump_bytes = state.other_jump_bytes = 0
+        state.compile_jump_bytes = 0
         state.pending_jumps = []
         return
     if abs(delta) > cfg.jump_bytes:
         if s.t <= state.last_compile_end + COMPILE_SETTLE_S:
             state.compile_jump_bytes += delta
         else:
-            state.other_jump_bytes += delta
             state.pending_jumps.append((s.t, delta))
             state.pending_jumps = [j for j in state.pending_jumps if j[0] > s.t - 2 * PENDING_S]
         return
@@ -349,7 +340,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         state.regression.add(recorded, delta)
 
 
-def _warming_up(state: State, t: float) -> bool:
+def _settling(state: State, t: float) -> bool:
     """Within a compile's settling time, or (no compile seen) the first minute."""
     if state.first_compile_t is None:
         return state.first_t is None or t < state.first_t + PENDING_S

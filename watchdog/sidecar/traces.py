@@ -11,12 +11,12 @@ Several files are merged by time. Bad lines are counted, never fatal.
 """
 from __future__ import annotations
 
-import gzip
 import heapq
 import json
 from typing import Any, Iterable, Iterator, Optional, Union
 
 from watchdog import events
+from watchdog.jsonl import open_lines
 from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample, sample_from_dict
 
 Observation = Union[events.Event, Sample]
@@ -127,8 +127,7 @@ class Reader:
         self.adapter = TraceAdapter()
 
     def __iter__(self) -> Iterator[Observation]:
-        opener = gzip.open if self.path.endswith(".gz") else open
-        with opener(self.path, "rt", encoding="utf-8", errors="replace") as fh:
+        with open_lines(self.path) as fh:
             for line in fh:
                 if line.strip():
                     yield from self._parse(line)
