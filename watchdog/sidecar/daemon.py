@@ -20,9 +20,8 @@ import psutil
 
 from watchdog import events
 from watchdog.jsonl import JsonLines
-from watchdog.sidecar import alerts, correlate, policy, reload
+from watchdog.sidecar import alerts, correlate, pipeline, policy, reload
 from watchdog.sidecar import config as config_mod
-from watchdog.sidecar.forecast import forecast
 from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
 from watchdog.sidecar.nvml import NvmlSource
 from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
@@ -197,11 +196,10 @@ class Daemon:
         observations.append(sample)
         self._log_observations(observations)
         cfg = self.cfg
-        correlate.fold(self.state, observations, cfg.correlate, watched=pids or None)
-        fc = forecast(self.state, cfg.forecast, cfg.correlate.min_records,
-                      cfg.correlate.jump_bytes)
-        self._carry_out_reload(now, pids, fc)
-        for action in policy.decide(self.state, fc, self.policy_state, cfg.policy):
+        fc, decided = pipeline.poll(self.state, self.policy_state, observations, cfg,
+                                    pids or None)
+        self._carry_out_reload(now, pids, fc)  # last poll's decision, re-checked: before this
+        for action in decided:                 # poll's decisions become pending
             self.actions_total[action.action] += 1
             self.log.warning("action", **action.as_dict())
             if action.action == "reload":

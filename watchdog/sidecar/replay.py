@@ -10,7 +10,8 @@ from typing import Any
 
 from watchdog.sidecar import correlate, policy
 from watchdog.sidecar.config import Config
-from watchdog.sidecar.forecast import Forecast, forecast
+from watchdog.sidecar.forecast import Forecast
+from watchdog.sidecar.pipeline import poll
 from watchdog.sidecar.samples import Sample
 from watchdog.sidecar.traces import Reader, merged
 
@@ -23,12 +24,12 @@ def replay(paths: list[str], config: Config) -> dict[str, Any]:
     fc, observations = None, 0
     for obs in merged(readers):
         observations += 1
-        correlate.fold(state, (obs,), config.correlate)
-        if isinstance(obs, Sample):  # a poll: forecast and decide, as the daemon does
-            fc = forecast(state, config.forecast, config.correlate.min_records,
-                          config.correlate.jump_bytes)
-            actions.extend(policy.decide(state, fc, ps, config.policy))
-        elif fc is None:  # an agent log without samples: no forecast, causes are still alerted
+        if isinstance(obs, Sample):  # a poll, exactly as the daemon makes one
+            fc, decided = poll(state, ps, (obs,), config)
+            actions.extend(decided)
+            continue
+        correlate.fold(state, (obs,), config.correlate)  # events one by one: exact finding times
+        if fc is None:  # an agent log without samples: no forecast, causes are still alerted
             actions.extend(policy.decide(state, Forecast(None, None), ps, config.policy))
     wall = time.perf_counter() - started
     span = (state.now - state.first_t) if state.first_t is not None else 0.0
