@@ -1,11 +1,15 @@
 """Shared fixtures: a real Unix datagram receiver that decodes with the shared schema."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Callable
 
 import pytest
@@ -13,6 +17,9 @@ import pytest
 from watchdog import events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Debian's prometheus-alertmanager; WATCHDOG_ALERTMANAGER names a binary carried elsewhere
+ALERTMANAGER = (os.environ.get("WATCHDOG_ALERTMANAGER") or shutil.which("prometheus-alertmanager")
+                or shutil.which("alertmanager"))
 
 
 def free_port() -> int:
@@ -35,6 +42,29 @@ def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
+    """A real Alertmanager on loopback with a temp storage path, ready to take alerts."""
+    cfg = os.path.join(tmp, "am.yml")
+    with open(cfg, "w") as fh:
+        fh.write("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
+    proc = subprocess.Popen([ALERTMANAGER, f"--config.file={cfg}",
+                             f"--storage.path={tmp}/am-data",
+                             f"--web.listen-address=127.0.0.1:{port}",
+                             "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if wait_for(lambda: bool(urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/-/ready", timeout=1).read()), 30):
+        return proc
+    proc.kill()
+    raise RuntimeError("alertmanager did not become ready")
+
+
+def am_alerts(port: int) -> dict[str, dict]:
+    """The alerts an Alertmanager holds, by alertname."""
+    data = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5).read()
+    return {a["labels"]["alertname"]: a for a in json.loads(data)}
 
 
 def with_root() -> str:

@@ -6,6 +6,8 @@ more events, one per line (`\n`-separated), at most MAX_DATAGRAM_BYTES; the even
 same lines in a file. `decode` rejects anything else — an
 unknown version or kind, a missing or extra field, a value of the wrong type — with
 `EventDecodeError`, never another exception, so a receiver can count and drop garbage.
+Fields added to a kind after its first release have a default and may be missing (logs written
+by an older agent still decode); an older sidecar rejects them, so upgrade the sidecar first.
 """
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ class Compile(Event):
     compile_id: Optional[str]
     function: Optional[str]
     seconds: Optional[float]
+    # Inductor FX-graph cache hits/misses of this compile (torch 2.6+ metrics; else None): a
+    # restart without a persistent TORCHINDUCTOR_CACHE_DIR misses and compiles from scratch
+    fx_cache_hits: Optional[int] = None
+    fx_cache_misses: Optional[int] = None
     kind = "compile"
 
 
@@ -76,6 +82,8 @@ class Recompile(Event):
     function: Optional[str]
     seconds: Optional[float]
     reason: Optional[str]
+    fx_cache_hits: Optional[int] = None
+    fx_cache_misses: Optional[int] = None
     kind = "recompile"
 
 
@@ -181,6 +189,8 @@ KINDS: dict[str, type[Event]] = {
 }
 _HINTS = {kind: typing.get_type_hints(cls) for kind, cls in KINDS.items()}
 _FIELDS = {kind: [f.name for f in dataclasses.fields(cls)] for kind, cls in KINDS.items()}
+_DEFAULTS = {kind: {f.name: f.default for f in dataclasses.fields(cls)
+                    if f.default is not dataclasses.MISSING} for kind, cls in KINDS.items()}
 
 
 def to_dict(event: Event) -> dict[str, Any]:
@@ -221,6 +231,7 @@ def from_dict(obj: Any) -> Event:
         extra = set(obj) - {name for name, _ in checks} - {"v", "kind"}
         if extra:
             raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+        obj = {**_DEFAULTS[kind], **obj}  # fields added later may be missing
     values = {}
     for name, check in checks:
         if name not in obj:

@@ -68,3 +68,32 @@ def test_importing_the_package_pulls_in_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=with_root()),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+INDUCTOR_SERVER = """
+import sys, torch, watchdog.agent
+watchdog.agent.install(socket_path="", event_log=sys.argv[1])
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()), dynamic=False)
+for n in (3, 5):
+    model(torch.randn(n, 32))
+watchdog.agent.uninstall()
+"""
+
+
+def test_compiles_report_the_inductor_cache_so_a_restart_shows_its_cost(short_tmp):
+    """A restarted server with a persistent TORCHINDUCTOR_CACHE_DIR hits the FX-graph cache;
+    the first run misses. The agent reports both on each compile event."""
+    env = dict(os.environ, PYTHONPATH=with_root(),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(short_tmp, "inductor"))
+    runs = []
+    for n in range(2):
+        log = os.path.join(short_tmp, f"run{n}.jsonl")
+        done = subprocess.run([sys.executable, "-c", INDUCTOR_SERVER, log], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        with open(log) as fh:
+            runs.append([e for e in map(events.decode, fh) if e.kind in ("compile", "recompile")])
+    cold, warm = runs
+    assert [e.kind for e in cold] == [e.kind for e in warm] == ["compile", "recompile"]
+    assert sum(e.fx_cache_misses for e in cold) >= 2 and sum(e.fx_cache_hits for e in cold) == 0
+    assert sum(e.fx_cache_hits for e in warm) >= 2 and sum(e.fx_cache_misses for e in warm) == 0

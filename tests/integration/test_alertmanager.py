@@ -3,9 +3,7 @@ here on loopback): they appear with their labels and annotations, resolve, and s
 Alertmanager being down for a while."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,37 +12,12 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_for, with_root
+from tests.conftest import ALERTMANAGER, ROOT, am_alerts, free_port, start_alertmanager, wait_for, with_root
 from watchdog import events
 from watchdog.agent.emitter import Emitter
 
-BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-pytestmark = pytest.mark.skipif(BINARY is None, reason="needs prometheus-alertmanager "
+pytestmark = pytest.mark.skipif(ALERTMANAGER is None, reason="needs prometheus-alertmanager "
                                 "(.ci/run installs it: apt-get install prometheus-alertmanager)")
-
-
-def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
-    cfg = os.path.join(tmp, "am.yml")
-    with open(cfg, "w") as fh:
-        fh.write("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
-    proc = subprocess.Popen([BINARY, f"--config.file={cfg}", f"--storage.path={tmp}/am-data",
-                             f"--web.listen-address=127.0.0.1:{port}",
-                             "--cluster.listen-address="],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("alertmanager did not become ready")
-
-
-def am_alerts(port: int) -> dict[str, dict]:
-    data = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5).read()
-    return {a["labels"]["alertname"]: a for a in json.loads(data)}
 
 
 def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):

@@ -84,3 +84,42 @@ def test_linear_trend_ignores_one_poll_steps():
     assert fc.growth_bytes_per_s == pytest.approx(0.9 * MB)
     assert fc.seconds_linear == pytest.approx((10_000 - 4011) / 0.9, rel=1e-3)
     assert fc.seconds_discovery is None  # no recordings: the trend is what we have
+
+
+def test_the_budget_leaves_out_what_the_driver_reserves():
+    """An H200 reports 150.75 GB total, but 645 MB of it are reserved by the driver and can
+    never be allocated (NVML v2: free = total - reserved - used). A budget from `total` put
+    the OOM ~500 MB too far away and the seed server crashed before the reload."""
+    from watchdog.sidecar.config import CorrelateConfig
+    from watchdog.sidecar.correlate import fold
+    from watchdog.sidecar.samples import DeviceSample, Sample
+
+    total, reserved, used = 150_754_820_096, 644_939_776, 149_796_290_560
+    s = fold(State(), [Sample(t=1.0, devices=(DeviceSample("GPU-x", used, total,
+                                                           total - reserved - used),))],
+             CorrelateConfig())
+    fc = forecast(s, ForecastConfig(headroom_bytes=128 << 20))
+    assert fc.budget_bytes == total - reserved - (128 << 20)
+    assert fc.level_bytes == used
+
+
+def test_bucketed_warm_up_growth_is_not_projected_into_an_oom():
+    """The GPU control run: 9 bucket sizes in hundreds of requests, 10 MB of growth while
+    they were recorded, 106 MB of room. The trend alone said OOM in 208 s; every size is
+    recorded, so no more growth comes from graphs: no forecast OOM."""
+    s = State(now=30.0, requests=600, distinct_shapes=9, records=9, device_used=0,
+              device_total=1000 * MB)
+    for i in range(30):
+        level = 894 * MB + min(i, 20) * 0.5 * MB
+        s.samples.append((float(i), level, 9, level, 1000 * MB))
+    s.device_used = int(904 * MB)
+    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    assert fc.seconds_linear < 1000  # the trend through the warm-up
+    assert fc.seconds == FOREVER and fc.will_oom is False and fc.plateau_bytes == fc.level_bytes
+
+
+def test_a_few_sizes_seen_once_are_not_saturation():
+    s = State(now=10.0, requests=12, distinct_shapes=9, records=3, device_used=0,
+              device_total=1000 * MB)
+    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    assert fc.seconds_discovery is None  # not enough evidence either way: the trend decides

@@ -91,6 +91,14 @@ def _key_list(key: Any) -> Optional[list[int]]:
         return None
 
 
+def _fx_cache(m: Any, which: str) -> Optional[int]:
+    """Inductor FX-graph cache hits or misses of one compile, local plus remote (2.6+)."""
+    counts = [getattr(m, f"inductor_fx_{where}_cache_{which}_count", None)
+              for where in ("local", "remote")]
+    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    return sum(counts) if counts else None
+
+
 def _function_name(m: Any) -> Optional[str]:
     name = getattr(m, "co_name", None)
     if name is None:
@@ -289,11 +297,13 @@ class TorchHooks:
         if recompile and not reason:
             reason = self._guard_failure_reason(m)
         seconds = getattr(m, "entire_frame_compile_time_s", None)
-        self._compiled(compile_id, _function_name(m), seconds, recompile, reason)
+        self._compiled(compile_id, _function_name(m), seconds, recompile, reason,
+                       _fx_cache(m, "hit"), _fx_cache(m, "miss"))
 
     def _compiled(self, compile_id: Optional[str], function: Optional[str],
                   seconds: Optional[float], recompile: Optional[bool],
-                  reason: Optional[str]) -> None:
+                  reason: Optional[str], hits: Optional[int] = None,
+                  misses: Optional[int] = None) -> None:
         if recompile is None:
             attempt = _attempt(compile_id)
             recompile = bool(attempt)
@@ -303,7 +313,8 @@ class TorchHooks:
         else:
             seconds = None
         common = dict(t=time.time(), pid=self.pid, compile_id=compile_id,
-                      function=events.clip(function, 300), seconds=seconds)
+                      function=events.clip(function, 300), seconds=seconds,
+                      fx_cache_hits=hits, fx_cache_misses=misses)
         if recompile:
             self.emit(events.Recompile(reason=events.clip(reason), **common))
             self.on_recompile()

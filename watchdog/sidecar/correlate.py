@@ -82,6 +82,8 @@ class State:
     compiles: int = 0
     recompiles: int = 0
     compile_seconds: float = 0.0
+    fx_cache_hits: int = 0         # Inductor FX-graph cache, as the agent reports (torch 2.6+)
+    fx_cache_misses: int = 0
     recompile_times: collections.deque = field(default_factory=collections.deque)
     frame_attempts: dict = field(default_factory=dict)   # frame id -> compiles seen
     limit_hits: int = 0
@@ -107,6 +109,7 @@ class State:
     mem_start: Optional[int] = None
     device_used: Optional[int] = None
     device_total: Optional[int] = None
+    device_usable: Optional[int] = None  # used + free: total less what the driver reserves
     host_used: Optional[int] = None
     host_total: Optional[int] = None
     samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
@@ -121,8 +124,10 @@ class State:
     # -- derived ------------------------------------------------------------------------
     @property
     def mb_per_graph(self) -> Optional[float]:
+        """None until recordings are seen to cost memory: a small model's graphs cost less
+        than the allocator's own steps, and a slope <= 0 is noise, not a cost."""
         b = self.regression.slope
-        return None if b is None else b / 1e6
+        return None if b is None or b <= 0 else b / 1e6
 
     def explained_bytes(self) -> float:
         b = self.regression.slope or 0.0
@@ -160,6 +165,7 @@ class State:
             "distinct_shapes": self.distinct_shapes, "requests": self.requests,
             "compiles": self.compiles, "recompiles": self.recompiles,
             "compile_seconds": round(self.compile_seconds, 3),
+            "fx_cache_hits": self.fx_cache_hits, "fx_cache_misses": self.fx_cache_misses,
             "recompile_limit_hits": self.limit_hits, "graph_breaks": self.graph_breaks,
             "stalls": self.stalls, "stall_seconds": round(self.stall_seconds, 3),
             "ooms": self.ooms, "memory_source": self.mem_source,
@@ -213,6 +219,8 @@ def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
     state.recompiles += recompile
     state.compiles += not recompile
     state.compile_seconds += e.seconds or 0.0
+    state.fx_cache_hits += e.fx_cache_hits or 0
+    state.fx_cache_misses += e.fx_cache_misses or 0
     if state.first_compile_t is None:
         state.first_compile_t = e.t
     if recompile:
@@ -309,6 +317,10 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.devices:
         state.device_used = sum(d.used_bytes for d in s.devices)
         state.device_total = sum(d.total_bytes for d in s.devices)
+        # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200) can
+        # never be allocated, so the budget is used + free (ops-anchors §1)
+        state.device_usable = sum(d.total_bytes if d.free_bytes is None
+                                  else d.used_bytes + d.free_bytes for d in s.devices)
     if s.host_total_bytes is not None and s.host_available_bytes is not None:
         state.host_used = s.host_total_bytes - s.host_available_bytes
         state.host_total = s.host_total_bytes

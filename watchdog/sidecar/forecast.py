@@ -60,12 +60,16 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
         return Forecast(budget, level)
     slope = _trend(state, cfg.window_s, cfg.process_budget_bytes is not None, jump_bytes)
     linear = (budget - level) / slope if slope and slope > 0 else FOREVER
+    n, distinct = state.requests, state.distinct_shapes
+    space = shape_space(n, distinct)
+    if saturated(space, n, state.records):
+        # every size is recorded (bucketed traffic: 9 sizes in hundreds of requests): the
+        # warm-up's growth is over; a trend through it would forecast an OOM that never comes
+        return Forecast(budget, level, max(0.0, linear), FOREVER, level, space, slope)
     b = state.mb_per_graph
     if b is None or b <= 0 or state.records < min_records:
         return Forecast(budget, level, max(0.0, linear), growth_bytes_per_s=slope)
     per_graph = b * 1e6
-    n, distinct = state.requests, state.distinct_shapes
-    space = shape_space(n, distinct)
     if space is None or not math.isfinite(space):
         return Forecast(budget, level, max(0.0, linear), growth_bytes_per_s=slope)
     model_now = recorded(space, n)
@@ -80,8 +84,9 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:
     if cfg.process_budget_bytes is not None:
         return state.mem_bytes, cfg.process_budget_bytes
-    if state.device_used is not None and state.device_total is not None:
-        return state.device_used, state.device_total - cfg.headroom_bytes
+    capacity = state.device_usable if state.device_usable is not None else state.device_total
+    if state.device_used is not None and capacity is not None:
+        return state.device_used, capacity - cfg.headroom_bytes
     if state.host_used is not None and state.host_total is not None:  # host-memory mode
         return state.host_used, state.host_total - cfg.headroom_bytes
     return None, None
@@ -140,6 +145,13 @@ def shape_space(requests: int, distinct: int) -> Optional[float]:
 
 def _seen(space: float, n: float) -> float:
     return space * -math.expm1(-n / space)
+
+
+def saturated(space: Optional[float], n: int, records: int) -> bool:
+    """Fewer than one more recording is expected, ever: each size is seen twice already."""
+    if space is None or not math.isfinite(space) or records == 0:
+        return False
+    return space - recorded(space, n) < 1.0
 
 
 def recorded(space: float, n: float) -> float:
