@@ -169,3 +169,68 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
     for key in ("recordings", "mb_per_graph", "compiles", "memory_bytes"):
         assert replayed["estimates"][key] == live[key], key
     assert [f["cause"] for f in replayed["findings"]] == ["cudagraph_per_shape"]
+
+
+def test_each_tick_publishes_the_status_page_view(rig):
+    d, nvml, clock, sender = rig
+    me = os.getpid()
+    assert d.status is None  # before the first poll: the page says so
+    send(sender, events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=2.0))
+    d.tick()
+    clock.t += 20
+    for i in range(30):
+        send(sender, events.CudagraphRecord(t=clock.t, pid=me, phase="record", compile_id="0/1",
+                                            key=[i], shape=None, seconds=0.01))
+        nvml.devices[0]["procs"] = [(me, (2_000 + i + 1) * MB)]
+        clock.t += 0.1
+        snap = d.tick()
+    view = d.status
+    assert view.snapshot is snap and view.memory_source == "process"
+    assert view.points[-1] == (snap.t, 2_030 * MB) and len(view.points) == 31
+    assert [k for _, k in view.marks].count("record") == 30
+    assert [c["cause"] for c in view.causes] == ["cudagraph_per_shape"]
+    assert ("alert", "cudagraph_per_shape") in [(a["action"], a["reason"]) for a in view.actions]
+    assert view.info["polls"] == 31
+
+
+def test_a_status_page_bug_does_not_stop_the_watching(rig, monkeypatch):
+    d, nvml, clock, sender = rig
+
+    def broken(*args):
+        raise RuntimeError("bug")
+    monkeypatch.setattr(d.history, "update", broken)
+    d.tick()
+    clock.t += 0.1
+    assert d.tick().t == clock.t and d.ticks == 2 and d.status is None
+
+
+CHILD = """
+import os, sys, time
+from watchdog import events
+from watchdog.agent.emitter import Emitter
+em = Emitter(sys.argv[1], None)
+em.emit(events.Hello(t=time.time(), pid=os.getpid(), torch="2.13", agent="0", devices=[],
+                     config={}, capabilities={}, watched=[], argv="server"))
+for i in range(int(sys.argv[2])):
+    em.emit(events.CudagraphRecord(t=time.time(), pid=os.getpid(), phase="record",
+                                   compile_id="0/1", key=[i], shape=None, seconds=0.01))
+em.drain()
+"""
+
+
+def test_a_server_that_died_and_came_back_starts_a_fresh_state(rig):
+    """A crash, then systemd's Restart=: the new process is not the old one's growth."""
+    import subprocess
+    import sys
+
+    from tests.conftest import with_root
+    d, _nvml, _clock, _sender = rig
+
+    def server(records: int) -> None:
+        subprocess.run([sys.executable, "-c", CHILD, d.cfg.agent.socket_path, str(records)],
+                       env=dict(os.environ, PYTHONPATH=with_root()), check=True, timeout=60)
+
+    server(5)  # runs, records 5 graphs, dies
+    assert d.tick().estimates["recordings"] == 5
+    server(2)  # the restarted server
+    assert d.tick().estimates["recordings"] == 2

@@ -20,7 +20,8 @@ GIB = 1 << 30
 ESTIMATES = {
     "mb_per_graph": 12.5, "mb_per_graph_confidence": 0.9, "recordings": 40, "warmups": 41,
     "distinct_shapes": 45, "requests": 1000, "compiles": 3, "recompiles": 2,
-    "compile_seconds": 12.25, "recompile_limit_hits": 1, "graph_breaks": 4, "stalls": 5,
+    "compile_seconds": 12.25, "fx_cache_hits": 6, "fx_cache_misses": 1,
+    "recompile_limit_hits": 1, "graph_breaks": 4, "stalls": 5,
     "stall_seconds": 2.5, "ooms": 0, "memory_source": "process", "memory_bytes": 20 * GIB,
     "memory_growth_bytes": GIB, "explained_by_recordings_bytes": 500_000_000,
     "unexplained_bytes": 1_000_000, "device_used_bytes": 30 * GIB,
@@ -111,6 +112,8 @@ def test_server_up_is_absent_when_unknown(alive, expected):
     ("torch_watchdog_graph_breaks_total", 4),
     ("torch_watchdog_ooms_total", 0),
     ("torch_watchdog_compile_seconds_total", 12.25),
+    ("torch_watchdog_fx_cache_hits_total", 6),
+    ("torch_watchdog_fx_cache_misses_total", 1),
     ("torch_watchdog_requests_total", 1000),
     ("torch_watchdog_distinct_shapes", 45),
     ("torch_watchdog_cudagraph_memory_per_graph_bytes", 12.5e6),

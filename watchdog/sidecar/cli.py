@@ -3,8 +3,10 @@
     torch-watchdog listen [--socket PATH] [--json]   print the agent's events as they arrive
     torch-watchdog events FILE...                     check an agent event log, print a summary
     torch-watchdog replay TRACE... [--config FILE] [--json]   run the pipeline over recordings
+    torch-watchdog report FILE... -o report.html [--config FILE] [--json]   HTML post-mortem
     torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
     torch-watchdog sidecar [--config FILE]            the daemon (run it under systemd)
+    torch-watchdog status [--url URL] [--config FILE] [--json]   ask a running sidecar
 """
 from __future__ import annotations
 
@@ -145,6 +147,38 @@ def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out:
     return 0
 
 
+def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
+               out: TextIO) -> int:
+    """Print a running sidecar's /status.json; 1 when none answers at that address."""
+    import time
+
+    from watchdog.sidecar import config
+    from watchdog.sidecar.status import format_terminal
+    from watchdog.sidecar.web import local_url, read_status
+
+    if url is None:
+        cfg, problems = config.check(config_path) if config_path else (config.Config(), [])
+        for problem in problems:
+            print(f"{config_path}: {problem}", file=sys.stderr)
+        if cfg is None:
+            return 2
+        url = local_url(cfg.metrics_address, cfg.metrics_port)
+    try:
+        data = read_status(url)
+    except (OSError, ValueError) as err:
+        print(f"torch-watchdog: no sidecar is running at {url} "
+              f"({getattr(err, 'reason', None) or err}).\nStart it with `torch-watchdog sidecar "
+              "--config FILE` (under systemd: `systemctl start torch-watchdog`), or point "
+              "--url/--config at the address it listens on.", file=sys.stderr)
+        return 1
+    if as_json:
+        json.dump(data, out, indent=1)
+        out.write("\n")
+    else:
+        out.write(format_terminal(data, url, time.time()))
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="torch-watchdog", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
@@ -160,20 +194,36 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "recorded traces")
     rp.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
     rp.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    rep = sub.add_parser("report", help="an HTML post-mortem of event logs and recorded traces")
+    rep.add_argument("files", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, the "
+                     "sidecar's sample log, recorded traces")
+    rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    rep.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
+    rep.add_argument("--json", action="store_true", help="also print the report's numbers")
     cp = sub.add_parser("check-config", help="validate a sidecar config file")
     cp.add_argument("file")
     sp = sub.add_parser("sidecar", help="run the daemon")
     sp.add_argument("--config", help="YAML config (config/watchdog.yaml documents every key)")
+    stp = sub.add_parser("status", help="summarise a running sidecar (its /status.json)")
+    stp.add_argument("--url", help="the sidecar's HTTP address, e.g. http://127.0.0.1:9464 "
+                     "(default: metrics_address and metrics_port of --config, or defaults)")
+    stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
+    stp.add_argument("--json", action="store_true", help="print the status JSON as is")
     args = p.parse_args(argv)
     try:
         if args.command == "listen":
             return listen(args.socket, args.json, sys.stdout)
         if args.command == "replay":
             return run_replay(args.traces, args.config, args.json, sys.stdout)
+        if args.command == "report":
+            from watchdog.sidecar import report
+            return report.main(args.files, args.output, args.config, args.json, sys.stdout)
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
         if args.command == "sidecar":
             return run_sidecar(args.config)
+        if args.command == "status":
+            return run_status(args.url, args.config, args.json, sys.stdout)
         return check_events(args.files, sys.stdout)
     except OSError as err:
         print(f"torch-watchdog: {err}", file=sys.stderr)

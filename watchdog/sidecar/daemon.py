@@ -18,10 +18,11 @@ from typing import Any, Callable, Optional
 
 import psutil
 
-from watchdog import events
+from watchdog import __version__, events
 from watchdog.jsonl import JsonLines
 from watchdog.sidecar import alerts, correlate, pipeline, policy, reload
 from watchdog.sidecar import config as config_mod
+from watchdog.sidecar.history import History, StatusView
 from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
 from watchdog.sidecar.nvml import NvmlSource
 from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
@@ -47,6 +48,9 @@ class Daemon:
         self.state, self.policy_state = correlate.State(), policy.PolicyState()
         self.collector = SnapshotCollector()
         self.registry = make_registry(self.collector)
+        self.history = History()                   # the status page's series, marks, actions
+        self.status: Optional[StatusView] = None   # published each tick, read by HTTP threads
+        self.publish_failed = False
         self.serve_metrics = serve_metrics
         self.signals: collections.deque = collections.deque()
         self.agent_pids: dict[int, float] = {}   # pid -> last heard (wall clock)
@@ -83,7 +87,8 @@ class Daemon:
         self.receiver = Receiver(agent.socket_path, set(agent.allowed_uids)
                                  if agent.allowed_uids is not None else None, agent.socket_mode)
         if self.serve_metrics:
-            self.http = serve(self.cfg.metrics_address, self.cfg.metrics_port, self.registry)
+            self.http = serve(self.cfg.metrics_address, self.cfg.metrics_port, self.registry,
+                              lambda: self.status)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._queue_signal)
         os.set_blocking(self._wake_w, False)
@@ -212,6 +217,7 @@ class Daemon:
         snapshot = self._snapshot(sample, estimates, fc, time.perf_counter() - started)
         self.collector.update(snapshot)
         self.ticks += 1
+        self._publish(snapshot, observations, decided)
         self.notifier.watchdog()  # only after a completed tick
         if self.ticks % 50 == 1:
             self.notifier.status(_status_line(self.state, fc))
@@ -232,10 +238,23 @@ class Daemon:
         if self.receiver is not None:
             self._take(self.receiver.receive())
         got, self.pending = self.pending, []
+        if self._server_replaced(got):
+            # the server died and came back (a crash, systemd's Restart=): a new process, a
+            # new memory baseline. Folding it into the old state would call the new server's
+            # whole model load "unexplained growth"
+            self.log.warning("server restarted", old_pids=sorted(self.agent_pids),
+                             new_pids=sorted({pid for _e, pid in got}))
+            self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
         if self.cfg.server.trust_agent_pids:
             for _event, pid in got:
                 self.agent_pids[pid] = now
         return [event for event, _pid in got]
+
+    def _server_replaced(self, got: list) -> bool:
+        """An agent we never heard says hello, and every agent we knew is gone."""
+        new = {pid for event, pid in got if event.kind == "hello" and pid not in self.agent_pids}
+        return bool(new and self.agent_pids) and not any(
+            psutil.pid_exists(pid) for pid in self.agent_pids)
 
     def watched_pids(self, now: float) -> set[int]:
         pids = set()
@@ -297,6 +316,7 @@ class Daemon:
         self.actions_total[kind] += 1
         self.reload_note = {"outcome": outcome.detail, "method": self.cfg.reload.method,
                             "reload_seconds": round(outcome.seconds, 3), "done": True}
+        self.history.act(self.clock(), kind, "oom_forecast", self.reload_note)
         (self.log.warning if outcome.ok else self.log.error)(
             "reload finished", ok=outcome.ok, detail=outcome.detail, seconds=outcome.seconds)
 
@@ -319,6 +339,22 @@ class Daemon:
             labels["gpu_uuid"] = used[0] if used else sample.devices[0].uuid
         self.book.update(alerts.build(active, estimates, fc.as_dict(), labels), now)
         self.sender.submit(self.book.due(now))
+
+    def _publish(self, snapshot: Snapshot, observations: list, decided: list) -> None:
+        """The status page's view of this tick: one reference swap, read by HTTP threads. A
+        failure here only leaves the page a tick behind: the watching goes on."""
+        cfg = self.cfg
+        info = {"version": __version__, "polls": self.ticks, "poll_interval_s":
+                cfg.poll_interval_s, "socket": cfg.agent.socket_path, "reload_method":
+                cfg.reload.method, "dry_run": cfg.policy.dry_run}
+        try:
+            self.history.update(snapshot, observations, decided)
+            causes = [f.as_dict() for f in self.state.active.values()]
+            self.status = self.history.view(snapshot, causes, info)
+        except Exception as e:
+            if not self.publish_failed:  # once: it would repeat every poll
+                self.log.exception("status page not updated", error=repr(e))
+            self.publish_failed = True
 
     def _alert_failed(self, url: str, error: str) -> None:
         self.log.warning("alertmanager unreachable; will retry", url=url, error=error)

@@ -18,7 +18,7 @@ import numbers
 import threading
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from watchdog.sidecar.correlate import CAUSES
@@ -135,6 +135,11 @@ SPECS: tuple[Spec, ...] = (
          "CUDA out-of-memory errors seen by the agent.", _est("ooms")),
     Spec("torch_watchdog_compile_seconds_total", COUNTER, (),
          "Time spent compiling.", _est("compile_seconds")),
+    Spec("torch_watchdog_fx_cache_hits_total", COUNTER, (),
+         "Inductor FX-graph cache hits while compiling (torch 2.6+).", _est("fx_cache_hits")),
+    Spec("torch_watchdog_fx_cache_misses_total", COUNTER, (),
+         "Inductor FX-graph cache misses: compiled from scratch (torch 2.6+).",
+         _est("fx_cache_misses")),
     Spec("torch_watchdog_requests_total", COUNTER, (),
          "Requests (steps) seen by the agent.", _est("requests")),
     Spec("torch_watchdog_distinct_shapes", GAUGE, (),
@@ -268,16 +273,15 @@ def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def serve(address: str, port: int, registry: CollectorRegistry) -> tuple[Any, Any]:
-    """Serve /metrics on address:port in a daemon thread; returns (server, thread).
+def serve(address: str, port: int, registry: CollectorRegistry,
+          status: Optional[Callable[[], Any]] = None) -> tuple[Any, Any]:
+    """Serve /metrics — and the status page, / and /status.json (web.py) — on address:port in
+    a daemon thread; returns (server, thread). Port 0 means any free port: read
+    `server.server_port`. Raises OSError when the port cannot be bound. `status` returns the
+    latest `history.StatusView` (None before the first poll)."""
+    from watchdog.sidecar import web  # the page's modules load only where it is served
 
-    prometheus-client >= 0.20 returns them (client_python PR #999; port 0 then means "any":
-    read `server.server_port`); older versions return None, and so (None, None) here: such a
-    server cannot be stopped, only left to die with the process."""
-    started = start_http_server(port, addr=address, registry=registry)
-    if isinstance(started, tuple) and len(started) == 2:
-        return started[0], started[1]
-    return None, None
+    return web.serve(address, port, registry, status)
 
 
 def stop(server: Any, thread: Any, timeout_s: float = 5.0) -> None:

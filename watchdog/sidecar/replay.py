@@ -6,42 +6,65 @@ made and the policy decides, as the live loop does. Times stay in the trace's ow
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
 
 from watchdog.sidecar import correlate, policy
 from watchdog.sidecar.config import Config
 from watchdog.sidecar.forecast import Forecast
 from watchdog.sidecar.pipeline import poll
 from watchdog.sidecar.samples import Sample
-from watchdog.sidecar.traces import Reader, merged
+from watchdog.sidecar.traces import Observation, Reader, merged
+
+# called after each observation is folded, with what the policy decided on it (the report's hook)
+Observer = Callable[[Observation, correlate.State, list], None]
+
+
+@dataclass
+class Run:
+    state: correlate.State = field(default_factory=correlate.State)
+    actions: list = field(default_factory=list)
+    forecast: Optional[Forecast] = None
+    observations: int = 0
+
+    def outcome(self, config: Config) -> dict[str, Any]:
+        estimates = self.state.estimates(config.correlate)
+        if self.forecast is not None:
+            estimates.update(self.forecast.as_dict())
+        return {"findings": [f.as_dict() for f in self.state.findings],
+                "actions": [a.as_dict() for a in self.actions], "estimates": estimates}
+
+
+def run(observations: Iterable[Observation], config: Config,
+        observe: Optional[Observer] = None) -> Run:
+    r, ps = Run(), policy.PolicyState()
+    state = r.state
+    for obs in observations:
+        r.observations += 1
+        if isinstance(obs, Sample):  # a poll, exactly as the daemon makes one
+            r.forecast, decided = poll(state, ps, (obs,), config)
+        else:
+            correlate.fold(state, (obs,), config.correlate)  # events one by one: exact times
+            decided = []
+            if r.forecast is None:  # an agent log without samples: causes are still alerted
+                decided = policy.decide(state, Forecast(None, None), ps, config.policy)
+        r.actions.extend(decided)
+        if observe is not None:
+            observe(obs, state, decided)
+    return r
 
 
 def replay(paths: list[str], config: Config) -> dict[str, Any]:
     started = time.perf_counter()
     readers = [Reader(p) for p in paths]
-    state, ps = correlate.State(), policy.PolicyState()
-    actions: list[policy.Action] = []
-    fc, observations = None, 0
-    for obs in merged(readers):
-        observations += 1
-        if isinstance(obs, Sample):  # a poll, exactly as the daemon makes one
-            fc, decided = poll(state, ps, (obs,), config)
-            actions.extend(decided)
-            continue
-        correlate.fold(state, (obs,), config.correlate)  # events one by one: exact finding times
-        if fc is None:  # an agent log without samples: no forecast, causes are still alerted
-            actions.extend(policy.decide(state, Forecast(None, None), ps, config.policy))
+    r = run(merged(readers), config)
     wall = time.perf_counter() - started
+    state = r.state
     span = (state.now - state.first_t) if state.first_t is not None else 0.0
-    estimates = state.estimates(config.correlate)
-    if fc is not None:
-        estimates.update(fc.as_dict())
     return {
-        "findings": [f.as_dict() for f in state.findings],
-        "actions": [a.as_dict() for a in actions],
-        "estimates": estimates,
-        "replay": {"files": paths, "observations": observations,
-                   "bad_lines": sum(r.bad_lines for r in readers),
+        **r.outcome(config),
+        "replay": {"files": paths, "observations": r.observations,
+                   "bad_lines": sum(rd.bad_lines for rd in readers),
                    "trace_seconds": round(span, 3), "wall_seconds": round(wall, 3),
                    "speed": round(span / wall, 1) if wall > 0 else None},
     }

@@ -1,0 +1,229 @@
+"""`torch-watchdog report` on the recorded GPU traces (tests/fixtures): the numbers and the page."""
+import gzip
+import html.parser
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from watchdog.sidecar import plot, report
+from watchdog.sidecar.buckets import advise
+from watchdog.sidecar.config import Config
+
+FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
+ROOT = os.path.dirname(os.path.dirname(FIX))
+CRASH_T = 123.0231 - 0.2274  # the crash line, from the trace's first line (fixtures/README.md)
+
+
+def fixture(name: str) -> str:
+    return os.path.join(FIX, name)
+
+
+def make(tmp_path_factory, *names: str) -> tuple[dict, str]:
+    out = str(tmp_path_factory.mktemp("report") / "report.html")
+    rep = report.write_report([fixture(n) for n in names], out, Config())
+    with open(out, encoding="utf-8") as fh:
+        return rep, fh.read()
+
+
+@pytest.fixture(scope="module")
+def seq_default(tmp_path_factory):
+    return make(tmp_path_factory, "h200-torch2.11-seq-default.jsonl.gz")
+
+
+@pytest.fixture(scope="module")
+def oom(tmp_path_factory):
+    return make(tmp_path_factory, "h200-oom300.jsonl.gz")
+
+
+def svgs(page: str) -> list[ET.Element]:
+    return [ET.fromstring(s) for s in re.findall(r"<svg.*?</svg>", page, re.S)]
+
+
+def with_class(root: ET.Element, cls: str) -> list:
+    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
+
+
+class Resources(html.parser.HTMLParser):
+    """Every tag and every attribute that could load something."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.refs = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.refs += [v for k, v in attrs if k in ("src", "href", "srcset", "data", "action")]
+
+
+def test_seq_default_counts_the_recordings_and_their_cost(seq_default):
+    rep, page = seq_default
+    s = rep["summary"]
+    assert s["recordings"] == 939 and s["distinct_shapes"] == 1604
+    assert s["mb_per_graph"] == pytest.approx(0.468, rel=0.10)  # FACTS #2
+    assert s["memory_source"] == "process"
+    assert s["memory_peak_bytes"] > s["memory_start_bytes"] + 939 * 0.4e6
+    assert s["will_oom"] is False and "levels off" in page
+    assert [c["cause"] for c in rep["causes"]] == ["cudagraph_per_shape"]
+    assert not [a for a in rep["actions"] if a["action"] == "reload"]
+    memory = svgs(page)[0]
+    assert len(with_class(memory, "mark-record")) == 939
+    assert len(with_class(memory, "memory-line")) == 1
+    assert "CUDA graph recorded ×939" in ET.tostring(memory, encoding="unicode")
+
+
+def test_shapes_count_requests_and_the_advisor_matches_advise(seq_default):
+    rep, page = seq_default
+    sh = rep["shapes"]
+    counts = dict(sh["counts"])
+    assert sh["basis"] == "requests" and sum(counts.values()) == 3183  # every `req` line
+    assert sh["distinct"] == 1604 and len(counts) == 1604  # seq varies, batch is 1
+    row = {r["max_buckets"]: r for r in sh["advisor"]}
+    assert sorted(row) == [4, 8, 16, 32]
+    eight = advise(counts, 8, rep["summary"]["mb_per_graph"] * 1e6)
+    assert row[8]["boundaries"] == list(eight.boundaries) and len(eight.boundaries) == 8
+    assert row[8]["boundaries"][-1] == max(counts)  # every request fits a bucket
+    assert row[8]["padding_tokens"] == eight.padding_tokens
+    assert row[8]["memory_saved_bytes"] == pytest.approx((1604 - 8) * 0.468e6, rel=0.10)
+    assert row[4]["padding_ratio"] > row[8]["padding_ratio"] > row[32]["padding_ratio"]
+    best = report.recommended(rep)
+    assert best["padding_ratio"] <= report.GOOD_PADDING
+    assert f"BUCKETS = {tuple(best['boundaries'])}" in page
+    assert "cudagraph_capture_sizes" in page and f"{100 * row[8]['padding_ratio']:.1f} %" in page
+    hist = svgs(page)[1]
+    assert len(with_class(hist, "boundary")) == len(best["boundaries"])
+    assert 50 <= len(with_class(hist, "bar")) <= 100
+
+
+def test_page_is_self_contained_and_parses(seq_default, oom):
+    for _, page in (seq_default, oom):
+        parser = Resources()
+        parser.feed(page)
+        assert parser.refs == []
+        assert not {"script", "link", "img", "iframe", "object"} & set(parser.tags)
+        assert not re.search(r"url\(|@import", page)
+        assert not re.search(r"(src|href)\s*=\s*[\"']?https?://", page)
+        assert len(svgs(page)) == 2  # the memory chart and the shape histogram parse as XML
+
+
+def test_oom_trace_shows_the_reload_before_the_crash(oom):
+    rep, page = oom
+    reloads = [a for a in rep["actions"] if a["action"] == "reload"]
+    assert reloads and reloads[0]["t"] < CRASH_T - 10
+    chart = rep["chart"]
+    (oom_t,) = [t for t, kind in chart["marks"] if kind == "oom"]
+    assert oom_t == pytest.approx(CRASH_T, abs=0.01)
+    assert rep["summary"]["ooms"] == 1 and "ran out of memory" in page
+    assert rep["summary"]["recordings"] == 353
+    memory = svgs(page)[0]
+    assert len(with_class(memory, "mark-reload")) == 1 and len(with_class(memory, "budget")) == 1
+    assert page.index("reload") < page.rindex("oom_forecast")  # listed in the actions table
+    assert f"+{plot.human_duration(reloads[0]['t'])}" in page
+
+
+def test_bucketed_control_has_no_causes_and_nine_sizes(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-bucketed.jsonl.gz")
+    assert rep["causes"] == [] and rep["actions"] == []
+    assert "No causes found" in page and "decided nothing" in page
+    rows = {r["max_buckets"]: r for r in rep["shapes"]["advisor"]}
+    assert rows[16]["boundaries"] == [32, 64, 128, 256, 512, 768, 1024, 1536, 2048]
+    assert rows[16]["padding_tokens"] == 0 and rows[16]["graphs_after"] == 9
+
+
+def test_static_trace_marks_the_recompiles_and_the_limit(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-torch2.11-seq-static.jsonl.gz")
+    counts = rep["chart"]["mark_counts"]
+    assert counts["compile"] + counts["recompile"] == 8 and counts["recompile_limit"] == 1
+    causes = [c["cause"] for c in rep["causes"]]
+    assert "recompile_limit_eager_fallback" in causes and "recompile_storm" in causes
+    (limit_t,) = [t for t, k in rep["chart"]["marks"] if k == "recompile_limit"]
+    with gzip.open(fixture("h200-torch2.11-seq-static.jsonl.gz"), "rt") as fh:
+        first_t = json.loads(fh.readline())["t"]  # report times count from the first line
+    assert limit_t == pytest.approx(80.25 - first_t, abs=0.5)  # the 8th compile ended at 80.25 s
+    assert "new input sizes now run eager" in page
+    assert rep["summary"]["recompile_limit"] == "yes (inferred)"
+
+
+def test_agent_log_merged_with_its_trace_lines_up(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-oom300.jsonl.gz", "h200-oom300-events.jsonl.gz")
+    assert rep["input"]["mixed_time_bases"] is True and "mix time bases" in page
+    assert rep["summary"]["span_s"] < 200  # not epoch seconds minus trace seconds
+    assert rep["chart"]["marks_outside"] == 0
+    assert all(0 <= t <= 130 for t, _ in rep["chart"]["marks"])
+
+
+def test_agent_log_alone_has_no_memory_chart_but_its_graph_sizes(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-oom300-events.jsonl.gz")
+    assert "no memory samples yet" in page and rep["summary"]["recordings"] == 353
+    assert rep["shapes"]["basis"] == "CUDA-graph sizes" and rep["shapes"]["distinct"] == 1055
+
+
+def test_progress_is_reported_on_long_inputs():
+    class FakeReader(list):
+        bad_lines = 3
+
+    from watchdog.sidecar.samples import Sample
+    ticks = iter(range(0, 100_000, 10))  # ten "seconds" per clock read
+    lines = []
+    obs = list(report.read_observations([FakeReader(Sample(t=i) for i in range(20_000))],
+                                        lines.append, clock=lambda: next(ticks)))
+    assert len(obs) == 20_000 and lines
+    assert lines[0] == "report: 4,096 records read, 3 bad lines so far"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "report", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_writes_the_page_and_prints_the_numbers(tmp_path):
+    out = tmp_path / "r.html"
+    done = run_cli(fixture("h200-torch2.11-seq-default.jsonl.gz"), "-o", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    numbers = json.loads(done.stdout)
+    assert numbers["summary"]["recordings"] == 939 and "points" not in numbers["chart"]
+    assert f"wrote {out}" in done.stderr
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_cli_bad_inputs_exit_2_saying_what_to_pass(tmp_path):
+    missing = run_cli(str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "r.html"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    assert "event log" in missing.stderr and "recorded trace" in missing.stderr
+    junk = tmp_path / "junk.jsonl.gz"
+    with gzip.open(junk, "wt") as fh:
+        fh.write("not json\n[1, 2]\n")
+    bad = run_cli(str(junk), "-o", str(tmp_path / "r.html"))
+    assert bad.returncode == 2 and "2 unreadable line(s)" in bad.stderr
+    assert not (tmp_path / "r.html").exists()
+    unwritable = run_cli(fixture("h200-bucketed.jsonl.gz"), "-o", str(tmp_path / "no" / "r.html"))
+    assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+
+
+def test_agent_event_log_with_watched_shapes(tmp_path):
+    from watchdog import events as ev
+    t, log = 1.8e9, []
+    log.append(ev.Compile(t=t, pid=9, compile_id="0/0", function="forward", seconds=2.0))
+    for i in range(1, 8):
+        log.append(ev.Recompile(t=t + 10 * i, pid=9, compile_id=f"0/{i}", function="forward",
+                                seconds=6.0, reason="size mismatch at index 1"))
+    log.append(ev.RecompileLimit(t=t + 81, pid=9, function="forward", limit=8, reason="x",
+                                 compile_id="0/7"))
+    for i, n in enumerate(range(16, 400, 4)):
+        log.append(ev.NewShape(t=t + 90 + i, pid=9, name="llm", shape=[[1, n], [1, n]],
+                               seconds=0.2, distinct=i + 1))
+    log.append(ev.Oom(t=t + 200, pid=9, source="exception", device=0, requested_bytes=None,
+                      limit_bytes=None, free_bytes=None, message="CUDA error: out of memory"))
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(ev.encode(e).decode() + "\n" for e in log))
+    rep = report.write_report([str(path)], str(tmp_path / "r.html"), Config())
+    sh = rep["shapes"]
+    assert sh["basis"] == "distinct shapes" and sh["total"] == 96 and sh["rank"] == 4
+    assert dict(sh["counts"]) == {n: 1 for n in range(16, 400, 4)}
+    assert rep["summary"]["recompile_limit"] == "yes" and rep["summary"]["span_s"] == 200
+    assert [c["cause"] for c in rep["causes"]][-1] == "recompile_limit_eager_fallback"
+    assert "no memory samples yet" in (tmp_path / "r.html").read_text()

@@ -1,0 +1,155 @@
+"""What the status page remembers of the run (pure, bounded): the memory series, event marks,
+the last actions, and the frozen `StatusView` the loop publishes each tick.
+
+A long run must fit: the series keeps at most `MAX_POINTS` points spread over the whole run
+(when full, neighbours are merged pairwise, keeping the higher — peaks are what an OOM is
+about — and from then on one point per 2, 4, 8 … polls is kept). At the default 0.1 s poll a
+10-hour run (360,000 polls) ends at ~1,400 points. Marks are thinned the same way, per kind, so
+thousands of recordings cannot push out the one reload.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from watchdog.sidecar.snapshot import Snapshot
+
+MAX_POINTS = 2000
+MAX_MARKS_PER_KIND = 1000
+MAX_ACTIONS = 20
+# agent event kind -> mark kind (cudagraph_record only for phase "record": warm-ups cost nothing)
+EVENT_MARKS = {"compile": "compile", "recompile": "recompile",
+               "recompile_limit": "recompile_limit", "oom": "oom"}
+
+
+class Thinned:
+    """At most `cap` items covering everything ever added, at a uniform density: when full,
+    each pair of neighbours becomes `pick(a, b)` and the stride (items added per item kept)
+    doubles. `view()` ends with the newest item added, so "now" is always shown."""
+
+    def __init__(self, cap: int, pick: Callable[[Any, Any], Any]):
+        self.cap, self.pick = max(2, cap), pick
+        self.items: list = []
+        self.stride = 1
+        self.added = 0
+        self._bucket: Any = None    # the pick of the items added since the last kept one
+        self._in_bucket = 0
+        self._newest: Any = None
+
+    def add(self, item: Any) -> None:
+        self.added += 1
+        self._newest = item
+        self._bucket = item if self._in_bucket == 0 else self.pick(self._bucket, item)
+        self._in_bucket += 1
+        if self._in_bucket < self.stride:
+            return
+        self.items.append(self._bucket)
+        self._bucket, self._in_bucket = None, 0
+        if len(self.items) >= self.cap:
+            odd = self.items[-1:] if len(self.items) % 2 else []
+            self.items = [self.pick(a, b) for a, b in zip(self.items[0::2], self.items[1::2])]
+            self.items += odd
+            self.stride *= 2
+
+    def view(self) -> tuple:
+        pending = (self._newest,) if self._in_bucket else ()
+        return tuple(self.items) + pending
+
+
+def _higher(a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+    return b if b[1] > a[1] else a
+
+
+def _first(a: Any, b: Any) -> Any:
+    return a
+
+
+def memory_level(snap: Snapshot) -> tuple[Optional[int], Optional[str]]:
+    """The server's memory as the page plots it: its own GPU bytes where NVML says them for
+    every GPU it uses, else the devices' used memory, else (no GPU) its RSS."""
+    gpu = list(snap.server_gpu_bytes.values())
+    if gpu and all(v is not None for v in gpu):
+        return sum(gpu), "process"
+    if snap.devices:
+        return sum(d.used_bytes for d in snap.devices), "device"
+    if snap.server_rss_bytes is not None:
+        return snap.server_rss_bytes, "rss"
+    return None, None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """One tick as the status page sees it. Published by a single reference swap and never
+    changed after (its dicts are fresh each tick): the HTTP thread reads it without a lock."""
+    snapshot: Snapshot
+    points: tuple = ()                 # (t, bytes) of the memory series, oldest first
+    memory_source: Optional[str] = None   # "process" | "device" | "rss"
+    marks: tuple = ()                  # (t, kind), by time
+    actions: tuple = ()                # the last MAX_ACTIONS actions, oldest first
+    causes: tuple = ()                 # active findings: {"cause", "t", **detail}
+    first_t: Optional[float] = None    # the first tick
+    marks_total: dict = field(default_factory=dict)   # kind -> marks ever made (before thinning)
+    info: dict = field(default_factory=dict)   # about the sidecar itself (version, uptime …)
+
+
+class History:
+    """Fed by the daemon once per tick (and on each reload outcome); pure, no clock."""
+
+    def __init__(self, max_points: int = MAX_POINTS, max_marks: int = MAX_MARKS_PER_KIND,
+                 max_actions: int = MAX_ACTIONS):
+        self.points = Thinned(max_points, _higher)
+        self.max_marks = max_marks
+        self.marks: dict[str, Thinned] = {}
+        self.actions: collections.deque = collections.deque(maxlen=max_actions)
+        self.memory_source: Optional[str] = None
+        self.first_t: Optional[float] = None   # the first tick: "watching since"
+        self._marks_view: Optional[tuple] = None   # sorted, rebuilt only after a new mark
+
+    def mark(self, t: float, kind: str) -> None:
+        if kind not in self.marks:
+            self.marks[kind] = Thinned(self.max_marks, _first)
+        self.marks[kind].add((t, kind))
+        self._marks_view = None
+
+    def observe(self, observations: Iterable[Any]) -> None:
+        """Marks from the agent's events (other observations, the samples, are skipped)."""
+        for obs in observations:
+            kind = getattr(obs, "kind", None)
+            if kind == "cudagraph_record":
+                if obs.phase == "record":
+                    self.mark(obs.t, "record")
+            elif kind in EVENT_MARKS:
+                self.mark(obs.t, EVENT_MARKS[kind])
+
+    def act(self, t: float, action: str, reason: str, detail: Optional[dict] = None) -> None:
+        """An action (alert, reload decision) or a reload's outcome (`reload_ok`,
+        `reload_not_done`); a reload decision is also marked on the time axis."""
+        self.actions.append({"t": t, "action": action, "reason": reason,
+                             "detail": dict(detail or {})})
+        if action == "reload":
+            self.mark(t, "reload")
+
+    def update(self, snap: Snapshot, observations: Iterable[Any], actions: Iterable[Any]) -> None:
+        """One tick: the memory level, the events' marks, the policy's actions (`policy.Action`)."""
+        if self.first_t is None:
+            self.first_t = snap.t
+        level, source = memory_level(snap)
+        if level is not None:
+            self.points.add((snap.t, level))
+            self.memory_source = source
+        self.observe(observations)
+        for a in actions:
+            self.act(a.t, a.action, a.reason, a.detail)
+
+    def view(self, snap: Snapshot, causes: Iterable[dict] = (),
+             info: Optional[dict] = None) -> StatusView:
+        if self._marks_view is None:
+            self._marks_view = tuple(sorted(m for thinned in self.marks.values()
+                                            for m in thinned.view()))
+        return StatusView(snapshot=snap, points=self.points.view(),
+                          memory_source=self.memory_source, marks=self._marks_view,
+                          first_t=self.first_t,
+                          marks_total={k: m.added for k, m in self.marks.items()},
+                          actions=tuple(self.actions), causes=tuple(dict(c) for c in causes),
+                          info=dict(info or {}))

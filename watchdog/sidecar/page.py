@@ -1,0 +1,207 @@
+"""The status page: one self-contained HTML document (inline CSS, the chart as inline SVG, no
+script, nothing fetched from elsewhere) drawn from the status dict of status.py.
+
+Every text that comes from outside (cause details, reload outcomes, GPU UUIDs, the config) is
+escaped; the chart comes from plot.py, which escapes its own text.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Iterable, Optional
+
+from watchdog import __version__
+from watchdog.sidecar import plot
+from watchdog.sidecar.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
+                                     fmt_duration)
+
+REFRESH_S = 5
+OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#222;background:#fff}
+h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.05em;margin:1.2em 0 .4em;color:#444}
+.sub{color:#666;margin:0 0 1em}section{max-width:1000px}
+table{border-collapse:collapse}td,th{padding:.15em .9em .15em 0;text-align:left;
+vertical-align:top}th{font-weight:600;color:#555}td.n{text-align:right;
+font-variant-numeric:tabular-nums}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b}
+.cause{border-left:4px solid #d55e00;padding:.2em .6em;margin:.3em 0;background:#fff6f0}
+.none{color:#666}.bar{background:#eee;height:8px;width:200px;display:inline-block}
+.bar>span{background:#0072b2;height:8px;display:block}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(rows: Iterable[tuple[str, str]], cls: str = "") -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="{cls}">{body}</table>'
+
+
+def _usage(used: Any, total: Any) -> str:
+    if not used or not total:
+        return ""
+    pct = max(0.0, min(100.0, 100.0 * used / total))
+    return f' <span class="bar" title="{pct:.0f} %"><span style="width:{pct:.0f}%"></span></span>'
+
+
+def _memory(status: dict[str, Any]) -> str:
+    m = status.get("memory") or {}
+    server = m.get("server") or {}
+    alive = {True: '<span class="ok">up</span>', False: '<span class="bad">down</span>',
+             None: '<span class="none">not found yet</span>'}[server.get("alive")]
+    rows = [("server process", alive),
+            ("plotted", f"{_e(fmt_bytes(m.get('level_bytes')))} — "
+                        f"{_e(SOURCE_NAMES.get(m.get('source'), 'nothing yet'))}")]
+    for uuid, b in sorted((server.get("gpu_bytes") or {}).items()):
+        rows.append((f"server GPU {uuid}", _e(fmt_bytes(b))))
+    if server.get("rss_bytes") is not None:
+        rows.append(("server RSS", _e(fmt_bytes(server["rss_bytes"]))))
+    for d in m.get("devices") or []:
+        rows.append((f"device {d['uuid']}", f"{_e(fmt_bytes(d['used_bytes']))} used of "
+                     f"{_e(fmt_bytes(d['total_bytes']))}"
+                     f"{_usage(d['used_bytes'], d['total_bytes'])}"))
+    return f'<section id="memory"><h2>Memory</h2>{_table(rows)}</section>'
+
+
+def _chart(status: dict[str, Any]) -> str:
+    hist = status.get("history") or {}
+    points = [(float(t), float(b)) for t, b in hist.get("points") or []]
+    marks = [(float(t), str(k)) for t, k in hist.get("marks") or []]
+    source = SOURCE_NAMES.get((status.get("memory") or {}).get("source"), "memory")
+    budget, notes = _chart_budget(status, points)
+    try:
+        svg = plot.memory_chart(points, marks, budget=budget, title=f"{source} over time")
+    except Exception as exc:  # a chart bug must not take the rest of the page with it
+        svg = f'<p class="bad">chart unavailable: {_e(repr(exc))}</p>'
+    notes = _thinned_notes(status, marks) + notes
+    return (f'<section id="chart"><h2>Memory over time</h2>{svg}'
+            + "".join(f'<p class="sub">{_e(n)}</p>' for n in notes) + "</section>")
+
+
+def _chart_budget(status: dict[str, Any], points: list) -> tuple[Optional[float], list[str]]:
+    """The budget line on the plotted series' scale, and what to say about it. Left out when
+    the series would be squashed flat under it (host-memory mode: an RSS of 1 GiB against the
+    machine's RAM)."""
+    fc, line = status.get("forecast") or {}, chart_budget(status)
+    budget = fc.get("budget_bytes")
+    if line is None or budget is None:
+        return None, []
+    top = max((b for _, b in points), default=0.0)
+    if top < OFF_SCALE * line:
+        return None, [f"budget ({fmt_bytes(budget)}) left off the chart: the memory plotted "
+                      f"is under {OFF_SCALE:.0%} of it"]
+    if line == budget:
+        return line, []
+    return line, [f"budget line: the memory budget ({fmt_bytes(budget)}) less what other "
+                  f"processes use of it ({fmt_bytes(budget - line)})"]
+
+
+def _thinned_notes(status: dict[str, Any], marks: list) -> list[str]:
+    shown: dict[str, int] = {}
+    for _, kind in marks:
+        shown[kind] = shown.get(kind, 0) + 1
+    totals = (status.get("history") or {}).get("marks_total") or {}
+    return [f"{kind}: {shown.get(kind, 0):,} of {total:,} marks shown (thinned evenly to fit)"
+            for kind, total in sorted(totals.items()) if total > shown.get(kind, 0)]
+
+
+def _graphs(status: dict[str, Any]) -> str:
+    g = status.get("graphs") or {}
+    mb = g.get("mb_per_graph")
+    rows = [("CUDA graphs recorded", g.get("recordings", 0)),
+            ("distinct shapes", g.get("distinct_shapes", 0)),
+            ("requests", g.get("requests", 0)),
+            ("compiles", g.get("compiles", 0)), ("recompiles", g.get("recompiles", 0)),
+            ("recompile-limit hits", g.get("recompile_limit_hits", 0)),
+            ("compile time", fmt_duration(g.get("compile_seconds") or 0.0)),
+            ("stalls", f"{g.get('stalls', 0)} ({fmt_duration(g.get('stall_seconds') or 0.0)})"),
+            ("MB per graph", "not enough recordings yet" if mb is None else
+             f"{mb:.3f} MB (confidence {g.get('mb_per_graph_confidence') or 0:.2f})")]
+    if g.get("fx_cache_hits") or g.get("fx_cache_misses"):
+        rows.append(("FX cache hits / misses", f"{g['fx_cache_hits']} / {g['fx_cache_misses']}"))
+    body = _table((k, _e(v)) for k, v in rows)
+    return f'<section id="graphs"><h2>Compiles and CUDA graphs</h2>{body}</section>'
+
+
+def _causes(status: dict[str, Any]) -> str:
+    causes = status.get("causes") or []
+    if not causes:
+        body = '<p class="none">no active cause</p>'
+    else:
+        body = "".join(f'<div class="cause" data-cause="{_e(c["cause"])}"><b>{_e(c["cause"])}'
+                       f"</b> since {_e(fmt_clock(c.get('since_t')))}: {_e(c['summary'])}</div>"
+                       for c in causes)
+    return f'<section id="causes"><h2>Active causes</h2>{body}</section>'
+
+
+def _forecast(status: dict[str, Any]) -> str:
+    fc = status.get("forecast") or {}
+    seconds = fc.get("seconds_to_oom")
+    eta = ('<span class="ok">no OOM forecast</span>' if seconds is None else
+           f'<span class="bad">~{_e(fmt_duration(seconds))}</span>')
+    plateau = fc.get("plateau_bytes")
+    rows = [("time to OOM", eta),
+            ("linear trend", _e("none" if fc.get("seconds_to_oom_linear") is None
+                                else fmt_duration(fc["seconds_to_oom_linear"]))),
+            ("shape-discovery model", _e("not applicable yet"
+                                         if fc.get("seconds_to_oom_discovery") is None
+                                         else fmt_duration(fc["seconds_to_oom_discovery"]))),
+            ("plateau", _e("unknown" if plateau is None else
+                           f"{fmt_bytes(plateau)} ({'above' if fc.get('will_oom') else 'under'}"
+                           " the budget)")),
+            ("forecast level / budget", f"{_e(fmt_bytes(fc.get('level_bytes')))} / "
+                                    f"{_e(fmt_bytes(fc.get('budget_bytes')))}"),
+            ("shape space estimate", _e("unknown" if fc.get("shape_space_estimate") is None
+                                        else f"{fc['shape_space_estimate']:,.0f} sizes"))]
+    return (f'<section id="forecast"><h2>Forecast</h2><p>{_e(status.get("forecast_summary"))}'
+            f"</p>{_table(rows)}</section>")
+
+
+def _actions(status: dict[str, Any]) -> str:
+    actions = status.get("actions") or []
+    if not actions:
+        body = '<p class="none">no action taken</p>'
+    else:
+        body = "<table>" + "".join(
+            f'<tr class="action action-{_e(a["action"])}"><td>{_e(fmt_clock(a["t"]))}</td>'
+            f"<td>{_e(a['summary'])}</td></tr>" for a in actions) + "</table>"
+    totals = ", ".join(f"{_e(k)} {_e(v)}" for k, v in sorted(
+        (status.get("actions_total") or {}).items()))
+    return (f'<section id="actions"><h2>Last actions</h2>{body}'
+            f'<p class="sub">totals: {totals or "none"}</p></section>')
+
+
+def _sources(status: dict[str, Any]) -> str:
+    sources = status.get("sources") or {}
+    ev = status.get("events") or {}
+    rows = [(name, '<span class="ok">up</span>' if up else '<span class="bad">down</span>')
+            for name, up in sorted(sources.items())]
+    dropped = sum((ev.get("dropped_total") or {}).values())
+    rows.append(("agent events", _e(f"{ev.get('received_total', 0):,} received, {dropped:,} "
+                                    f"dropped, {ev.get('agent_lost_total', 0):,} lost by agents")))
+    return f'<section id="sources"><h2>Sources</h2>{_table(rows)}</section>'
+
+
+def render_page(status: dict[str, Any], now: float) -> str:
+    side = status.get("sidecar") or {}
+    if status.get("t") is None:
+        sub = "started; waiting for the first poll"
+    else:
+        since = side.get("watching_since_t")
+        sub = (f"last poll {fmt_clock(status['t'])} ({fmt_duration(max(0.0, now - status['t']))}"
+               f" ago)" + (f", watching for {fmt_duration(now - since)}" if since else "")
+               + f", {side.get('polls', 0):,} polls, reload method "
+               f"{side.get('reload_method', '?')}{' (dry run)' if side.get('dry_run') else ''}")
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>torch-watchdog status</title><style>{CSS}</style></head><body>"
+        f"<h1>torch-watchdog</h1><p class=\"sub\">{_e(sub)} · version "
+        f"{_e(side.get('version', __version__))} · <a href=\"status.json\">status.json</a> · "
+        '<a href="metrics">metrics</a></p>'
+        + _causes(status) + _forecast(status) + _chart(status) + _memory(status)
+        + _graphs(status) + _actions(status) + _sources(status)
+        + "</body></html>\n")

@@ -1,0 +1,451 @@
+"""`torch-watchdog report`: a self-contained HTML post-mortem of recorded event logs and traces.
+
+The agent's event log, the sidecar's sample log and recorded traces (any mix) run through the
+very pipeline `replay` runs (fold → forecast → decide, `replay.run`); `build_report` turns what
+it saw into numbers (pure), `render_html` into one HTML page with inline CSS and SVG (pure, no
+script, no external resource), and `write_report` does the reading and writing.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from itertools import chain, repeat
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
+
+from watchdog import events
+from watchdog.sidecar import plot
+from watchdog.sidecar.plot import human_bytes, human_duration
+from watchdog.sidecar.buckets import advise, size_counts, varying_dimension
+from watchdog.sidecar.config import Config
+from watchdog.sidecar.replay import run
+from watchdog.sidecar.samples import Sample
+from watchdog.sidecar.traces import Reader, TraceAdapter, merged
+
+BUCKET_CHOICES = (4, 8, 16, 32)
+GOOD_PADDING = 0.10      # the advisor recommends the fewest buckets padding at most this much
+MAX_POINTS = 2000        # memory points kept for the chart (peaks kept when thinning)
+PROGRESS_S = 5.0
+EPOCH_T = 1e9            # agent logs use epoch seconds (> 2001); recorded traces count from 0
+USAGE_HINT = ("pass the agent's event log (TORCH_WATCHDOG_EVENT_LOG), the sidecar's sample log "
+              "(sample_log in watchdog.yaml) or a recorded trace (.jsonl or .jsonl.gz)")
+MARK_KINDS = {"compile", "recompile", "recompile_limit", "oom"}  # events drawn as they are
+CAUSE_TEXT = {
+    "cudagraph_per_shape": "memory grows with each CUDA graph recorded for a new input size",
+    "recompile_storm": "Dynamo recompiles again and again (a guard fails on new input sizes)",
+    "recompile_limit_eager_fallback": "the recompile limit was hit: new input sizes now run "
+                                      "eager, silently slower",
+    "memory_growth_unexplained": "memory grew more than recordings and compiles explain",
+}
+
+
+class ReportError(Exception):
+    """Input the report cannot use; the message says what to do next (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's input shape, from a recorded trace (`req` line): for the shape histogram,
+    not for the pipeline (which sees the NewShape/Stall/Calls the agent would have sent)."""
+    t: float
+    shape: tuple
+
+
+class _RequestAdapter(TraceAdapter):
+    def _on_req(self, line: dict, t: float) -> list:
+        out = super()._on_req(line, t)  # validates the line first
+        return [Request(t, (tuple(int(v) for v in line["shape"]),)), *out]
+
+
+class RequestReader(Reader):
+    """A traces.Reader that also yields each recorded request's shape."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.adapter = _RequestAdapter()
+
+
+class _Series:
+    """(t, bytes) points, thinned by halves past 2·limit, keeping each pair's peak."""
+
+    def __init__(self, limit: int = MAX_POINTS):
+        self.limit, self.points = limit, []
+        self.first: Optional[float] = None
+        self.peak: Optional[float] = None
+
+    def add(self, t: float, v: float) -> None:
+        self.first = v if self.first is None else self.first
+        self.peak = v if self.peak is None else max(self.peak, v)
+        self.points.append((t, v))
+        if len(self.points) > 2 * self.limit:
+            p = self.points
+            self.points = [max(p[i:i + 2], key=lambda x: x[1]) for i in range(0, len(p), 2)]
+
+
+class _Collector:
+    """What the report needs beyond the pipeline's outcome, gathered while it runs."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, _Series] = {}
+        self.marks: list[tuple[float, str]] = []
+        self.requests: Counter = Counter()     # shape -> requests (recorded traces)
+        self.new_shapes: Counter = Counter()   # shape -> 1 (agent's new_shape events)
+        self.graph_sizes: Counter = Counter()  # CUDA-graph shape or key -> 1 (agent, warm-up)
+        self.spans: dict[bool, list[float]] = {}  # epoch time base? -> [first t, last t]
+        self.agent_limit = False
+
+    def rel(self, t: float) -> float:
+        """Seconds from the first observation of t's time base: agent logs count epoch
+        seconds, recorded traces from their process's start; each starts at 0."""
+        return round(t - self.spans[t >= EPOCH_T][0], 3)
+
+    @property
+    def span(self) -> float:
+        return max((last - first for first, last in self.spans.values()), default=0.0)
+
+    def pipeline_input(self, observations: Iterable[Any]) -> Iterator[Any]:
+        for obs in observations:
+            span = self.spans.setdefault(obs.t >= EPOCH_T, [obs.t, obs.t])
+            span[1] = max(span[1], obs.t)
+            if isinstance(obs, Request):
+                self.requests[obs.shape] += 1
+            else:
+                yield obs
+
+    def observe(self, obs: Any, state: Any, decided: list) -> None:
+        if isinstance(obs, Sample):
+            if state.mem_source is not None:
+                self.series.setdefault(state.mem_source, _Series()).add(obs.t, state.mem_bytes)
+        elif isinstance(obs, events.CudagraphRecord):
+            if obs.phase == "record":
+                self.marks.append((obs.t, "record"))
+            elif obs.shape or obs.key:  # warm-up: the first call of a new size
+                self.graph_sizes[tuple(map(tuple, obs.shape or [obs.key]))] = 1
+        elif isinstance(obs, events.NewShape):
+            self.new_shapes[tuple(tuple(dims) for dims in obs.shape)] = 1
+        elif obs.kind in MARK_KINDS:
+            self.agent_limit |= obs.kind == "recompile_limit"
+            self.marks.append((obs.t, obs.kind))
+        self.marks.extend((a.t, "reload") for a in decided if a.action == "reload")
+
+
+def build_report(observations: Iterable[Any], config: Config,
+                 files: Iterable[str] = ()) -> dict[str, Any]:
+    """Run the pipeline over `observations` (events, Samples, Requests, in time order) and
+    return the report's numbers. Times in the result are seconds from the first observation."""
+    col = _Collector()
+    r = run(col.pipeline_input(observations), config, observe=col.observe)
+    if r.observations == 0:
+        raise ReportError("no events, samples or trace lines could be used")
+    outcome = r.outcome(config)
+    est, state = outcome["estimates"], r.state
+    source = state.mem_source
+    series = col.series.get(source) if source else None
+    marks = list(col.marks)
+    for f in state.findings:  # a limit inferred from a recorded trace has no event of its own
+        if f.cause == "recompile_limit_eager_fallback" and not col.agent_limit:
+            marks.append((f.detail.get("reached_at", f.t), "recompile_limit"))
+    return {
+        "input": {"files": list(files), "observations": r.observations,
+                  "mixed_time_bases": len(col.spans) > 1},
+        "summary": {**_summary(col.span, state, est, series), "recompile_limit":
+                    _limit(state.findings)},
+        "chart": _chart(series, marks, col.rel,
+                        _budget(source, est, config, series.peak if series else None)),
+        "shapes": _shapes(col, est.get("mb_per_graph")),
+        "causes": [{**f.as_dict(), "t": col.rel(f.t), "explanation":
+                    CAUSE_TEXT.get(f.cause, "")} for f in state.findings],
+        "actions": [{**a.as_dict(), "t": col.rel(a.t)} for a in r.actions],
+        "estimates": est,
+    }
+
+
+def _summary(span: float, state: Any, est: dict, series: Optional[_Series]) -> dict[str, Any]:
+    keys = ("recordings", "compiles", "recompiles", "recompile_limit_hits", "distinct_shapes",
+            "requests", "stalls", "stall_seconds", "ooms", "mb_per_graph",
+            "mb_per_graph_confidence", "seconds_to_oom", "will_oom", "plateau_bytes",
+            "budget_bytes", "memory_source")
+    return {"span_s": round(span, 3),
+            "memory_start_bytes": series.first if series else None,
+            "memory_peak_bytes": series.peak if series else None,
+            "memory_end_bytes": state.mem_bytes,
+            **{k: est.get(k) for k in keys}}
+
+
+def _limit(findings: list) -> Optional[str]:
+    """Whether the recompile limit was hit: "yes" (the agent said so), "yes (inferred)"."""
+    for f in findings:
+        if f.cause == "recompile_limit_eager_fallback":
+            return "yes" if f.detail.get("source") == "agent" else "yes (inferred)"
+    return None
+
+
+def _budget(source: Optional[str], est: dict, config: Config,
+            peak: Optional[float]) -> Optional[float]:
+    """The forecast's budget for the chart: when it is on the meter shown, or when the server's
+    own memory came near it (a server alone on its GPU; else the line would flatten the chart)."""
+    budget = est.get("budget_bytes")
+    per_process = config.forecast.process_budget_bytes is not None
+    same = (source == "process" and per_process) or (source == "device" and not per_process)
+    near = budget is not None and peak is not None and peak >= budget / 2
+    return budget if same or near else None
+
+
+def _chart(series: Optional[_Series], marks: list, rel: Callable[[float], float],
+           budget: Optional[float]) -> dict[str, Any]:
+    points = [[rel(t), v] for t, v in series.points] if series else []
+    shown = sorted((rel(t), k) for t, k in marks)
+    outside = 0
+    if points:  # the time axis is the samples': events far outside them are not drawn
+        lo, hi = points[0][0], points[-1][0]
+        margin = 0.05 * (hi - lo) + 1.0
+        kept = [m for m in shown if lo - margin <= m[0] <= hi + margin]
+        outside, shown = len(shown) - len(kept), kept
+    return {"points": points, "marks": [list(m) for m in shown], "marks_outside": outside,
+            "mark_counts": dict(Counter(k for _, k in shown)), "budget_bytes": budget}
+
+
+def _shapes(col: _Collector, mb_per_graph: Optional[float]) -> dict[str, Any]:
+    """Sizes along the varying dimension: per request (traces) else per distinct shape."""
+    basis, shapes = next(((b, s) for b, s in (("requests", col.requests), ("distinct shapes",
+                          col.new_shapes), ("CUDA-graph sizes", col.graph_sizes)) if s),
+                         ("distinct shapes", Counter()))
+    flat: Counter = Counter()
+    for shape, n in shapes.items():  # one shape per tensor argument: their dims, in order
+        flat[tuple(d for dims in shape for d in dims)] += n
+    rank = Counter(len(s) for s in flat).most_common(1)[0][0] if flat else None
+    same = [s for s in flat if len(s) == rank]
+    dim = varying_dimension(same)
+    counts: Counter = Counter()
+    if dim is not None:
+        counts = size_counts(chain.from_iterable(repeat(s, flat[s]) for s in same), dim)
+    per_graph = None if mb_per_graph is None else mb_per_graph * 1e6
+    return {"basis": basis, "dimension": dim, "rank": rank, "distinct": len(flat),
+            "total": sum(flat.values()), "counts": sorted(counts.items()),
+            "advisor": [{"max_buckets": k, **advise(counts, k, per_graph).as_dict()}
+                        for k in BUCKET_CHOICES] if counts else []}
+
+
+def recommended(report: dict) -> Optional[dict]:
+    """The fewest buckets whose padding stays under GOOD_PADDING, else the most."""
+    rows = report["shapes"]["advisor"]
+    good = [row for row in rows if row["padding_ratio"] <= GOOD_PADDING]
+    return (good or rows[-1:] or [None])[0]
+
+
+# -- HTML -----------------------------------------------------------------------------------
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:960px;color:#222}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;
+text-align:left;vertical-align:top}th{background:#f5f5f5}.num{text-align:right;white-space:nowrap}
+dl.summary{display:grid;grid-template-columns:repeat(4,1fr);gap:6px 18px}
+dl.summary div{background:#f7f7f7;padding:6px 10px;border-radius:4px}dt{color:#666;font-size:12px}
+dd{margin:0;font-weight:600}pre{background:#f5f5f5;padding:10px;overflow:auto}.note{color:#666}
+.bad{color:#b00}"""
+
+
+def render_html(report: dict) -> str:
+    """One self-contained page: inline CSS and SVG, no script, no external resource."""
+    s, chart = report["summary"], report["chart"]
+    memory = plot.memory_chart([tuple(p) for p in chart["points"]],
+                               [tuple(m) for m in chart["marks"]], budget=chart["budget_bytes"],
+                               title=f"server memory ({s['memory_source'] or 'unknown'})")
+    body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(report['input']['files']))}"
+            f" — {report['input']['observations']:,} observations, "
+            f"{report['input'].get('bad_lines', 0)} unreadable line(s)</p>",
+            _summary_html(s), "<h2>Memory</h2>", memory, _chart_note(report),
+            _causes_html(report["causes"]), _actions_html(report["actions"]),
+            _shapes_html(report)]
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+            f"<title>torch-watchdog report</title><style>{CSS}</style></head><body>"
+            + "".join(body) + "</body></html>\n")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _summary_html(s: dict) -> str:
+    cells = [
+        ("trace span", human_duration(s["span_s"])),
+        ("memory start → peak", f"{human_bytes(s['memory_start_bytes'])} → "
+                                f"{human_bytes(s['memory_peak_bytes'])}"),
+        ("CUDA graphs recorded", s["recordings"]), ("compiles", s["compiles"]),
+        ("recompiles", s["recompiles"]), ("recompile limit hit", s["recompile_limit"] or "no"),
+        ("requests", s["requests"]), ("distinct shapes", s["distinct_shapes"]),
+        ("stalls", f"{s['stalls']} ({human_duration(s['stall_seconds'])})"),
+        ("out-of-memory events", s["ooms"]),
+        ("MB per graph", "—" if s["mb_per_graph"] is None else
+         f"{s['mb_per_graph']:.3f} (confidence {s['mb_per_graph_confidence']:.2f})"),
+        ("forecast", _forecast_text(s)),
+    ]
+    return "<dl class=summary>" + "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>"
+                                          for k, v in cells) + "</dl>"
+
+
+def _forecast_text(s: dict) -> str:
+    if s["ooms"]:
+        return f"ran out of memory ({s['ooms']} OOM event(s))"
+    if s["will_oom"] is None:
+        return "no forecast (too few recordings or no budget)"
+    plateau = (f"plateau {human_bytes(s['plateau_bytes'])} vs budget "
+               f"{human_bytes(s['budget_bytes'])}")
+    if s["will_oom"]:
+        return f"will run out in {human_duration(s['seconds_to_oom'])}: {plateau}"
+    return f"levels off: {plateau}"
+
+
+def _chart_note(report: dict) -> str:
+    c, notes = report["chart"], []
+    if c["marks_outside"]:
+        notes.append(f"{c['marks_outside']} event(s) fall outside the samples' time range and "
+                     "are not drawn")
+    if report["input"]["mixed_time_bases"]:
+        notes.append("the inputs mix time bases (agent logs: epoch seconds; recorded traces: "
+                     "seconds since their process started): each is shown from its own first "
+                     "record, so events of the two line up only roughly")
+    return "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
+
+
+def _causes_html(causes: list) -> str:
+    if not causes:
+        return "<h2>Causes</h2><p>No causes found: memory and compiles behaved.</p>"
+    rows = "".join(
+        f"<tr><td class=num>+{_e(human_duration(c['t']))}</td><td><b>{_e(c['cause'])}</b><br>"
+        f"{_e(c['explanation'])}</td><td>{_e(_numbers(c, ('t', 'cause', 'explanation')))}</td>"
+        "</tr>" for c in causes)
+    return ("<h2>Causes</h2><table><tr><th>at</th><th>cause</th><th>numbers when found</th>"
+            f"</tr>{rows}</table>")
+
+
+def _actions_html(actions: list) -> str:
+    if not actions:
+        return "<h2>Actions</h2><p>The policy decided nothing: no alert, no reload.</p>"
+    rows = "".join(
+        f"<tr><td class=num>+{_e(human_duration(a['t']))}</td><td"
+        f"{' class=bad' if a['action'] == 'reload' else ''}>{_e(a['action'])}</td>"
+        f"<td>{_e(a['reason'])}</td><td>{_e(_numbers(a, ('t', 'action', 'reason')))}</td></tr>"
+        for a in actions)
+    return ("<h2>Actions</h2><table><tr><th>at</th><th>action</th><th>reason</th><th>numbers</th>"
+            f"</tr>{rows}</table>")
+
+
+def _numbers(d: dict, skip: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v is not None)
+
+
+def _shapes_html(report: dict) -> str:
+    sh = report["shapes"]
+    if not sh["counts"]:
+        return ("<h2>Input shapes</h2><p>No varying input size seen: nothing to bucket. (The "
+                "agent reports shapes for models wrapped in <code>watchdog.agent.watch()</code>; "
+                "recorded traces carry each request's shape.)</p>" + plot.histogram({}))
+    best = recommended(report)
+    head = (f"<h2>Input shapes</h2><p>{sh['total']:,} {_e(sh['basis'])}, {sh['distinct']:,} "
+            f"distinct; sizes along dimension {sh['dimension']} (of {sh['rank']}).</p>")
+    hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"],
+                          title=f"{sh['basis']} per size, {best['max_buckets']} suggested buckets")
+    return head + hist + _advisor_html(sh["advisor"], best)
+
+
+def _advisor_html(rows: list, best: dict) -> str:
+    cells = "".join(
+        f"<tr><td class=num>{r['max_buckets']}</td><td>{_e(_list(r['boundaries']))}</td>"
+        f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
+        f"{r['graphs_before']} → {r['graphs_after']}</td><td class=num>"
+        f"{human_bytes(r['memory_saved_bytes'])}</td></tr>" for r in rows)
+    return ("<h2>Bucket advisor</h2><p>Pad each request up to the next boundary: one CUDA graph "
+            "(or compile) per bucket instead of per size.</p><table><tr><th>buckets</th>"
+            "<th>boundaries</th><th>padding overhead</th><th>graphs</th><th>memory saved</th>"
+            f"</tr>{cells}</table><p>Suggested: {best['max_buckets']} buckets.</p>"
+            f"<pre>{_e(apply_code(best['boundaries']))}</pre>")
+
+
+def apply_code(boundaries: Iterable[int]) -> str:
+    b = tuple(boundaries)
+    return (f"BUCKETS = {b}\n\n"
+            "def bucket(n: int) -> int:\n"
+            "    # pad the input up to this size (sizes above the last bucket: split or reject)\n"
+            "    return next(b for b in BUCKETS if b >= n)\n\n"
+            "# torch >= 2.9: record CUDA graphs for these sizes only\n"
+            "torch._inductor.config.triton.cudagraph_capture_sizes = BUCKETS\n"
+            "# dynamic=False: keep len(BUCKETS) <= the recompile limit "
+            "(torch._dynamo.config.recompile_limit, 8 by default)\n")
+
+
+def _list(values: list, limit: int = 12) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
+
+
+# -- I/O ------------------------------------------------------------------------------------
+def read_observations(readers: list, progress: Optional[Callable[[str], None]] = None,
+                      clock: Callable[[], float] = time.monotonic) -> Iterator[Any]:
+    """All readers' observations in time order, a progress line every PROGRESS_S."""
+    last, n = clock(), 0
+    for obs in merged(readers):
+        n += 1
+        if progress is not None and n % 4096 == 0 and clock() - last >= PROGRESS_S:
+            last = clock()
+            progress(f"report: {n:,} records read, {sum(r.bad_lines for r in readers)} bad "
+                     "lines so far")
+        yield obs
+
+
+def write_report(paths: list[str], out: str, config: Config,
+                 progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """Read `paths`, write the HTML page to `out`, return the report's numbers."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ReportError(f"{path}: no such file; {USAGE_HINT}")
+    readers = [RequestReader(p) for p in paths]
+    try:
+        report = build_report(read_observations(readers, progress), config, paths)
+    except ReportError as err:
+        bad = sum(r.bad_lines for r in readers)
+        raise ReportError(f"{err} ({bad} unreadable line(s)); {USAGE_HINT}") from None
+    except (OSError, EOFError) as err:
+        raise ReportError(f"cannot read the input: {err}") from None
+    report["input"]["bad_lines"] = sum(r.bad_lines for r in readers)
+    try:  # a whole page or none: never a half-written one over the previous report
+        with open(out + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(render_html(report))
+        os.replace(out + ".tmp", out)
+    except OSError as err:
+        raise ReportError(f"cannot write {out}: {err.strerror}; pick another -o path") from None
+    return report
+
+
+def main(paths: list[str], out: str, config_path: Optional[str], as_json: bool,
+         stdout: TextIO) -> int:
+    """The `report` subcommand. Exit codes: 0 written, 2 bad input (message on stderr)."""
+    from watchdog.sidecar import config
+
+    cfg = Config()
+    if config_path:
+        cfg, problems = config.check(config_path)
+        if cfg is None:
+            for problem in problems:
+                print(f"{config_path}: {problem}", file=sys.stderr)
+            return 2
+    started = time.perf_counter()
+    try:
+        report = write_report(paths, out, cfg, lambda line: print(line, file=sys.stderr))
+    except ReportError as err:
+        print(f"torch-watchdog report: {err}", file=sys.stderr)
+        return 2
+    if as_json:
+        numbers = {**report, "chart": {k: v for k, v in report["chart"].items()
+                                       if k not in ("points", "marks")}}
+        json.dump(numbers, stdout, indent=1)
+        stdout.write("\n")
+    s = report["summary"]
+    print(f"wrote {out} in {time.perf_counter() - started:.1f} s: "
+          f"{human_duration(s['span_s'])}, "
+          f"{s['recordings']} recordings, {len(report['causes'])} cause(s), "
+          f"{len(report['actions'])} action(s)", file=sys.stderr if as_json else stdout)
+    return 0

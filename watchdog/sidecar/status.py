@@ -1,0 +1,222 @@
+"""The sidecar's status as one JSON-able dict (served as /status.json, drawn by page.py), and
+its terminal summary (`torch-watchdog status`). Pure: built from a published `StatusView`.
+
+Memory is shown in binary units (MiB, GiB, like the chart and nvidia-smi); MB per graph stays
+the decimal MB the estimate is defined in.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+from watchdog.sidecar.history import StatusView
+
+GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles", "recompiles",
+              "recompile_limit_hits", "compile_seconds", "graph_breaks", "stalls",
+              "stall_seconds", "ooms", "mb_per_graph", "mb_per_graph_confidence",
+              "fx_cache_hits", "fx_cache_misses")
+FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_discovery",
+                 "plateau_bytes", "budget_bytes", "level_bytes", "will_oom",
+                 "shape_space_estimate", "growth_bytes_per_s")
+SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
+                "device": "device used memory (NVML)", "rss": "server RSS (host-memory mode)"}
+
+
+# -- formatting --------------------------------------------------------------------------------
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for name, div in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 1024)):
+        if abs(n) >= div:
+            return f"{n / div:.3g} {name}" if abs(n) / div < 1000 else f"{n / div:,.0f} {name}"
+    return f"{n:.0f} B"
+
+
+def fmt_duration(s: Optional[float]) -> str:
+    if s is None:
+        return "?"
+    if s >= 2 * 86400:
+        return f"{s / 86400:.1f} d"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 120:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+def fmt_clock(t: Optional[float]) -> str:
+    return "--:--:--" if not t else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no Infinity/NaN: they become null (here: "not known" or "never")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+# -- summaries ---------------------------------------------------------------------------------
+def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) -> str:
+    """A cause in one line, with the current numbers where they are kept up to date."""
+    if cause == "cudagraph_per_shape":
+        rec, mb = graphs.get("recordings") or detail.get("recordings", 0), \
+            graphs.get("mb_per_graph") or detail.get("mb_per_graph")
+        text = f"{rec:,} CUDA graphs for {graphs.get('distinct_shapes', 0):,} distinct shapes"
+        return text + (f", {mb:.2f} MB each, {mb * rec:,.0f} MB so far" if mb else "")
+    if cause == "recompile_storm":
+        return (f"{detail.get('recompiles_in_window', '?')} recompiles within "
+                f"{detail.get('window_s', 0):.0f} s, {graphs.get('compile_seconds', 0):.0f} s "
+                f"compiling so far")
+    if cause == "recompile_limit_eager_fallback":
+        where = f" in {detail['function']}" if detail.get("function") else ""
+        how = "reported by the agent" if detail.get("source") == "agent" else "inferred"
+        return f"recompile limit {detail.get('limit', '?')} reached{where} ({how}): " \
+               "new shapes run eager"
+    if cause == "memory_growth_unexplained":
+        return (f"{detail.get('unexplained_mb', 0):,.0f} MB of {detail.get('growth_mb', 0):,.0f}"
+                " MB growth explained by no recording or compile")
+    return ", ".join(f"{k}={v}" for k, v in list(detail.items())[:4])
+
+
+def forecast_summary(fc: dict[str, Any]) -> str:
+    seconds = fc.get("seconds_to_oom")
+    if fc.get("budget_bytes") is None:
+        return "no forecast (memory not known yet)"
+    if seconds is None:
+        text = "no OOM forecast"
+    else:
+        model = "discovery model" if fc.get("seconds_to_oom_discovery") is not None \
+            else "linear trend"
+        text = f"OOM in ~{fmt_duration(seconds)} ({model})"
+    plateau = fc.get("plateau_bytes")
+    if plateau is not None:
+        verdict = "above the budget: it will run out" if fc.get("will_oom") \
+            else "under the budget: no OOM expected"
+        text += f"; plateau {fmt_bytes(plateau)}, {verdict}"
+    return text + f"; budget {fmt_bytes(fc.get('budget_bytes'))}"
+
+
+def action_summary(a: dict[str, Any]) -> str:
+    d, action, reason = a.get("detail") or {}, a.get("action"), a.get("reason")
+    eta = d.get("seconds_to_oom")
+    eta_text = f", OOM in ~{fmt_duration(eta)}" if eta is not None else ""
+    if action == "alert":
+        forecast = reason in ("oom_forecast", "reload_suppressed")
+        return f"alert {reason}{eta_text if forecast else ''}"
+    if action == "reload":
+        return f"reload decided ({reason}{eta_text}){' — dry run' if d.get('dry_run') else ''}"
+    if action in ("reload_ok", "reload_not_done"):
+        took = d.get("reload_seconds")
+        done = "reload done" if action == "reload_ok" else "reload not done"
+        return f"{done}: {d.get('outcome', '')}" + (f" ({took:.1f} s)" if took else "")
+    return f"{action} {reason}"
+
+
+# -- the dict ----------------------------------------------------------------------------------
+def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
+    """Everything the page and `torch-watchdog status` show; `view` None: no poll yet."""
+    if view is None:
+        return {"t": None, "age_s": None, "sidecar": {}, "memory": {"source": None,
+                "level_bytes": None, "devices": [], "server": {}}, "graphs": {}, "causes": [],
+                "forecast": {}, "forecast_summary": "no poll yet", "actions": [],
+                "actions_total": {}, "sources": {}, "events": {},
+                "history": {"points": [], "marks": [], "marks_total": {}}}
+    s = view.snapshot
+    graphs = {k: s.estimates.get(k) for k in GRAPH_KEYS if k in s.estimates}
+    fc = {k: s.forecast.get(k) for k in FORECAST_KEYS if k in s.forecast}
+    level = view.points[-1][1] if view.points else None
+    causes = [{"cause": c.get("cause"), "since_t": c.get("t"),
+               "summary": cause_summary(str(c.get("cause")), c, graphs),
+               "detail": {k: v for k, v in c.items() if k not in ("cause", "t")}}
+              for c in view.causes]
+    actions = [{**a, "summary": action_summary(a)} for a in reversed(view.actions)]
+    return _finite({
+        "t": s.t, "age_s": round(max(0.0, now - s.t), 3),
+        "sidecar": {**view.info, "watching_since_t": view.first_t},
+        "memory": {
+            "source": view.memory_source, "level_bytes": level,
+            "devices": [{"uuid": d.uuid, "used_bytes": d.used_bytes, "total_bytes":
+                         d.total_bytes, "free_bytes": d.free_bytes} for d in s.devices],
+            "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
+                       "rss_bytes": s.server_rss_bytes}},
+        "graphs": graphs, "causes": causes, "forecast": fc,
+        "forecast_summary": forecast_summary(fc), "actions": actions,
+        "actions_total": dict(s.actions_total), "sources": dict(s.sources_up),
+        "events": {"received_total": s.events_received_total,
+                   "dropped_total": dict(s.events_dropped_total),
+                   "agent_lost_total": s.agent_events_lost_total},
+        "history": {"points": [list(p) for p in view.points],
+                    "marks": [list(m) for m in view.marks],
+                    "marks_total": dict(view.marks_total)},
+    })
+
+
+def chart_budget(status: dict[str, Any]) -> Optional[float]:
+    """The budget on the chart's scale. The forecast measures the device (or host) against its
+    budget; the chart may plot the server's own memory, so the line is where the server's
+    memory would meet the budget if everything else stays as it is now."""
+    fc, mem = status.get("forecast") or {}, status.get("memory") or {}
+    budget, level, series = fc.get("budget_bytes"), fc.get("level_bytes"), mem.get("level_bytes")
+    if budget is None:
+        return None
+    if level is None or series is None:
+        return budget
+    return budget - (level - series)
+
+
+# -- the terminal ------------------------------------------------------------------------------
+def _memory_lines(m: dict[str, Any]) -> list[str]:
+    lines = []
+    server = m.get("server") or {}
+    parts = [f"{fmt_bytes(m.get('level_bytes'))} ({SOURCE_NAMES.get(m.get('source'), 'unknown')})"]
+    if server.get("rss_bytes") is not None:
+        parts.append(f"RSS {fmt_bytes(server['rss_bytes'])}")
+    alive = server.get("alive")
+    parts.append({True: "up", False: "DOWN", None: "not found"}[alive])
+    lines.append("server   " + ", ".join(parts))
+    for uuid, b in sorted((server.get("gpu_bytes") or {}).items()):
+        lines.append(f"         {uuid}: server {fmt_bytes(b)}")
+    for d in m.get("devices") or []:
+        lines.append(f"device   {d['uuid']}: {fmt_bytes(d['used_bytes'])} used of "
+                     f"{fmt_bytes(d['total_bytes'])}")
+    return lines
+
+
+def _graph_line(g: dict[str, Any]) -> str:
+    mb = g.get("mb_per_graph")
+    per = f", {mb:.2f} MB/graph (confidence {g.get('mb_per_graph_confidence') or 0:.2f})" \
+        if mb is not None else ", MB/graph: not enough recordings yet"
+    return (f"graphs   {g.get('recordings', 0):,} recorded, {g.get('distinct_shapes', 0):,} "
+            f"distinct shapes, {g.get('compiles', 0)} compiles, {g.get('recompiles', 0)} "
+            f"recompiles{per}")
+
+
+def format_terminal(status: dict[str, Any], url: str, now: float, actions: int = 5) -> str:
+    """A few aligned lines for a terminal."""
+    if status.get("t") is None:
+        return f"sidecar  {url}: started, no poll yet\n"
+    side = status.get("sidecar") or {}
+    since = side.get("watching_since_t")
+    lines = [f"sidecar  {url}, last poll {fmt_duration(max(0.0, now - status['t']))} ago"
+             + (f", watching for {fmt_duration(now - since)}" if since else "")
+             + (f", reloads: {side['reload_method']}" if side.get("reload_method") else "")]
+    lines += _memory_lines(status.get("memory") or {})
+    lines.append(_graph_line(status.get("graphs") or {}))
+    causes = status.get("causes") or []
+    lines.append("causes   " + ("none" if not causes else
+                                f"{causes[0]['cause']}: {causes[0]['summary']}"))
+    lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
+    lines.append(f"forecast {status.get('forecast_summary', '?')}")
+    sources = status.get("sources") or {}
+    lines.append("sources  " + ", ".join(f"{k} {'up' if v else 'DOWN'}"
+                                         for k, v in sorted(sources.items())))
+    recent = (status.get("actions") or [])[:actions]
+    lines.append("actions  " + ("none" if not recent else
+                                f"{fmt_clock(recent[0]['t'])} {recent[0]['summary']}"))
+    lines += [f"         {fmt_clock(a['t'])} {a['summary']}" for a in recent[1:]]
+    return "\n".join(lines) + "\n"
