@@ -107,7 +107,9 @@ def test_page_is_self_contained_and_parses(seq_default, oom):
         assert not {"script", "link", "img", "iframe", "object"} & set(parser.tags)
         assert not re.search(r"url\(|@import", page)
         assert not re.search(r"(src|href)\s*=\s*[\"']?https?://", page)
-        assert len(svgs(page)) == 2  # the memory chart and the shape histogram parse as XML
+        # the memory chart (and its zoom, when growth sits on a large footprint) and the
+        # shape histogram parse as XML
+        assert len(svgs(page)) in (2, 3)
 
 
 def test_oom_trace_shows_the_reload_before_the_crash(oom):
@@ -123,6 +125,22 @@ def test_oom_trace_shows_the_reload_before_the_crash(oom):
     assert len(with_class(memory, "mark-reload")) == 1 and len(with_class(memory, "budget")) == 1
     assert page.index("reload") < page.rindex("oom_forecast")  # listed in the actions table
     assert f"+{plot.human_duration(reloads[0]['t'])}" in page
+
+
+def test_the_sidecars_own_log_of_a_gpu_oom_is_charted_and_zoomed(tmp_path_factory):
+    """The sidecar's sample log of the seed scenario: the chart follows the server process
+    while it lived (not the device after the crash), and a zoom shows the growth above the
+    140 GB ballast — the reload decision long before the out-of-memory mark."""
+    rep, page = make(tmp_path_factory, "h200-seed-oom-samples.jsonl.gz")
+    chart = rep["chart"]
+    assert rep["summary"]["memory_source"] == "process"
+    assert chart["zoom"]["baseline_bytes"] > 140e9
+    (reload_t,) = [t for t, kind in chart["marks"] if kind == "reload"]
+    (oom_t,) = [t for t, kind in chart["marks"] if kind == "oom"]
+    assert oom_t - reload_t > 50
+    full, zoom, _histogram = svgs(page)
+    assert "zoomed" in "".join(zoom.itertext())
+    assert len(with_class(zoom, "mark-record")) == 353 == rep["summary"]["recordings"]
 
 
 def test_bucketed_control_has_no_causes_and_nine_sizes(tmp_path_factory):

@@ -26,25 +26,33 @@ _FONT = 'font-family="sans-serif" font-size="11"'
 
 def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[float, str]] = (), *,
                  budget: Optional[float] = None, width: int = 900, height: int = 300,
-                 title: str = "") -> str:
+                 title: str = "", baseline: Optional[float] = None,
+                 time_origin: Optional[float] = None) -> str:
     """Memory (bytes) over time (seconds) as a line, event marks along the time axis, and the
-    budget as a dashed line."""
+    budget as a dashed line. With `baseline`, the growth above it ("+40 MiB"): a zoom for
+    small growth on top of a large footprint (weights, a ballast). Time is labelled from
+    `time_origin` (default: the first point or mark)."""
     title = title or "memory over time"
     if not points:
         return _empty(title, "no memory samples yet", width)
     pts = sorted(points)
+    if baseline is not None:
+        pts = [(t, max(0.0, v - baseline)) for t, v in pts]
+        budget = budget - baseline if budget is not None and budget > baseline else None
     times = [t for t, _ in pts] + [t for t, _ in marks]
     t0, t1 = min(times), max(times)
     top = max([v for _, v in pts] + ([budget] if budget else []))
     y_unit, y_step = _byte_scale(top)
     y_max = max(y_step, math.ceil(top * 1.05 / y_step) * y_step)
     box = _Box(width, height, t0, t1 if t1 > t0 else t0 + 1.0, 0.0, y_max)
-    parts = [_open(title, width, height), _time_axis(box), _value_axis(box, y_unit, y_step)]
+    parts = [_open(title, width, height), _time_axis(box, time_origin),
+             _value_axis(box, y_unit, y_step, "" if baseline is None else "+")]
     if budget:
         y = box.y(budget)
         parts.append(f'<line class="budget" x1="{box.left}" x2="{box.right}" y1="{y:.1f}" '
                      f'y2="{y:.1f}" stroke="#d55e00" stroke-dasharray="6 4"/>')
-        parts.append(_text(box.right - 4, y - 4, f"budget {human_bytes(budget)}", "end", "#d55e00"))
+        label = human_bytes(budget) if baseline is None else f"+{human_bytes(budget)}"
+        parts.append(_text(box.right - 4, y - 4, f"budget {label}", "end", "#d55e00"))
     line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in pts)
     parts.append(f'<polyline class="memory-line" fill="none" stroke="#333" stroke-width="1.5" '
                  f'points="{line}"/>')
@@ -126,14 +134,16 @@ def _axis_line(box: _Box) -> str:
             f'V{box.bottom} H{box.right}"/>')
 
 
-def _time_axis(box: _Box) -> str:
+def _time_axis(box: _Box, origin: Optional[float] = None) -> str:
+    """Ticks labelled in time since `origin` (default: the left edge)."""
+    origin = box.x0 if origin is None else origin
     span = box.x1 - box.x0
     unit, div = ("h", 3600.0) if span >= 3 * 3600 else ("min", 60.0) if span >= 180 else ("s", 1.0)
     step = _nice_step(span / div / 6) * div
     parts = [_axis_line(box)]
-    k = 0
-    while k * step <= span + 1e-9:
-        x = box.x(box.x0 + k * step)
+    k = math.ceil((box.x0 - origin) / step - 1e-9)
+    while origin + k * step <= box.x1 + 1e-9:
+        x = box.x(origin + k * step)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{box.bottom}" y2="{box.bottom + 4}" '
                      f'stroke="#999"/>')
         parts.append(_text(x, box.bottom + 15, f"{_num(k * step / div)} {unit}", "middle"))
@@ -141,7 +151,7 @@ def _time_axis(box: _Box) -> str:
     return "".join(parts)
 
 
-def _value_axis(box: _Box, unit: tuple[str, float], step: float) -> str:
+def _value_axis(box: _Box, unit: tuple[str, float], step: float, sign: str = "") -> str:
     name, div = unit
     parts = []
     k = 0
@@ -149,7 +159,8 @@ def _value_axis(box: _Box, unit: tuple[str, float], step: float) -> str:
         y = box.y(k * step)
         parts.append(f'<line x1="{box.left}" x2="{box.right}" y1="{y:.1f}" y2="{y:.1f}" '
                      f'stroke="#eee"/>')
-        parts.append(_text(box.left - 6, y + 4, f"{_num(k * step / div)} {name}", "end"))
+        parts.append(_text(box.left - 6, y + 4, f"{sign if k else ''}{_num(k * step / div)} {name}",
+                           "end"))
         k += 1
     return "".join(parts)
 

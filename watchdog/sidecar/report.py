@@ -143,7 +143,9 @@ def build_report(observations: Iterable[Any], config: Config,
         raise ReportError("no events, samples or trace lines could be used")
     outcome = r.outcome(config)
     est, state = outcome["estimates"], r.state
-    source = state.mem_source
+    # the meter that covered the run (the server's own memory, while it lived), not the last
+    # one (a crashed server's process is gone: the device's memory is all that is left)
+    source = max(col.series, key=lambda k: len(col.series[k].points), default=None)
     series = col.series.get(source) if source else None
     marks = list(col.marks)
     for f in state.findings:  # a limit inferred from a recorded trace has no event of its own
@@ -153,7 +155,7 @@ def build_report(observations: Iterable[Any], config: Config,
         "input": {"files": list(files), "observations": r.observations,
                   "mixed_time_bases": len(col.spans) > 1},
         "summary": {**_summary(col.span, state, est, series), "recompile_limit":
-                    _limit(state.findings)},
+                    _limit(state.findings), "memory_source": source},
         "chart": _chart(series, marks, col.rel,
                         _budget(source, est, config, series.peak if series else None)),
         "shapes": _shapes(col, est.get("mb_per_graph")),
@@ -205,8 +207,23 @@ def _chart(series: Optional[_Series], marks: list, rel: Callable[[float], float]
         margin = 0.05 * (hi - lo) + 1.0
         kept = [m for m in shown if lo - margin <= m[0] <= hi + margin]
         outside, shown = len(shown) - len(kept), kept
-    return {"points": points, "marks": [list(m) for m in shown], "marks_outside": outside,
+    return {"points": points, "zoom": _zoom_range(points),
+            "marks": [list(m) for m in shown], "marks_outside": outside,
             "mark_counts": dict(Counter(k for _, k in shown)), "budget_bytes": budget}
+
+
+def _zoom_range(points: list) -> Optional[dict]:
+    """Where a zoomed chart should start: after the last one-poll step of more than half the
+    peak (weights, a ballast), when the growth since then is under a fifth of the peak and
+    would be a flat line on the full chart."""
+    if len(points) < 3:
+        return None
+    peak = max(v for _, v in points)
+    steps = [i for i in range(1, len(points)) if points[i][1] - points[i - 1][1] > peak / 2]
+    start = steps[-1] if steps else 0
+    base = min(v for _, v in points[start:])
+    return {"from_t": points[start][0], "baseline_bytes": base} \
+        if 0 < peak - base < peak / 5 else None
 
 
 def _shapes(col: _Collector, mb_per_graph: Optional[float]) -> dict[str, Any]:
@@ -257,12 +274,24 @@ def render_html(report: dict) -> str:
     body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(report['input']['files']))}"
             f" — {report['input']['observations']:,} observations, "
             f"{report['input'].get('bad_lines', 0)} unreadable line(s)</p>",
-            _summary_html(s), "<h2>Memory</h2>", memory, _chart_note(report),
+            _summary_html(s), "<h2>Memory</h2>", memory, _zoom(chart), _chart_note(report),
             _causes_html(report["causes"]), _actions_html(report["actions"]),
             _shapes_html(report)]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             f"<title>torch-watchdog report</title><style>{CSS}</style></head><body>"
             + "".join(body) + "</body></html>\n")
+
+
+def _zoom(chart: dict) -> str:
+    """The growth on top of a large footprint, where the full chart shows a flat line."""
+    zoom = chart.get("zoom")
+    if zoom is None:
+        return ""
+    since, base = zoom["from_t"], zoom["baseline_bytes"]
+    return plot.memory_chart([tuple(p) for p in chart["points"] if p[0] >= since],
+                             [tuple(m) for m in chart["marks"] if m[0] >= since],
+                             budget=chart["budget_bytes"], baseline=base, time_origin=0.0,
+                             title=f"growth above {human_bytes(base)} (zoomed)")
 
 
 def _e(value: Any) -> str:
