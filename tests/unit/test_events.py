@@ -69,12 +69,22 @@ def _mutated(**changes):
     (_mutated(compile_id=3), "bad value"),
     (json.dumps({k: v for k, v in events.to_dict(SAMPLES[2]).items() if k != "function"}),
      "missing field"),
+    (_mutated() + "x", "not JSON"),
+    (_mutated() + _mutated(), "not JSON"),
+    (_mutated(t=float("nan")), "bad value"),
+    (_mutated(pid=1.5), "bad value"),
     (b" " * (events.MAX_EVENT_BYTES + 1), "exceeds"),
     (b"[" * 100000 + b"]" * 100000, "exceeds"),
 ])
 def test_strict_decode_rejects_garbage(data, why):
     with pytest.raises(EventDecodeError, match=why):
         events.decode(data)
+
+
+@pytest.mark.parametrize("wrap", [lambda d: d, lambda d: d + "\n", lambda d: "  " + d,
+                                  lambda d: (d + "\r\n").encode()])
+def test_blank_space_around_an_event_is_fine(wrap):
+    assert events.decode(wrap(_mutated())) == SAMPLES[2]
 
 
 def test_nested_types_are_checked():

@@ -84,3 +84,20 @@ def test_unit_main_pid_is_none_when_inactive_failed_or_missing():
              fake_run(raises=subprocess.TimeoutExpired("systemctl", 5))]
     for run, _ in cases:
         assert unit_main_pid("inference.service", run=run) is None
+
+
+def test_host_memory_matches_psutil():
+    import psutil
+
+    from watchdog.sidecar.process import read_host_memory
+    total, available = read_host_memory()
+    vm = psutil.virtual_memory()
+    assert total == vm.total
+    assert abs(available - vm.available) < 256 << 20  # read a moment apart
+
+
+def test_host_memory_without_meminfo_falls_back_to_psutil(tmp_path):
+    import psutil
+
+    from watchdog.sidecar.process import read_host_memory
+    assert read_host_memory(str(tmp_path / "absent"))[0] == psutil.virtual_memory().total

@@ -25,7 +25,8 @@ from watchdog.sidecar import config as config_mod
 from watchdog.sidecar.history import History, StatusView
 from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
 from watchdog.sidecar.nvml import NvmlSource
-from watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
+from watchdog.sidecar.process import read_host_memory, read_pidfile, read_processes, \
+    unit_main_pid
 from watchdog.sidecar.receiver import Receiver
 from watchdog.sidecar.samples import Sample, sample_to_dict
 from watchdog.sidecar.snapshot import Snapshot
@@ -35,6 +36,8 @@ AGENT_SILENT_S = 30.0   # an agent pid not heard from for this long (and dead) i
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often
 MAX_PENDING = 100_000   # events held between polls; more are dropped and counted
 BATCH_S = 0.002         # after a read, let the socket fill this long before reading again
+PUBLISH_S = 1.0         # the status page's view is rebuilt at most this often (it refreshes
+                        # every 5 s), or at once when the policy acts
 
 
 class Daemon:
@@ -51,6 +54,7 @@ class Daemon:
         self.history = History()                   # the status page's series, marks, actions
         self.status: Optional[StatusView] = None   # published each tick, read by HTTP threads
         self.publish_failed = False
+        self.published_t = -1e18
         self.serve_metrics = serve_metrics
         self.signals: collections.deque = collections.deque()
         self.agent_pids: dict[int, float] = {}   # pid -> last heard (wall clock)
@@ -194,10 +198,10 @@ class Daemon:
         pids = self.watched_pids(now)
         reading = self.nvml.read(pids)
         processes = read_processes(pids, reading.process_gpu_bytes)
-        host = psutil.virtual_memory()
+        host_total, host_available = read_host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                         nvml_error=reading.error, query_s=reading.query_s,
-                        host_total_bytes=host.total, host_available_bytes=host.available)
+                        host_total_bytes=host_total, host_available_bytes=host_available)
         observations.append(sample)
         self._log_observations(observations)
         cfg = self.cfg
@@ -349,8 +353,11 @@ class Daemon:
                 cfg.reload.method, "dry_run": cfg.policy.dry_run}
         try:
             self.history.update(snapshot, observations, decided)
-            causes = [f.as_dict() for f in self.state.active.values()]
-            self.status = self.history.view(snapshot, causes, info)
+            if decided or snapshot.t - self.published_t >= PUBLISH_S or snapshot.t < \
+                    self.published_t:
+                causes = [f.as_dict() for f in self.state.active.values()]
+                self.status = self.history.view(snapshot, causes, info)
+                self.published_t = snapshot.t
         except Exception as e:
             if not self.publish_failed:  # once: it would repeat every poll
                 self.log.exception("status page not updated", error=repr(e))

@@ -11,6 +11,20 @@ from watchdog.sidecar.samples import ProcessSample
 SYSTEMCTL_TIMEOUT_S = 5.0
 
 
+def read_host_memory(path: str = "/proc/meminfo") -> tuple[int, int]:
+    """(total, available) bytes of the machine. /proc/meminfo's two lines directly: psutil
+    parses every field, a third of an idle poll's time (0.17 ms of 0.5 ms)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read()
+        total = int(text.split(b"MemTotal:", 1)[1].split(None, 1)[0]) * 1024
+        available = int(text.split(b"MemAvailable:", 1)[1].split(None, 1)[0]) * 1024
+        return total, available
+    except (OSError, IndexError, ValueError):  # not Linux, or a kernel older than 3.14
+        vm = psutil.virtual_memory()
+        return vm.total, vm.available
+
+
 def read_processes(pids: set[int],
                    gpu: Optional[dict[int, dict[str, Optional[int]]]] = None
                    ) -> tuple[ProcessSample, ...]:
