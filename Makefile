@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# torch-watchdog demo: the server, the agent and the real sidecar, end to end (~1 min on CPU)
 demo: install
-	$(PY) examples/agent_demo.py
+	$(PY) -m watchdog.sidecar.cli demo
 
 test: install
 	$(PY) -m pytest -q tests

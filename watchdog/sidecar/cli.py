@@ -7,6 +7,7 @@
     torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
     torch-watchdog sidecar [--config FILE]            the daemon (run it under systemd)
     torch-watchdog status [--url URL] [--config FILE] [--json]   ask a running sidecar
+    torch-watchdog demo [--short] [--workdir DIR] [--keep]     the whole thing, on a laptop
 """
 from __future__ import annotations
 
@@ -209,6 +210,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
+    from watchdog import demo
+    demo.add_arguments(sub.add_parser("demo", help="a small torch.compile server, the agent "
+                                      "and the sidecar, end to end (CPU is enough)"))
     args = p.parse_args(argv)
     try:
         if args.command == "listen":
@@ -224,6 +228,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_sidecar(args.config)
         if args.command == "status":
             return run_status(args.url, args.config, args.json, sys.stdout)
+        if args.command == "demo":
+            return demo.run(args, sys.stdout)
         return check_events(args.files, sys.stdout)
     except OSError as err:
         print(f"torch-watchdog: {err}", file=sys.stderr)

@@ -270,6 +270,7 @@ def render_html(report: dict) -> str:
     s, chart = report["summary"], report["chart"]
     memory = plot.memory_chart([tuple(p) for p in chart["points"]],
                                [tuple(m) for m in chart["marks"]], budget=chart["budget_bytes"],
+                               time_origin=0.0,  # the tables' times: from the trace's start
                                title=f"server memory ({s['memory_source'] or 'unknown'})")
     body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(report['input']['files']))}"
             f" — {report['input']['observations']:,} observations, "
