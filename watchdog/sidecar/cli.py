@@ -18,7 +18,7 @@ import os
 import select
 import signal
 import sys
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 from watchdog import __version__, events
 from watchdog.jsonl import open_lines
@@ -119,17 +119,24 @@ def run_sidecar(config_path: Optional[str]) -> int:
     return daemon.run()
 
 
-def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
+def load_config(path: Optional[str]) -> Any:
+    """The config in `path` (the defaults without one), or None after printing every problem."""
     from watchdog.sidecar import config
+
+    if not path:
+        return config.Config()
+    cfg, problems = config.check(path)
+    for problem in problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    return cfg
+
+
+def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
     from watchdog.sidecar.replay import replay
 
-    cfg = config.Config()
-    if config_path:
-        cfg, problems = config.check(config_path)
-        if cfg is None:
-            for problem in problems:
-                print(f"{config_path}: {problem}", file=sys.stderr)
-            return 2
+    cfg = load_config(config_path)
+    if cfg is None:
+        return 2
     for path in paths:
         if not os.path.isfile(path):
             print(f"torch-watchdog: {path}: no such file", file=sys.stderr)
@@ -153,14 +160,11 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
     """Print a running sidecar's /status.json; 1 when none answers at that address."""
     import time
 
-    from watchdog.sidecar import config
     from watchdog.sidecar.status import format_terminal
     from watchdog.sidecar.web import local_url, read_status
 
     if url is None:
-        cfg, problems = config.check(config_path) if config_path else (config.Config(), [])
-        for problem in problems:
-            print(f"{config_path}: {problem}", file=sys.stderr)
+        cfg = load_config(config_path)
         if cfg is None:
             return 2
         url = local_url(cfg.metrics_address, cfg.metrics_port)
@@ -221,7 +225,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return run_replay(args.traces, args.config, args.json, sys.stdout)
         if args.command == "report":
             from watchdog.sidecar import report
-            return report.main(args.files, args.output, args.config, args.json, sys.stdout)
+            cfg = load_config(args.config)
+            return 2 if cfg is None else report.main(args.files, args.output, cfg, args.json,
+                                                     sys.stdout)
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
         if args.command == "sidecar":

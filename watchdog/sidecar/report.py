@@ -450,18 +450,8 @@ def write_report(paths: list[str], out: str, config: Config,
     return report
 
 
-def main(paths: list[str], out: str, config_path: Optional[str], as_json: bool,
-         stdout: TextIO) -> int:
+def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO) -> int:
     """The `report` subcommand. Exit codes: 0 written, 2 bad input (message on stderr)."""
-    from watchdog.sidecar import config
-
-    cfg = Config()
-    if config_path:
-        cfg, problems = config.check(config_path)
-        if cfg is None:
-            for problem in problems:
-                print(f"{config_path}: {problem}", file=sys.stderr)
-            return 2
     started = time.perf_counter()
     try:
         report = write_report(paths, out, cfg, lambda line: print(line, file=sys.stderr))
