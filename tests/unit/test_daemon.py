@@ -234,3 +234,58 @@ def test_a_server_that_died_and_came_back_starts_a_fresh_state(rig):
     assert d.tick().estimates["recordings"] == 5
     server(2)  # the restarted server
     assert d.tick().estimates["recordings"] == 2
+
+
+def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp):
+    """Decided, then cancelled one poll later (the forecast cleared), then needed again: the
+    second decision is carried out — the cancelled one started no cooldown."""
+    import json
+    import time
+
+    from watchdog.sidecar.config import ForecastConfig, PolicyConfig, ReloadConfig
+
+    me = os.getpid()
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 state_dir=os.path.join(short_tmp, "state"),
+                 forecast=ForecastConfig(process_budget_bytes=2_050 * MB, window_s=1.0),
+                 policy=PolicyConfig(reload_lead_s=10, alert_lead_s=20, hold_polls=1,
+                                     warmup_s=0, cooldown_s=600),
+                 reload=ReloadConfig(method="command", command=["true"], timeout_s=10))
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    d.start()
+    try:
+        send(Emitter(cfg.agent.socket_path, None),
+             events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=1.0))
+        level = 2_000
+
+        def poll(grow: int) -> None:
+            nonlocal level
+            level += grow
+            nvml.devices[0]["procs"] = [(me, level * MB)]
+            clock.t += 0.1
+            d.tick()
+
+        for _ in range(12):
+            poll(0)
+        poll(15)  # 15 MB in a poll, 35 MB of room left: OOM in ~2 s, a reload is decided
+        assert d.pending_reload is not None
+        poll(-400)  # the server let go of 400 MB: at the re-check the forecast has cleared
+        (first,) = d.reload_log.entries
+        assert first["ok"] is False and first["detail"].startswith("cancelled")
+        for _ in range(12):  # growing again, fast
+            poll(15)
+        deadline = time.monotonic() + 10
+        while not any(e.get("ok") for e in d.reload_log.entries) and time.monotonic() < deadline:
+            poll(0)
+            time.sleep(0.05)
+        with open(os.path.join(short_tmp, "state", "reloads.json")) as fh:
+            entries = json.load(fh)["reloads"]
+        assert [e["ok"] for e in entries] == [False, True]
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)

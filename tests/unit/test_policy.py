@@ -67,3 +67,22 @@ def test_dry_run_is_marked():
     state, ps = State(first_t=0.0, now=5.0), PolicyState()
     (reload,) = [a for a in decide(state, fc(1.0), ps, cfg) if a.action == "reload"]
     assert reload.detail["dry_run"] is True
+
+
+def test_a_cancelled_decision_starts_no_cooldown():
+    """The daemon re-checks a decision one poll later; if the forecast cleared it cancels it
+    and forgets it: the next time the condition holds, the policy decides again (a cancelled
+    decision once blocked every reload for the cooldown's 10 minutes while the demo's server
+    grew past its budget)."""
+    from watchdog.sidecar.policy import forget_reload
+
+    state, ps = State(first_t=0.0, first_compile_t=0.0), PolicyState()
+    decided = []
+    for t in range(40, 50):
+        state.now = float(t)
+        for a in decide(state, fc(1), ps, CFG):
+            if a.action == "reload":
+                decided.append(t)
+                if len(decided) == 1:
+                    forget_reload(ps, a.t)  # cancelled at the re-check
+    assert decided == [42, 45]

@@ -114,3 +114,13 @@ def test_reloader_runs_one_at_a_time_off_the_loop():
     while broken.busy:
         time.sleep(0.01)
     assert not broken.poll().ok
+
+
+def test_a_cancelled_decision_is_kept_but_not_counted(tmp_path):
+    from watchdog.sidecar.reload import CANCELLED
+    path = str(tmp_path / "reloads.json")
+    log = ReloadLog(path)
+    log.record(100.0, Outcome(False, CANCELLED, 0.0), "oom_forecast")
+    log.record(200.0, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast")
+    assert len(ReloadLog(path).entries) == 2
+    assert ReloadLog(path).times() == [200.0]  # the cooldown counts what was done

@@ -304,9 +304,11 @@ class Daemon:
         action, self.pending_reload = self.pending_reload, None
         if action is None or self.reloader.busy:
             return
-        if fc.seconds > self.cfg.policy.reload_lead_s:  # re-checked right before acting
-            self._reload_done(action.t, reload.Outcome(False, "cancelled: the forecast cleared",
-                                                       0.0))
+        if fc.seconds > 2 * self.cfg.policy.reload_lead_s:  # re-checked right before acting
+            # (well clear, not just over the line: a forecast wobbling around the lead must
+            # not cancel every decision); a cancelled decision starts no cooldown
+            self._reload_done(action.t, reload.Outcome(False, reload.CANCELLED, 0.0))
+            policy.forget_reload(self.policy_state, action.t)
             return
         self.reload_started = action.t
         self.reload_note = {"outcome": "in progress", "seconds_to_oom": fc.as_dict()[

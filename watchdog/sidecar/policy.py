@@ -73,6 +73,12 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig) -> li
     return actions
 
 
+def forget_reload(ps: PolicyState, t: float) -> None:
+    """A decision taken at `t` was cancelled before anything was done: it starts no cooldown
+    and does not count toward the hourly maximum."""
+    ps.reloads = [x for x in ps.reloads if x != t]
+
+
 def _why(fc: Forecast) -> dict[str, Any]:
     d = fc.as_dict()
     return {k: d[k] for k in ("seconds_to_oom", "seconds_to_oom_linear",

@@ -99,6 +99,9 @@ def executor(cfg, unit: Optional[str]) -> Optional[Callable[[set[int]], Outcome]
     return None
 
 
+CANCELLED = "cancelled: the forecast cleared"
+
+
 class ReloadLog:
     """`reloads.json` in the state directory: every reload decision and how it ended."""
 
@@ -116,7 +119,9 @@ class ReloadLog:
             return []  # missing or unreadable: start a new record (the error is the caller's)
 
     def times(self) -> list[float]:
-        return [e["t"] for e in self.entries]
+        """When reloads were decided, for the cooldown and the hourly maximum; a decision
+        cancelled at the re-check did nothing and counts for neither."""
+        return [e["t"] for e in self.entries if e.get("detail") != CANCELLED]
 
     def record(self, t: float, outcome: Optional[Outcome], reason: str) -> None:
         entry = {"t": t, "reason": reason, **(asdict(outcome) if outcome else {"ok": None})}
