@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import subprocess
 import urllib.request
 
@@ -241,17 +240,8 @@ def test_registry_is_not_the_global_one():
 
 
 def _serve_on_free_port(registry):
-    try:
-        server, thread = serve("127.0.0.1", 0, registry)
-    except OSError:
-        server = None
-    if server is not None:
-        return server, thread, server.server_port
-    with socket.socket() as probe:  # old prometheus-client: no handle, so pick the port first
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server, thread = serve("127.0.0.1", port, registry)
-    return server, thread, port
+    server, thread = serve("127.0.0.1", 0, registry)  # port 0: any free one
+    return server, thread, server.server_port
 
 
 def test_http_scrape_serves_the_latest_snapshot():
