@@ -185,10 +185,11 @@ def test_progress_is_reported_on_long_inputs():
         bad_lines = 3
 
     from watchdog.sidecar.samples import Sample
+    from watchdog.sidecar.traces import read_all
     ticks = iter(range(0, 100_000, 10))  # ten "seconds" per clock read
     lines = []
-    obs = list(report.read_observations([FakeReader(Sample(t=i) for i in range(20_000))],
-                                        lines.append, clock=lambda: next(ticks)))
+    obs = list(read_all([FakeReader(Sample(t=i) for i in range(20_000))], lines.append,
+                        "report", clock=lambda: next(ticks)))
     assert len(obs) == 20_000 and lines
     assert lines[0] == "report: 4,096 records read, 3 bad lines so far"
 

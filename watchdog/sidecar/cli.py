@@ -141,7 +141,7 @@ def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out:
         if not os.path.isfile(path):
             print(f"torch-watchdog: {path}: no such file", file=sys.stderr)
             return 2
-    result = replay(paths, cfg)
+    result = replay(paths, cfg, lambda line: print(line, file=sys.stderr, flush=True))
     if as_json:
         json.dump(result, out, indent=1)
         out.write("\n")

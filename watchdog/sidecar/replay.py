@@ -14,7 +14,7 @@ from watchdog.sidecar.config import Config
 from watchdog.sidecar.forecast import Forecast
 from watchdog.sidecar.pipeline import poll
 from watchdog.sidecar.samples import Sample
-from watchdog.sidecar.traces import Observation, Reader, merged
+from watchdog.sidecar.traces import Observation, Reader, read_all
 
 # called after each observation is folded, with what the policy decided on it (the report's hook)
 Observer = Callable[[Observation, correlate.State, list], None]
@@ -54,10 +54,11 @@ def run(observations: Iterable[Observation], config: Config,
     return r
 
 
-def replay(paths: list[str], config: Config) -> dict[str, Any]:
+def replay(paths: list[str], config: Config,
+           progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     started = time.perf_counter()
     readers = [Reader(p) for p in paths]
-    r = run(merged(readers), config)
+    r = run(read_all(readers, progress, "replay"), config)
     wall = time.perf_counter() - started
     state = r.state
     span = (state.now - state.first_t) if state.first_t is not None else 0.0

@@ -24,12 +24,11 @@ from watchdog.sidecar.buckets import advise, size_counts, varying_dimension
 from watchdog.sidecar.config import Config
 from watchdog.sidecar.replay import run
 from watchdog.sidecar.samples import Sample
-from watchdog.sidecar.traces import Reader, TraceAdapter, merged
+from watchdog.sidecar.traces import Reader, TraceAdapter, read_all
 
 BUCKET_CHOICES = (4, 8, 16, 32)
 GOOD_PADDING = 0.10      # the advisor recommends the fewest buckets padding at most this much
 MAX_POINTS = 2000        # memory points kept for the chart (peaks kept when thinning)
-PROGRESS_S = 5.0
 EPOCH_T = 1e9            # agent logs use epoch seconds (> 2001); recorded traces count from 0
 USAGE_HINT = ("pass the agent's event log (TORCH_WATCHDOG_EVENT_LOG), the sidecar's sample log "
               "(sample_log in watchdog.yaml) or a recorded trace (.jsonl or .jsonl.gz)")
@@ -413,19 +412,6 @@ def _list(values: list, limit: int = 12) -> str:
 
 
 # -- I/O ------------------------------------------------------------------------------------
-def read_observations(readers: list, progress: Optional[Callable[[str], None]] = None,
-                      clock: Callable[[], float] = time.monotonic) -> Iterator[Any]:
-    """All readers' observations in time order, a progress line every PROGRESS_S."""
-    last, n = clock(), 0
-    for obs in merged(readers):
-        n += 1
-        if progress is not None and n % 4096 == 0 and clock() - last >= PROGRESS_S:
-            last = clock()
-            progress(f"report: {n:,} records read, {sum(r.bad_lines for r in readers)} bad "
-                     "lines so far")
-        yield obs
-
-
 def write_report(paths: list[str], out: str, config: Config,
                  progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """Read `paths`, write the HTML page to `out`, return the report's numbers."""
@@ -434,7 +420,7 @@ def write_report(paths: list[str], out: str, config: Config,
             raise ReportError(f"{path}: no such file; {USAGE_HINT}")
     readers = [RequestReader(p) for p in paths]
     try:
-        report = build_report(read_observations(readers, progress), config, paths)
+        report = build_report(read_all(readers, progress, "report"), config, paths)
     except ReportError as err:
         bad = sum(r.bad_lines for r in readers)
         raise ReportError(f"{err} ({bad} unreadable line(s)); {USAGE_HINT}") from None
