@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ALERTMANAGER, ROOT, am_alerts, free_port, start_alertmanager, wait_for, with_root
+from tests.conftest import ALERTMANAGER, ROOT, am_alerts, free_port, start_alertmanager, \
+    wait_for, with_root
 from watchdog import events
 from watchdog.agent.emitter import Emitter
 
@@ -26,7 +27,8 @@ def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):
     sock = os.path.join(short_tmp, "events.sock")
     cfg = os.path.join(short_tmp, "watchdog.yaml")
     with open(cfg, "w") as fh:
-        fh.write(f"metrics_port: {port}\nagent:\n  socket_path: {sock}\n"
+        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}\n"
+                 f"agent:\n  socket_path: {sock}\n"
                  f"correlate:\n  storm_recompiles: 3\n  storm_window_s: 4\n"
                  f"alerts:\n  urls: [\"http://127.0.0.1:{am_port}\"]\n  resend_s: 1\n"
                  f"  timeout_s: 1\n  service: test-llm\n  instance: box-1\n")

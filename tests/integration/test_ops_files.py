@@ -66,7 +66,8 @@ def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):
     port, prom_port = free_port(), free_port()
     cfg = os.path.join(short_tmp, "w.yaml")
     with open(cfg, "w") as fh:
-        fh.write(f"metrics_port: {port}\nagent:\n  socket_path: {short_tmp}/ev.sock\n")
+        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}\n"
+                 f"agent:\n  socket_path: {short_tmp}/ev.sock\n")
     with open(os.path.join(short_tmp, "prom.yml"), "w") as fh:
         fh.write(f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
                  f"rule_files: [{ROOT}/config/prometheus/torch-watchdog-rules.yml]\n"

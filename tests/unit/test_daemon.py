@@ -34,7 +34,7 @@ def rig(short_tmp):
                       "procs": [(me, 2_000 * MB)]}])
     clock = Clock()
     cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
-                 correlate=CorrelateConfig(min_records=10))
+                 correlate=CorrelateConfig(min_records=10), state_dir=short_tmp)
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)
     d.start()
@@ -129,7 +129,8 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
     pidfile = os.path.join(short_tmp, "server.pid")
     with open(pidfile, "w") as fh:
         fh.write(f"{os.getpid()}\n")
-    d.cfg = Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile))
+    d.cfg = Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile),
+                   state_dir=d.cfg.state_dir)
     assert d.watched_pids(0.0) == {os.getpid()}
     snap = d.tick()
     assert snap.server_alive is True and snap.server_rss_bytes > 0
@@ -143,7 +144,7 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
                       "procs": [(me, 2_000 * MB)]}])
     clock = Clock()
     cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "s.sock")),
-                 correlate=CorrelateConfig(min_records=10), sample_log=log)
+                 correlate=CorrelateConfig(min_records=10), sample_log=log, state_dir=short_tmp)
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)
     d.start()
@@ -169,6 +170,52 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
     for key in ("recordings", "mb_per_graph", "compiles", "memory_bytes"):
         assert replayed["estimates"][key] == live[key], key
     assert [f["cause"] for f in replayed["findings"]] == ["cudagraph_per_shape"]
+
+
+def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
+    """SIGHUP mid-run with a tighter budget: the sample log records each config in force, so
+    its replay alerts when the live sidecar did; `--config` (follow_config=False) overrides."""
+    from watchdog.sidecar.replay import replay
+
+    me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
+    path = os.path.join(short_tmp, "w.yaml")
+
+    def write(budget_mb: int) -> None:
+        with open(path, "w") as fh:
+            fh.write(f"sample_log: {log}\nstate_dir: {short_tmp}\n"
+                     f"agent: {{socket_path: {short_tmp}/s.sock}}\n"
+                     f"forecast: {{process_budget_bytes: {budget_mb * MB}, window_s: 2}}\n"
+                     "policy: {warmup_s: 0}\n")
+
+    write(50_000)
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    from watchdog.sidecar import config as config_mod
+    d = Daemon(config_mod.load(path), path, structlog.get_logger(), nvml=NvmlSource(nvml),
+               clock=clock, serve_metrics=False)
+    d.start()
+    try:
+        send(Emitter(d.cfg.agent.socket_path, None),
+             events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=1.0))
+        for i in range(60):
+            if i == 30:
+                write(2_100)  # the operator tightens the budget
+                d.handle_reload(signal.SIGHUP)
+            nvml.devices[0]["procs"] = [(me, (2_000 + i) * MB)]
+            clock.t += 0.1
+            d.tick()
+        live = (d.actions_total["alert"], d.actions_total["reload"])
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    assert live == (1, 1)  # after the SIGHUP: the oom_forecast alert, a reload decision
+    followed = replay([log], Config())
+    assert [(a["action"], a["reason"]) for a in followed["actions"]] == [
+        ("alert", "oom_forecast"), ("reload", "oom_forecast")]
+    assert followed["actions"][0]["t"] >= 1000.0 + 3.1  # after the change, as live
+    assert replay([log], Config(), follow_config=False)["actions"] == []
 
 
 def test_each_tick_publishes_the_status_page_view(rig):

@@ -141,7 +141,8 @@ def _summary(demo: Any, report: Any, finished: bool, out: TextIO) -> int:
               "bucket advisor)", file=out)
     print(f"  status page  {demo.url}/  and  {demo.url}/metrics  (live during the run; "
           "`--keep` leaves them up)", file=out)
-    print(f"  replay       {cli} replay {demo.samples_path} --config {demo.config_path}",
+    print(f"  replay       {cli} replay {demo.samples_path}  (the sidecar's configs, as it "
+          "recorded them; --config FILE tries another)",
           file=out)
     print(f"  logs         {demo.work}/sidecar.log (the sidecar's JSON log), {demo.events_path} "
           f"(the agent's events), {demo.work}/server-N.log", file=out)

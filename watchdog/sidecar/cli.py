@@ -141,7 +141,9 @@ def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out:
         if not os.path.isfile(path):
             print(f"torch-watchdog: {path}: no such file", file=sys.stderr)
             return 2
-    result = replay(paths, cfg, lambda line: print(line, file=sys.stderr, flush=True))
+    # without --config, the configs the live sidecar recorded in its sample log apply
+    result = replay(paths, cfg, lambda line: print(line, file=sys.stderr, flush=True),
+                    follow_config=config_path is None)
     if as_json:
         json.dump(result, out, indent=1)
         out.write("\n")
@@ -227,7 +229,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             from watchdog.sidecar import report
             cfg = load_config(args.config)
             return 2 if cfg is None else report.main(args.files, args.output, cfg, args.json,
-                                                     sys.stdout)
+                                                     sys.stdout, args.config is None)
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
         if args.command == "sidecar":

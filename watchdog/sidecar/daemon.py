@@ -28,7 +28,7 @@ from watchdog.sidecar.nvml import NvmlSource
 from watchdog.sidecar.process import read_host_memory, read_pidfile, read_processes, \
     unit_main_pid
 from watchdog.sidecar.receiver import Receiver
-from watchdog.sidecar.samples import Sample, sample_to_dict
+from watchdog.sidecar.samples import Sample, config_to_dict, sample_to_dict
 from watchdog.sidecar.snapshot import Snapshot
 from watchdog.sidecar.systemd import Notifier
 
@@ -99,6 +99,7 @@ class Daemon:
         if self.sender is not None:
             self.sender.start()
         self.running = True
+        self._log_config()
         self.log.info("started", socket=agent.socket_path, metrics_port=self.cfg.metrics_port,
                       config=self.config_path, poll_interval_s=self.cfg.poll_interval_s)
         self.notifier.ready("watching")
@@ -173,6 +174,7 @@ class Daemon:
                                       "sample_log_max_bytes")
                           if getattr(cfg, k) != getattr(self.cfg, k)]
         self.cfg = cfg
+        self._log_config()
         self.log.info("config reloaded", needs_restart_to_apply=restart_needed)
 
     def halt(self) -> int:
@@ -237,6 +239,12 @@ class Daemon:
         if not self.sample_log.write(b"\n".join(lines)) and not self.sample_log_failed:
             self.sample_log_failed = True  # logged once; retried every few seconds
             self.log.error("cannot write the sample log", path=self.cfg.sample_log)
+
+    def _log_config(self) -> None:
+        """The config in force from now on, for a replay of the sample log."""
+        if self.sample_log is not None:
+            self.sample_log.write(json.dumps(config_to_dict(self.clock(), self.cfg),
+                                             separators=(",", ":")).encode())
 
     def _receive(self, now: float) -> list:
         if self.receiver is not None:

@@ -13,7 +13,7 @@ from watchdog.sidecar import correlate, policy
 from watchdog.sidecar.config import Config
 from watchdog.sidecar.forecast import Forecast
 from watchdog.sidecar.pipeline import poll
-from watchdog.sidecar.samples import Sample
+from watchdog.sidecar.samples import ConfigChange, Sample
 from watchdog.sidecar.traces import Observation, Reader, read_all
 
 # called after each observation is folded, with what the policy decided on it (the report's hook)
@@ -26,6 +26,7 @@ class Run:
     actions: list = field(default_factory=list)
     forecast: Optional[Forecast] = None
     observations: int = 0
+    config: Optional[Config] = None   # the last one in force
 
     def outcome(self, config: Config) -> dict[str, Any]:
         estimates = self.state.estimates(config.correlate)
@@ -36,11 +37,17 @@ class Run:
 
 
 def run(observations: Iterable[Observation], config: Config,
-        observe: Optional[Observer] = None) -> Run:
-    r, ps = Run(), policy.PolicyState()
+        observe: Optional[Observer] = None, follow_config: bool = True) -> Run:
+    """Fold, forecast, decide over `observations`. With `follow_config`, a config the live
+    sidecar recorded in its sample log replaces `config` from then on (as SIGHUP did)."""
+    r, ps = Run(config=config), policy.PolicyState()
     state = r.state
     for obs in observations:
         r.observations += 1
+        if isinstance(obs, ConfigChange):
+            if follow_config:
+                config = r.config = obs.config
+            continue
         if isinstance(obs, Sample):  # a poll, exactly as the daemon makes one
             r.forecast, decided = poll(state, ps, (obs,), config)
         else:
@@ -55,15 +62,16 @@ def run(observations: Iterable[Observation], config: Config,
 
 
 def replay(paths: list[str], config: Config,
-           progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+           progress: Optional[Callable[[str], None]] = None,
+           follow_config: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     readers = [Reader(p) for p in paths]
-    r = run(read_all(readers, progress, "replay"), config)
+    r = run(read_all(readers, progress, "replay"), config, follow_config=follow_config)
     wall = time.perf_counter() - started
     state = r.state
     span = (state.now - state.first_t) if state.first_t is not None else 0.0
     return {
-        **r.outcome(config),
+        **r.outcome(r.config),
         "replay": {"files": paths, "observations": r.observations,
                    "bad_lines": sum(rd.bad_lines for rd in readers),
                    "trace_seconds": round(span, 3), "wall_seconds": round(wall, 3),

@@ -132,14 +132,17 @@ class _Collector:
         self.marks.extend((a.t, "reload") for a in decided if a.action == "reload")
 
 
-def build_report(observations: Iterable[Any], config: Config,
-                 files: Iterable[str] = ()) -> dict[str, Any]:
+def build_report(observations: Iterable[Any], config: Config, files: Iterable[str] = (),
+                 follow_config: bool = True) -> dict[str, Any]:
     """Run the pipeline over `observations` (events, Samples, Requests, in time order) and
-    return the report's numbers. Times in the result are seconds from the first observation."""
+    return the report's numbers. Times in the result are seconds from the first observation.
+    With `follow_config`, the configs the live sidecar recorded in its sample log apply."""
     col = _Collector()
-    r = run(col.pipeline_input(observations), config, observe=col.observe)
+    r = run(col.pipeline_input(observations), config, observe=col.observe,
+            follow_config=follow_config)
     if r.observations == 0:
         raise ReportError("no events, samples or trace lines could be used")
+    config = r.config
     outcome = r.outcome(config)
     est, state = outcome["estimates"], r.state
     # the meter that covered the run (the server's own memory, while it lived), not the last
@@ -413,14 +416,16 @@ def _list(values: list, limit: int = 12) -> str:
 
 # -- I/O ------------------------------------------------------------------------------------
 def write_report(paths: list[str], out: str, config: Config,
-                 progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+                 progress: Optional[Callable[[str], None]] = None,
+                 follow_config: bool = True) -> dict[str, Any]:
     """Read `paths`, write the HTML page to `out`, return the report's numbers."""
     for path in paths:
         if not os.path.isfile(path):
             raise ReportError(f"{path}: no such file; {USAGE_HINT}")
     readers = [RequestReader(p) for p in paths]
     try:
-        report = build_report(read_all(readers, progress, "report"), config, paths)
+        report = build_report(read_all(readers, progress, "report"), config, paths,
+                              follow_config)
     except ReportError as err:
         bad = sum(r.bad_lines for r in readers)
         raise ReportError(f"{err} ({bad} unreadable line(s)); {USAGE_HINT}") from None
@@ -436,11 +441,13 @@ def write_report(paths: list[str], out: str, config: Config,
     return report
 
 
-def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO) -> int:
+def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO,
+         follow_config: bool = True) -> int:
     """The `report` subcommand. Exit codes: 0 written, 2 bad input (message on stderr)."""
     started = time.perf_counter()
     try:
-        report = write_report(paths, out, cfg, lambda line: print(line, file=sys.stderr))
+        report = write_report(paths, out, cfg, lambda line: print(line, file=sys.stderr),
+                              follow_config)
     except ReportError as err:
         print(f"torch-watchdog report: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ agent's events. Times are wall-clock seconds (same base as event `t`); byte coun
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -71,3 +72,17 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
         host_available_bytes=opt_int(d.get("host_available")))
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """The config the live sidecar used from `t` on (written at start and after each good
+    SIGHUP): a replay of its sample log follows it, and so decides as the daemon did."""
+    t: float
+    config: Any                    # config.Config
+    kind = "config"
+
+
+def config_to_dict(t: float, config: Any) -> dict[str, Any]:
+    """A sample-log line; `config.from_mapping` reads the mapping back."""
+    return {"kind": "config", "t": t, "config": dataclasses.asdict(config)}

@@ -2,7 +2,8 @@
 
 Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the agent's event log (schema v1, lines with `"v"`), decoded strictly;
-- the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received);
+- the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received,
+  and a `"kind": "config"` line at start and after each SIGHUP);
 - the recorded-trace format of FACTS.md (`start`, `req`, `compile_start`/`compile_end`,
   `nvml`, `crash`, …): translated into what the agent and the sidecar's sources would have
   produced (NewShape/Stall/Calls from `req`, Compile/Recompile/CudagraphRecord from the
@@ -18,9 +19,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from watchdog import events
 from watchdog.jsonl import open_lines
-from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample, sample_from_dict
+from watchdog.sidecar.config import from_mapping
+from watchdog.sidecar.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
+    sample_from_dict
 
-Observation = Union[events.Event, Sample]
+Observation = Union[events.Event, Sample, ConfigChange]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -140,6 +143,8 @@ class Reader:
                 return [events.from_dict(obj)]
             if isinstance(obj, dict) and obj.get("kind") == "sample":  # the sidecar's own log
                 return [sample_from_dict(obj)]
+            if isinstance(obj, dict) and obj.get("kind") == "config":  # ... and its config
+                return [ConfigChange(float(obj["t"]), from_mapping(obj["config"]))]
             if isinstance(obj, dict) and isinstance(obj.get("t"), (int, float)):
                 return self.adapter.feed(obj)
         except (ValueError, KeyError, TypeError, events.EventDecodeError):
