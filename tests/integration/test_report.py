@@ -90,7 +90,7 @@ def test_shapes_count_requests_and_the_advisor_matches_advise(seq_default):
     assert row[8]["padding_tokens"] == eight.padding_tokens
     assert row[8]["memory_saved_bytes"] == pytest.approx((1604 - 8) * 0.468e6, rel=0.10)
     assert row[4]["padding_ratio"] > row[8]["padding_ratio"] > row[32]["padding_ratio"]
-    best = report.recommended(rep)
+    best = rep["shapes"]["recommended"]
     assert best["padding_ratio"] <= report.GOOD_PADDING
     assert f"BUCKETS = {tuple(best['boundaries'])}" in page
     assert "cudagraph_capture_sizes" in page and f"{100 * row[8]['padding_ratio']:.1f} %" in page

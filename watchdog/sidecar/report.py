@@ -2,12 +2,11 @@
 
 The agent's event log, the sidecar's sample log and recorded traces (any mix) run through the
 very pipeline `replay` runs (fold → forecast → decide, `replay.run`); `build_report` turns what
-it saw into numbers (pure), `render_html` into one HTML page with inline CSS and SVG (pure, no
-script, no external resource), and `write_report` does the reading and writing.
+it saw into numbers (pure), `report_html.render_html` into one self-contained HTML page, and
+`write_report` does the reading and writing.
 """
 from __future__ import annotations
 
-import html
 import json
 import os
 import sys
@@ -18,11 +17,11 @@ from itertools import chain, repeat
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from watchdog import events
-from watchdog.sidecar import plot
-from watchdog.sidecar.plot import human_bytes, human_duration
 from watchdog.sidecar.buckets import advise, size_counts, varying_dimension
 from watchdog.sidecar.config import Config
+from watchdog.sidecar.plot import human_duration
 from watchdog.sidecar.replay import run
+from watchdog.sidecar.report_html import render_html
 from watchdog.sidecar.samples import Sample
 from watchdog.sidecar.traces import Reader, TraceAdapter, read_all
 
@@ -243,175 +242,17 @@ def _shapes(col: _Collector, mb_per_graph: Optional[float]) -> dict[str, Any]:
     if dim is not None:
         counts = size_counts(chain.from_iterable(repeat(s, flat[s]) for s in same), dim)
     per_graph = None if mb_per_graph is None else mb_per_graph * 1e6
+    rows = [{"max_buckets": k, **advise(counts, k, per_graph).as_dict()}
+            for k in BUCKET_CHOICES] if counts else []
     return {"basis": basis, "dimension": dim, "rank": rank, "distinct": len(flat),
             "total": sum(flat.values()), "counts": sorted(counts.items()),
-            "advisor": [{"max_buckets": k, **advise(counts, k, per_graph).as_dict()}
-                        for k in BUCKET_CHOICES] if counts else []}
+            "advisor": rows, "recommended": recommended(rows)}
 
 
-def recommended(report: dict) -> Optional[dict]:
+def recommended(rows: list) -> Optional[dict]:
     """The fewest buckets whose padding stays under GOOD_PADDING, else the most."""
-    rows = report["shapes"]["advisor"]
     good = [row for row in rows if row["padding_ratio"] <= GOOD_PADDING]
     return (good or rows[-1:] or [None])[0]
-
-
-# -- HTML -----------------------------------------------------------------------------------
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:960px;color:#222}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;
-text-align:left;vertical-align:top}th{background:#f5f5f5}.num{text-align:right;white-space:nowrap}
-dl.summary{display:grid;grid-template-columns:repeat(4,1fr);gap:6px 18px}
-dl.summary div{background:#f7f7f7;padding:6px 10px;border-radius:4px}dt{color:#666;font-size:12px}
-dd{margin:0;font-weight:600}pre{background:#f5f5f5;padding:10px;overflow:auto}.note{color:#666}
-.bad{color:#b00}"""
-
-
-def render_html(report: dict) -> str:
-    """One self-contained page: inline CSS and SVG, no script, no external resource."""
-    s, chart = report["summary"], report["chart"]
-    memory = plot.memory_chart([tuple(p) for p in chart["points"]],
-                               [tuple(m) for m in chart["marks"]], budget=chart["budget_bytes"],
-                               time_origin=0.0,  # the tables' times: from the trace's start
-                               title=f"server memory ({s['memory_source'] or 'unknown'})")
-    body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(report['input']['files']))}"
-            f" — {report['input']['observations']:,} observations, "
-            f"{report['input'].get('bad_lines', 0)} unreadable line(s)</p>",
-            _summary_html(s), "<h2>Memory</h2>", memory, _zoom(chart), _chart_note(report),
-            _causes_html(report["causes"]), _actions_html(report["actions"]),
-            _shapes_html(report)]
-    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-            f"<title>torch-watchdog report</title><style>{CSS}</style></head><body>"
-            + "".join(body) + "</body></html>\n")
-
-
-def _zoom(chart: dict) -> str:
-    """The growth on top of a large footprint, where the full chart shows a flat line."""
-    zoom = chart.get("zoom")
-    if zoom is None:
-        return ""
-    since, base = zoom["from_t"], zoom["baseline_bytes"]
-    return plot.memory_chart([tuple(p) for p in chart["points"] if p[0] >= since],
-                             [tuple(m) for m in chart["marks"] if m[0] >= since],
-                             budget=chart["budget_bytes"], baseline=base, time_origin=0.0,
-                             title=f"growth above {human_bytes(base)} (zoomed)")
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _summary_html(s: dict) -> str:
-    cells = [
-        ("trace span", human_duration(s["span_s"])),
-        ("memory start → peak", f"{human_bytes(s['memory_start_bytes'])} → "
-                                f"{human_bytes(s['memory_peak_bytes'])}"),
-        ("CUDA graphs recorded", s["recordings"]), ("compiles", s["compiles"]),
-        ("recompiles", s["recompiles"]), ("recompile limit hit", s["recompile_limit"] or "no"),
-        ("requests", s["requests"]), ("distinct shapes", s["distinct_shapes"]),
-        ("stalls", f"{s['stalls']} ({human_duration(s['stall_seconds'])})"),
-        ("out-of-memory events", s["ooms"]),
-        ("MB per graph", "—" if s["mb_per_graph"] is None else
-         f"{s['mb_per_graph']:.3f} (confidence {s['mb_per_graph_confidence']:.2f})"),
-        ("forecast", _forecast_text(s)),
-    ]
-    return "<dl class=summary>" + "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>"
-                                          for k, v in cells) + "</dl>"
-
-
-def _forecast_text(s: dict) -> str:
-    if s["ooms"]:
-        return f"ran out of memory ({s['ooms']} OOM event(s))"
-    if s["will_oom"] is None:
-        return "no forecast (too few recordings or no budget)"
-    plateau = (f"plateau {human_bytes(s['plateau_bytes'])} vs budget "
-               f"{human_bytes(s['budget_bytes'])}")
-    if s["will_oom"]:
-        return f"will run out in {human_duration(s['seconds_to_oom'])}: {plateau}"
-    return f"levels off: {plateau}"
-
-
-def _chart_note(report: dict) -> str:
-    c, notes = report["chart"], []
-    if c["marks_outside"]:
-        notes.append(f"{c['marks_outside']} event(s) fall outside the samples' time range and "
-                     "are not drawn")
-    if report["input"]["mixed_time_bases"]:
-        notes.append("the inputs mix time bases (agent logs: epoch seconds; recorded traces: "
-                     "seconds since their process started): each is shown from its own first "
-                     "record, so events of the two line up only roughly")
-    return "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
-
-
-def _causes_html(causes: list) -> str:
-    if not causes:
-        return "<h2>Causes</h2><p>No causes found: memory and compiles behaved.</p>"
-    rows = "".join(
-        f"<tr><td class=num>+{_e(human_duration(c['t']))}</td><td><b>{_e(c['cause'])}</b><br>"
-        f"{_e(c['explanation'])}</td><td>{_e(_numbers(c, ('t', 'cause', 'explanation')))}</td>"
-        "</tr>" for c in causes)
-    return ("<h2>Causes</h2><table><tr><th>at</th><th>cause</th><th>numbers when found</th>"
-            f"</tr>{rows}</table>")
-
-
-def _actions_html(actions: list) -> str:
-    if not actions:
-        return "<h2>Actions</h2><p>The policy decided nothing: no alert, no reload.</p>"
-    rows = "".join(
-        f"<tr><td class=num>+{_e(human_duration(a['t']))}</td><td"
-        f"{' class=bad' if a['action'] == 'reload' else ''}>{_e(a['action'])}</td>"
-        f"<td>{_e(a['reason'])}</td><td>{_e(_numbers(a, ('t', 'action', 'reason')))}</td></tr>"
-        for a in actions)
-    return ("<h2>Actions</h2><table><tr><th>at</th><th>action</th><th>reason</th><th>numbers</th>"
-            f"</tr>{rows}</table>")
-
-
-def _numbers(d: dict, skip: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v is not None)
-
-
-def _shapes_html(report: dict) -> str:
-    sh = report["shapes"]
-    if not sh["counts"]:
-        return ("<h2>Input shapes</h2><p>No varying input size seen: nothing to bucket. (The "
-                "agent reports shapes for models wrapped in <code>watchdog.agent.watch()</code>; "
-                "recorded traces carry each request's shape.)</p>" + plot.histogram({}))
-    best = recommended(report)
-    head = (f"<h2>Input shapes</h2><p>{sh['total']:,} {_e(sh['basis'])}, {sh['distinct']:,} "
-            f"distinct; sizes along dimension {sh['dimension']} (of {sh['rank']}).</p>")
-    hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"],
-                          title=f"{sh['basis']} per size, {best['max_buckets']} suggested buckets")
-    return head + hist + _advisor_html(sh["advisor"], best)
-
-
-def _advisor_html(rows: list, best: dict) -> str:
-    cells = "".join(
-        f"<tr><td class=num>{r['max_buckets']}</td><td>{_e(_list(r['boundaries']))}</td>"
-        f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
-        f"{r['graphs_before']} → {r['graphs_after']}</td><td class=num>"
-        f"{human_bytes(r['memory_saved_bytes'])}</td></tr>" for r in rows)
-    return ("<h2>Bucket advisor</h2><p>Pad each request up to the next boundary: one CUDA graph "
-            "(or compile) per bucket instead of per size.</p><table><tr><th>buckets</th>"
-            "<th>boundaries</th><th>padding overhead</th><th>graphs</th><th>memory saved</th>"
-            f"</tr>{cells}</table><p>Suggested: {best['max_buckets']} buckets.</p>"
-            f"<pre>{_e(apply_code(best['boundaries']))}</pre>")
-
-
-def apply_code(boundaries: Iterable[int]) -> str:
-    b = tuple(boundaries)
-    return (f"BUCKETS = {b}\n\n"
-            "def bucket(n: int) -> int:\n"
-            "    # pad the input up to this size (sizes above the last bucket: split or reject)\n"
-            "    return next(b for b in BUCKETS if b >= n)\n\n"
-            "# torch >= 2.9: record CUDA graphs for these sizes only\n"
-            "torch._inductor.config.triton.cudagraph_capture_sizes = BUCKETS\n"
-            "# dynamic=False: keep len(BUCKETS) <= the recompile limit "
-            "(torch._dynamo.config.recompile_limit, 8 by default)\n")
-
-
-def _list(values: list, limit: int = 12) -> str:
-    shown = ", ".join(map(str, values[:limit]))
-    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
 
 
 # -- I/O ------------------------------------------------------------------------------------
