@@ -24,7 +24,7 @@ from watchdog.agent.emitter import Emitter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FUNCTION = "<lambda>"   # what torch names a compiled lambda: must come out escaped
 RECORDINGS = 5
-WIDTH, HEIGHT = 1200, 900
+WIDTH, HEIGHT = 1200, 1400  # tall enough that causes and actions never push the chart out
 LINE_RGB = (0x33, 0x33, 0x33)   # plot.py's memory-line stroke, #333
 
 

@@ -54,7 +54,9 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
         label = human_bytes(budget) if baseline is None else f"+{human_bytes(budget)}"
         parts.append(_text(box.right - 4, y - 4, f"budget {label}", "end", "#d55e00"))
     line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in pts)
-    parts.append(f'<polyline class="memory-line" fill="none" stroke="#333" stroke-width="1.5" '
+    # 2 px: a flat stretch then always covers one pixel row fully, whatever its y (1.5 px
+    # between two rows rendered as two light-grey rows: no line in a screenshot)
+    parts.append(f'<polyline class="memory-line" fill="none" stroke="#333" stroke-width="2" '
                  f'points="{line}"/>')
     parts.extend(_marks(box, marks))
     parts.append(_legend(box, marks))
