@@ -57,7 +57,8 @@ class Thinned:
         return tuple(self.items) + pending
 
 
-def _higher(a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+def higher(a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+    """Of two (t, bytes) points, the higher: thinning keeps the peaks an OOM is about."""
     return b if b[1] > a[1] else a
 
 
@@ -98,7 +99,7 @@ class History:
 
     def __init__(self, max_points: int = MAX_POINTS, max_marks: int = MAX_MARKS_PER_KIND,
                  max_actions: int = MAX_ACTIONS):
-        self.points = Thinned(max_points, _higher)
+        self.points = Thinned(max_points, higher)
         self.max_marks = max_marks
         self.marks: dict[str, Thinned] = {}
         self.actions: collections.deque = collections.deque(maxlen=max_actions)

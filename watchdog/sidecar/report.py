@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 from watchdog import events
 from watchdog.sidecar.buckets import advise, size_counts, varying_dimension
 from watchdog.sidecar.config import Config
+from watchdog.sidecar.history import Thinned, higher
 from watchdog.sidecar.plot import human_duration
 from watchdog.sidecar.replay import run
 from watchdog.sidecar.report_html import render_html
@@ -68,20 +69,21 @@ class RequestReader(Reader):
 
 
 class _Series:
-    """(t, bytes) points, thinned by halves past 2·limit, keeping each pair's peak."""
+    """(t, bytes) points over the whole run, thinned as the status page's (peaks kept)."""
 
     def __init__(self, limit: int = MAX_POINTS):
-        self.limit, self.points = limit, []
+        self.thinned = Thinned(limit, higher)
         self.first: Optional[float] = None
         self.peak: Optional[float] = None
 
     def add(self, t: float, v: float) -> None:
         self.first = v if self.first is None else self.first
         self.peak = v if self.peak is None else max(self.peak, v)
-        self.points.append((t, v))
-        if len(self.points) > 2 * self.limit:
-            p = self.points
-            self.points = [max(p[i:i + 2], key=lambda x: x[1]) for i in range(0, len(p), 2)]
+        self.thinned.add((t, v))
+
+    @property
+    def points(self) -> tuple:
+        return self.thinned.view()
 
 
 class _Collector:
@@ -146,7 +148,7 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     est, state = outcome["estimates"], r.state
     # the meter that covered the run (the server's own memory, while it lived), not the last
     # one (a crashed server's process is gone: the device's memory is all that is left)
-    source = max(col.series, key=lambda k: len(col.series[k].points), default=None)
+    source = max(col.series, key=lambda k: col.series[k].thinned.added, default=None)
     series = col.series.get(source) if source else None
     marks = list(col.marks)
     for f in state.findings:  # a limit inferred from a recorded trace has no event of its own
