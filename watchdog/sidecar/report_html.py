@@ -97,26 +97,29 @@ def _chart_note(report: dict) -> str:
 
 
 def _causes_html(causes: list) -> str:
-    if not causes:
-        return "<h2>Causes</h2><p>No causes found: memory and compiles behaved.</p>"
-    rows = "".join(
-        f"<tr><td class=num>+{_e(human_duration(c['t']))}</td><td><b>{_e(c['cause'])}</b><br>"
-        f"{_e(c['explanation'])}</td><td>{_e(_numbers(c, ('t', 'cause', 'explanation')))}</td>"
-        "</tr>" for c in causes)
-    return ("<h2>Causes</h2><table><tr><th>at</th><th>cause</th><th>numbers when found</th>"
-            f"</tr>{rows}</table>")
+    rows = [f"<td class=num>+{_e(human_duration(c['t']))}</td><td><b>{_e(c['cause'])}</b><br>"
+            f"{_e(c['explanation'])}</td><td>{_e(_numbers(c, ('t', 'cause', 'explanation')))}"
+            "</td>" for c in causes]
+    return _table("Causes", "No causes found: memory and compiles behaved.",
+                  ("at", "cause", "numbers when found"), rows)
 
 
 def _actions_html(actions: list) -> str:
-    if not actions:
-        return "<h2>Actions</h2><p>The policy decided nothing: no alert, no reload.</p>"
-    rows = "".join(
-        f"<tr><td class=num>+{_e(human_duration(a['t']))}</td><td"
-        f"{' class=bad' if a['action'] == 'reload' else ''}>{_e(a['action'])}</td>"
-        f"<td>{_e(a['reason'])}</td><td>{_e(_numbers(a, ('t', 'action', 'reason')))}</td></tr>"
-        for a in actions)
-    return ("<h2>Actions</h2><table><tr><th>at</th><th>action</th><th>reason</th><th>numbers</th>"
-            f"</tr>{rows}</table>")
+    rows = [f"<td class=num>+{_e(human_duration(a['t']))}</td><td"
+            f"{' class=bad' if a['action'] == 'reload' else ''}>{_e(a['action'])}</td>"
+            f"<td>{_e(a['reason'])}</td><td>{_e(_numbers(a, ('t', 'action', 'reason')))}</td>"
+            for a in actions]
+    return _table("Actions", "The policy decided nothing: no alert, no reload.",
+                  ("at", "action", "reason", "numbers"), rows)
+
+
+def _table(title: str, empty: str, headers: tuple, rows: list) -> str:
+    """A titled table of rows (each its cells' HTML), or the `empty` sentence."""
+    if not rows:
+        return f"<h2>{title}</h2><p>{empty}</p>"
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    return f"<h2>{title}</h2><table><tr>{head}</tr>" + "".join(
+        f"<tr>{r}</tr>" for r in rows) + "</table>"
 
 
 def _numbers(d: dict, skip: tuple) -> str:
