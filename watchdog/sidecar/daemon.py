@@ -256,11 +256,15 @@ class Daemon:
             # whole model load "unexplained growth"
             self.log.warning("server restarted", old_pids=sorted(self.agent_pids),
                              new_pids=sorted({pid for _e, pid in got}))
-            self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
+            self._new_server()
         if self.cfg.server.trust_agent_pids:
             for _event, pid in got:
                 self.agent_pids[pid] = now
         return [event for event, _pid in got]
+
+    def _new_server(self) -> None:
+        """After a reload or a restart: a new state for the new process; the old pids are gone."""
+        self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
 
     def _server_replaced(self, got: list) -> bool:
         """An agent we never heard says hello, and every agent we knew is gone."""
@@ -307,8 +311,8 @@ class Daemon:
         outcome = self.reloader.poll()
         if outcome is not None:
             self._reload_done(self.reload_started, outcome)
-            if outcome.ok:  # a new server: a new state, the old pids are gone
-                self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
+            if outcome.ok:
+                self._new_server()
         action, self.pending_reload = self.pending_reload, None
         if action is None or self.reloader.busy:
             return
