@@ -38,20 +38,26 @@ def listen(path: str, as_json: bool, out: TextIO) -> int:
     receiver = Receiver(path)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     reported = 0
+
+    def report_dropped() -> int:
+        dropped = sum(receiver.dropped.values())
+        if dropped > reported:
+            print(f"dropped {dropped} bad datagram(s) so far: {receiver.dropped}",
+                  file=sys.stderr, flush=True)
+        return max(dropped, reported)
+
     try:
         while True:
             select.select([receiver], [], [], 1.0)
-            for event, _pid in receiver.receive():
+            got = receiver.receive()
+            reported = report_dropped()  # before the events: a stop right after them loses none
+            for event, _pid in got:
                 print(json.dumps(events.to_dict(event)) if as_json else describe(event),
                       file=out, flush=True)
-            dropped = sum(receiver.dropped.values())
-            if dropped > reported:
-                reported = dropped
-                print(f"dropped {dropped} bad datagram(s) so far: {receiver.dropped}",
-                      file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         return 0
     finally:
+        report_dropped()  # a SIGTERM may land between a receive and its report
         receiver.close()
 
 
