@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import watchdog.agent as agent  # noqa: E402
-from watchdog import events  # noqa: E402
-from watchdog.agent.emitter import Emitter  # noqa: E402
+import torch_watchdog.agent as agent  # noqa: E402
+from torch_watchdog import events  # noqa: E402
+from torch_watchdog.agent.emitter import Emitter  # noqa: E402
 
 
 def per_call_ns(fn, args, kwargs, calls: int) -> float:
@@ -78,7 +78,7 @@ def bench_emit(n: int = 100_000) -> dict:
 
 
 def bench_gpu(calls: int) -> dict:
-    from watchdog.agent import timing
+    from torch_watchdog.agent import timing
 
     class Block(torch.nn.Module):
         def __init__(self):

@@ -103,9 +103,9 @@ def main() -> int:
           + (f"-oom{a.free_mib}" if a.free_mib else ""), torch=torch.__version__,
           gpu=torch.cuda.get_device_name())
     if a.event_log:
-        import watchdog.agent
+        import torch_watchdog.agent
 
-        watchdog.agent.install(socket_path="", event_log=a.event_log)
+        torch_watchdog.agent.install(socket_path="", event_log=a.event_log)
 
     @torch._dynamo.on_compile_start
     def _start(args=None):

@@ -27,9 +27,9 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from watchdog import events  # noqa: E402
-from watchdog.sidecar.config import Config  # noqa: E402
-from watchdog.sidecar.replay import replay  # noqa: E402
+from torch_watchdog import events  # noqa: E402
+from torch_watchdog.sidecar.config import Config  # noqa: E402
+from torch_watchdog.sidecar.replay import replay  # noqa: E402
 
 
 def received(port: int) -> float:
@@ -67,7 +67,7 @@ def send_at(path: str, rate: float, seconds: float) -> int:
 
 def emit_at(path: str, rate: float, seconds: float) -> int:
     """Events at `rate` through the agent's own emitter (it packs them per datagram)."""
-    from watchdog.agent.emitter import Emitter
+    from torch_watchdog.agent.emitter import Emitter
 
     em = Emitter(path, None)
     em.start()
@@ -105,7 +105,7 @@ def main() -> int:
         cfg = os.path.join(d, "c.yaml")
         with open(cfg, "w") as fh:
             fh.write(f"metrics_port: {port}\nstate_dir: {d}\nagent:\n  socket_path: {sock}\n")
-        daemon = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+        daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
                                    "--config", cfg], cwd=ROOT, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 30

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import watchdog.agent  # noqa: E402
-from watchdog import events  # noqa: E402
+import torch_watchdog.agent  # noqa: E402
+from torch_watchdog import events  # noqa: E402
 
 SHOWN = ("compile", "recompile", "recompile_limit", "graph_break", "stall", "cudagraph_record",
          "mitigation", "oom", "dropped")
@@ -96,7 +96,7 @@ def main() -> int:
     sock, log = os.path.join(work, "events.sock"), os.path.join(work, "events.jsonl")
     t0, seen = time.time(), []
     listener(sock, t0, seen)
-    watchdog.agent.install(socket_path=sock, event_log=log, stall_threshold_s=0.1)
+    torch_watchdog.agent.install(socket_path=sock, event_log=log, stall_threshold_s=0.1)
     rng = random.Random(0)
     traffic = [rng.randint(16, 256) for _ in range(a.requests)]
     torch.manual_seed(0)
@@ -104,7 +104,7 @@ def main() -> int:
 
     print(f"== 1. dynamic=False, {len(set(traffic))} distinct lengths, recompile limit {a.limit}")
     with torch._dynamo.config.patch(recompile_limit=a.limit):
-        static = watchdog.agent.watch(torch.compile(model, dynamic=False, backend=a.backend),
+        static = torch_watchdog.agent.watch(torch.compile(model, dynamic=False, backend=a.backend),
                                       name="static")
         fallback_ms = serve(static, traffic, "static") * 1e3
         print("  measuring the same model on compiled shapes …")
@@ -113,12 +113,12 @@ def main() -> int:
     print("== 2. the fix: the same traffic padded to 3 bucket lengths")
     torch._dynamo.reset()
     buckets = [64, 128, 256]
-    bucketed = watchdog.agent.watch(torch.compile(model, dynamic=False, backend=a.backend),
+    bucketed = torch_watchdog.agent.watch(torch.compile(model, dynamic=False, backend=a.backend),
                                     name="bucketed")
     bucket_ms = serve(bucketed, [next(b for b in buckets if b >= n) for n in traffic],
                       "bucketed") * 1e3
     time.sleep(0.5)
-    watchdog.agent.uninstall()
+    torch_watchdog.agent.uninstall()
     time.sleep(0.2)
 
     kinds = [e.kind for e in seen]

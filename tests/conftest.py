@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from watchdog import events
+from torch_watchdog import events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Debian's prometheus-alertmanager; WATCHDOG_ALERTMANAGER names a binary carried elsewhere

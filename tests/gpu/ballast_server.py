@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchma
 
 import torch  # noqa: E402
 
-import watchdog.agent as agent  # noqa: E402
+import torch_watchdog.agent as agent  # noqa: E402
 from record_trace import Model  # noqa: E402  (the model FACTS.md measured)
 
 BUCKETS = [32, 64, 128, 256, 512, 768, 1024, 1536, 2048]

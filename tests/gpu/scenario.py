@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import watchdog.agent as agent  # noqa: E402
-from watchdog import events  # noqa: E402
+import torch_watchdog.agent as agent  # noqa: E402
+from torch_watchdog import events  # noqa: E402
 
 
 class Block(torch.nn.Module):

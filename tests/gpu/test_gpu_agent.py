@@ -72,7 +72,7 @@ def test_graph_budget_stops_recordings():
 
 
 def test_watch_adds_no_gpu_sync():
-    import watchdog.agent as agent
+    import torch_watchdog.agent as agent
 
     agent.install(socket_path="", event_log=None)
     try:
@@ -94,8 +94,8 @@ def test_watch_adds_no_gpu_sync():
 
 
 def test_oom_observer_reports_the_allocator_oom(short_tmp):
-    import watchdog.agent as agent
-    from watchdog import events
+    import torch_watchdog.agent as agent
+    from torch_watchdog import events
 
     log = os.path.join(short_tmp, "events.jsonl")
     torch.cuda.init()

@@ -3,11 +3,11 @@ import os
 import sys
 
 if os.environ.get("WITH_AGENT") == "1":
-    import watchdog.agent.auto  # noqa: F401  (the one import a server needs)
+    import torch_watchdog.agent.auto  # noqa: F401  (the one import a server needs)
 
 import torch
 
-import watchdog.agent
+import torch_watchdog.agent
 
 
 def f(x):
@@ -19,12 +19,12 @@ def f(x):
 def main() -> int:
     model = torch.compile(f, dynamic=False, backend="eager")
     if os.environ.get("WITH_AGENT") == "1":
-        model = watchdog.agent.watch(model, name="toy")
+        model = torch_watchdog.agent.watch(model, name="toy")
     with torch._dynamo.config.patch(recompile_limit=2):
         for n in (3, 4, 5, 6, 3):
             out = model(torch.ones(n))
             assert torch.equal(out, torch.full((n,), 2.0))
-    watchdog.agent.uninstall()
+    torch_watchdog.agent.uninstall()
     print("served", file=sys.stdout)
     return 0
 

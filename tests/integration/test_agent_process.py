@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import with_root
-from watchdog import events
+from torch_watchdog import events
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "server_script.py")
 
@@ -62,7 +62,7 @@ def test_bad_env_value_is_reported_not_fatal(short_tmp, collector):
 
 
 def test_importing_the_package_pulls_in_nothing_heavy():
-    code = ("import sys, watchdog, watchdog.events, watchdog.agent, watchdog.sidecar.cli; "
+    code = ("import sys, watchdog, torch_watchdog.events, torch_watchdog.agent, torch_watchdog.sidecar.cli; "
             "print(sorted(m for m in ('torch', 'pynvml', 'prometheus_client', 'yaml') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=with_root()),
@@ -71,12 +71,12 @@ def test_importing_the_package_pulls_in_nothing_heavy():
 
 
 INDUCTOR_SERVER = """
-import sys, torch, watchdog.agent
-watchdog.agent.install(socket_path="", event_log=sys.argv[1])
+import sys, torch, torch_watchdog.agent
+torch_watchdog.agent.install(socket_path="", event_log=sys.argv[1])
 model = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()), dynamic=False)
 for n in (3, 5):
     model(torch.randn(n, 32))
-watchdog.agent.uninstall()
+torch_watchdog.agent.uninstall()
 """
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch._dynamo
 
-import watchdog.agent as agent_mod
-from watchdog.agent import timing
+import torch_watchdog.agent as agent_mod
+from torch_watchdog.agent import timing
 
 
 class TinyLM(torch.nn.Module):

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 
 def demo(work: str, *extra: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "demo", "--short",
+    return subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "demo", "--short",
                              "--device", "cpu", "--workdir", work, *extra], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=with_root()),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -115,7 +115,7 @@ def _children(pid: int) -> list[list[str]]:
 def test_without_torch_the_demo_says_how_to_get_it(monkeypatch, capsys):
     import importlib.util
 
-    from watchdog import demo as demo_mod
+    from torch_watchdog import demo as demo_mod
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

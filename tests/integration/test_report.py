@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from watchdog.sidecar import plot, report
-from watchdog.sidecar.buckets import advise
-from watchdog.sidecar.config import Config
+from torch_watchdog.sidecar import plot, report
+from torch_watchdog.sidecar.buckets import advise
+from torch_watchdog.sidecar.config import Config
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 ROOT = os.path.dirname(os.path.dirname(FIX))
@@ -184,8 +184,8 @@ def test_progress_is_reported_on_long_inputs():
     class FakeReader(list):
         bad_lines = 3
 
-    from watchdog.sidecar.samples import Sample
-    from watchdog.sidecar.traces import read_all
+    from torch_watchdog.sidecar.samples import Sample
+    from torch_watchdog.sidecar.traces import read_all
     ticks = iter(range(0, 100_000, 10))  # ten "seconds" per clock read
     lines = []
     obs = list(read_all([FakeReader(Sample(t=i) for i in range(20_000))], lines.append,
@@ -195,7 +195,7 @@ def test_progress_is_reported_on_long_inputs():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "report", *args],
+    return subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "report", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -224,7 +224,7 @@ def test_cli_bad_inputs_exit_2_saying_what_to_pass(tmp_path):
 
 
 def test_agent_event_log_with_watched_shapes(tmp_path):
-    from watchdog import events as ev
+    from torch_watchdog import events as ev
     t, log = 1.8e9, []
     log.append(ev.Compile(t=t, pid=9, compile_id="0/0", function="forward", seconds=2.0))
     for i in range(1, 8):

@@ -16,7 +16,7 @@ from tests.conftest import free_port, wait_for, with_root
 import torch
 import torch._dynamo
 
-import watchdog.agent as agent_mod
+import torch_watchdog.agent as agent_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,7 +43,7 @@ def daemon(short_tmp):
     notify.bind(notify_path)
     notify.settimeout(10)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=with_root())
-    proc = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config",
                              cfg], env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     info = {"proc": proc, "port": port, "socket": sock, "config": cfg, "notify": notify}
     try:
@@ -110,7 +110,7 @@ def test_bad_config_exits_2_and_busy_port_exits_1(short_tmp):
     with open(bad, "w") as fh:
         fh.write("metrics_port: 0\nbogus: 1\n")
     env = dict(os.environ, PYTHONPATH=with_root())
-    r = subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar", "--config", bad],
+    r = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config", bad],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bogus" in r.stderr and "metrics_port" in r.stderr
     with socket.socket() as busy:
@@ -120,7 +120,7 @@ def test_bad_config_exits_2_and_busy_port_exits_1(short_tmp):
         with open(good, "w") as fh:
             fh.write(f"metrics_port: {busy.getsockname()[1]}\nagent:\n  socket_path: "
                      f"{short_tmp}/e.sock\n")
-        r = subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar", "--config",
+        r = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config",
                             good], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot start" in r.stderr
     assert not os.path.exists(f"{short_tmp}/e.sock")

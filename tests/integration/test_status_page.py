@@ -18,8 +18,8 @@ import zlib
 import pytest
 
 from tests.conftest import free_port, wait_for, with_root
-from watchdog import events
-from watchdog.agent.emitter import Emitter
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FUNCTION = "<lambda>"   # what torch names a compiled lambda: must come out escaped
@@ -66,7 +66,7 @@ def sidecar():
             fh.write(f"metrics_port: {port}\nstate_dir: {tmp}\nagent:\n  socket_path: {sock}\n")
         env = dict(os.environ, PYTHONPATH=with_root())
         env.pop("NOTIFY_SOCKET", None)
-        proc = subprocess.Popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+        proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
                                  "--config", cfg], env=env, stderr=subprocess.PIPE, text=True,
                                 cwd=ROOT)
         try:
@@ -127,7 +127,7 @@ def test_page_metrics_and_404_on_the_same_port(sidecar):
 
 
 def run_status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "status", *args],
+    return subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "status", *args],
                           env=dict(os.environ, PYTHONPATH=with_root()), cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 

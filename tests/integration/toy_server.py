@@ -5,8 +5,8 @@ import signal
 import sys
 import time
 
-from watchdog import events
-from watchdog.agent.emitter import Emitter
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
 
 sock, marker = sys.argv[1], sys.argv[2]
 

@@ -1,6 +1,6 @@
 import pytest
 
-from watchdog.agent.config import DEFAULT_SOCKET, AgentConfig, resolve
+from torch_watchdog.agent.config import DEFAULT_SOCKET, AgentConfig, resolve
 
 
 def test_defaults_without_env():

@@ -1,10 +1,10 @@
 """fold() on hand-built observation sequences (no I/O, fake times)."""
 import pytest
 
-from watchdog import events
-from watchdog.sidecar.config import CorrelateConfig
-from watchdog.sidecar.correlate import State, fold
-from watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample
+from torch_watchdog import events
+from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.correlate import State, fold
+from torch_watchdog.sidecar.samples import DeviceSample, ProcessSample, Sample
 
 MB = 1_000_000
 CFG = CorrelateConfig()

@@ -8,12 +8,12 @@ import pytest
 import structlog
 
 from tests.unit.test_nvml import FakeNvml, NVMLError_GpuIsLost
-from watchdog import events
-from watchdog.agent.emitter import Emitter
-from watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig
-from watchdog.sidecar.daemon import Daemon
-from watchdog.sidecar.metrics import render
-from watchdog.sidecar.nvml import NvmlSource
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
+from torch_watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig
+from torch_watchdog.sidecar.daemon import Daemon
+from torch_watchdog.sidecar.metrics import render
+from torch_watchdog.sidecar.nvml import NvmlSource
 
 GPU = "GPU-fake-0"
 MB = 1_000_000
@@ -137,7 +137,7 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
 
 
 def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
-    from watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.replay import replay
 
     me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
     nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
@@ -175,7 +175,7 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
 def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
     """SIGHUP mid-run with a tighter budget: the sample log records each config in force, so
     its replay alerts when the live sidecar did; `--config` (follow_config=False) overrides."""
-    from watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.replay import replay
 
     me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
     path = os.path.join(short_tmp, "w.yaml")
@@ -191,7 +191,7 @@ def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
     nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
                       "procs": [(me, 2_000 * MB)]}])
     clock = Clock()
-    from watchdog.sidecar import config as config_mod
+    from torch_watchdog.sidecar import config as config_mod
     d = Daemon(config_mod.load(path), path, structlog.get_logger(), nvml=NvmlSource(nvml),
                clock=clock, serve_metrics=False)
     d.start()
@@ -253,8 +253,8 @@ def test_a_status_page_bug_does_not_stop_the_watching(rig, monkeypatch):
 
 CHILD = """
 import os, sys, time
-from watchdog import events
-from watchdog.agent.emitter import Emitter
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
 em = Emitter(sys.argv[1], None)
 em.emit(events.Hello(t=time.time(), pid=os.getpid(), torch="2.13", agent="0", devices=[],
                      config={}, capabilities={}, watched=[], argv="server"))
@@ -289,7 +289,7 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
     import json
     import time
 
-    from watchdog.sidecar.config import ForecastConfig, PolicyConfig, ReloadConfig
+    from torch_watchdog.sidecar.config import ForecastConfig, PolicyConfig, ReloadConfig
 
     me = os.getpid()
     nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,

@@ -4,8 +4,8 @@ import os
 import pytest
 import yaml
 
-from watchdog.demo.profile import FULL, PROFILES, SHORT, render_config
-from watchdog.sidecar import config
+from torch_watchdog.demo.profile import FULL, PROFILES, SHORT, render_config
+from torch_watchdog.sidecar import config
 
 
 @pytest.mark.parametrize("profile", [FULL, SHORT], ids=lambda p: p.name)

@@ -2,8 +2,8 @@ import os
 import socket
 import time
 
-from watchdog import events
-from watchdog.agent.emitter import Emitter
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
 
 
 def _hb(i: int) -> events.Heartbeat:

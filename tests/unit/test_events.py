@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from watchdog import events
-from watchdog.events import EventDecodeError
+from torch_watchdog import events
+from torch_watchdog.events import EventDecodeError
 
 SAMPLES = [
     events.Hello(t=1.5, pid=7, torch="2.13.0", agent="0.1.0", devices=["GPU-1"],

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from watchdog import events
-from watchdog.sidecar.history import History, Thinned, memory_level
-from watchdog.sidecar.policy import Action
-from watchdog.sidecar.samples import DeviceSample
-from watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog import events
+from torch_watchdog.sidecar.history import History, Thinned, memory_level
+from torch_watchdog.sidecar.policy import Action
+from torch_watchdog.sidecar.samples import DeviceSample
+from torch_watchdog.sidecar.snapshot import Snapshot
 
 GIB = 1 << 30
 

@@ -5,11 +5,11 @@ import re
 from html.parser import HTMLParser
 
 from tests.unit.test_status import FORECAST, GIB, T, a_view
-from watchdog.sidecar import page
-from watchdog.sidecar.history import History
-from watchdog.sidecar.page import render_page
-from watchdog.sidecar.snapshot import Snapshot
-from watchdog.sidecar.status import build_status
+from torch_watchdog.sidecar import page
+from torch_watchdog.sidecar.history import History
+from torch_watchdog.sidecar.page import render_page
+from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.status import build_status
 
 EVIL = '<script>alert("x")</script>'
 
@@ -100,7 +100,7 @@ def test_a_chart_failure_leaves_the_rest_of_the_page(monkeypatch):
 
 def test_thinned_marks_are_said_so():
     h = History(max_marks=10)
-    from watchdog import events
+    from torch_watchdog import events
     for i in range(100):
         h.observe([events.CudagraphRecord(t=T + i, pid=1, phase="record", compile_id="0/1",
                                           key=[i], shape=None, seconds=0.01)])

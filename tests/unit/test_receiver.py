@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from watchdog import events
-from watchdog.agent.emitter import Emitter
-from watchdog.sidecar.receiver import Receiver
+from torch_watchdog import events
+from torch_watchdog.agent.emitter import Emitter
+from torch_watchdog.sidecar.receiver import Receiver
 
 NO_DROPS = {"malformed": 0, "oversized": 0, "version": 0, "foreign": 0, "spoofed": 0}
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from watchdog.sidecar.config import Config, PolicyConfig
-from watchdog.sidecar.replay import replay
+from torch_watchdog.sidecar.config import Config, PolicyConfig
+from torch_watchdog.sidecar.replay import replay
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 ROOT = os.path.dirname(os.path.dirname(FIX))
@@ -102,7 +102,7 @@ def test_replay_merges_the_agent_event_log_with_its_trace():
 
 
 def test_cli_replay_json(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "replay", "--json",
+    out = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "replay", "--json",
                           fixture("h200-torch2.11-seq-static.jsonl.gz")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -110,7 +110,7 @@ def test_cli_replay_json(tmp_path):
     assert set(result) >= {"findings", "actions", "estimates"}
     for a in result["actions"]:
         assert a["action"] in ("alert", "reload") and isinstance(a["t"], float) and a["reason"]
-    bad = subprocess.run([sys.executable, "-m", "watchdog.sidecar.cli", "replay",
+    bad = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "replay",
                           str(tmp_path / "missing.jsonl")], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no such file" in bad.stderr

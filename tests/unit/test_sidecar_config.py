@@ -8,8 +8,8 @@ import typing
 import pytest
 import yaml
 
-from watchdog.sidecar import config as cfg
-from watchdog.sidecar.config import Config, ConfigError, check, from_mapping, load
+from torch_watchdog.sidecar import config as cfg
+from torch_watchdog.sidecar.config import Config, ConfigError, check, from_mapping, load
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "config" / "watchdog.yaml"
 

@@ -4,8 +4,8 @@ import datetime
 
 import pytest
 
-from watchdog.demo import timeline
-from watchdog.demo.timeline import Timeline, line_time, progress_text
+from torch_watchdog.demo import timeline
+from torch_watchdog.demo.timeline import Timeline, line_time, progress_text
 
 T0 = 1_800_000_000.0
 PID, PID2 = 1234, 1301

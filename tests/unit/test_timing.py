@@ -3,9 +3,9 @@ import time
 import pytest
 import torch
 
-from watchdog import events
-from watchdog.agent import timing
-from watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, watch
+from torch_watchdog import events
+from torch_watchdog.agent import timing
+from torch_watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, watch
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """The in-process agent: `install()`, `watch()`, `uninstall()`.
 
-    import watchdog.agent.auto          # one import: install() from TORCH_WATCHDOG_* variables
+    import torch_watchdog.agent.auto          # one import: install() from TORCH_WATCHDOG_* variables
 
-or, in code, `watchdog.agent.install(event_log="/var/log/srv/events.jsonl")` and
-`model = watchdog.agent.watch(torch.compile(model, mode="reduce-overhead"), name="llm")`.
+or, in code, `torch_watchdog.agent.install(event_log="/var/log/srv/events.jsonl")` and
+`model = torch_watchdog.agent.watch(torch.compile(model, mode="reduce-overhead"), name="llm")`.
 
 Importing this module does not import torch. After install() nothing the agent does raises
 into the server, blocks it or prints to its stderr (set debug=True to see agent errors).
@@ -19,14 +19,14 @@ import time
 import traceback
 from typing import Any, Optional
 
-from watchdog import __version__, events
-from watchdog.agent.config import AgentConfig, resolve
-from watchdog.agent import timing
-from watchdog.agent.timing import Watched, watch, watched
+from torch_watchdog import __version__, events
+from torch_watchdog.agent.config import AgentConfig, resolve
+from torch_watchdog.agent import timing
+from torch_watchdog.agent.timing import Watched, watch, watched
 
 __all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "Watched"]
 
-log = logging.getLogger("watchdog.agent")
+log = logging.getLogger("torch_watchdog.agent")
 _lock = threading.RLock()
 _agent: Optional["Agent"] = None
 _atexit_registered = False
@@ -36,9 +36,9 @@ class Agent:
     """One per process: hooks, mitigations and the emitter's thread, which also runs `tick()`."""
 
     def __init__(self, config: AgentConfig, problems: list[str]):
-        from watchdog.agent.emitter import Emitter
-        from watchdog.agent.hooks import TorchHooks
-        from watchdog.agent.mitigation import GraphBudget, RecompileGuard
+        from torch_watchdog.agent.emitter import Emitter
+        from torch_watchdog.agent.hooks import TorchHooks
+        from torch_watchdog.agent.mitigation import GraphBudget, RecompileGuard
 
         import torch
 

@@ -1,5 +1,5 @@
-"""`import watchdog.agent.auto`: install the agent from TORCH_WATCHDOG_* variables, never raising."""
-from watchdog.agent import install
+"""`import torch_watchdog.agent.auto`: install the agent from TORCH_WATCHDOG_* variables, never raising."""
+from torch_watchdog.agent import install
 
 try:
     install()

@@ -1,6 +1,6 @@
 """Agent settings: install() arguments override TORCH_WATCHDOG_* environment variables.
 
-A bad environment value never stops the server: it is reported (logger `watchdog.agent`, and the
+A bad environment value never stops the server: it is reported (logger `torch_watchdog.agent`, and the
 `hello` event's config) and the default is used. A bad explicit argument is a programming error
 and raises ValueError from install().
 """
@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from watchdog.events import DEFAULT_SOCKET
+from torch_watchdog.events import DEFAULT_SOCKET
 BUDGET_MODES = ("auto", "capture_sizes", "eager")
 
 

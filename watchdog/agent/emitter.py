@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from watchdog import events
-from watchdog.jsonl import JsonLines
+from torch_watchdog import events
+from torch_watchdog.jsonl import JsonLines
 
 DROP_REASONS = ("queue_full", "socket", "log")
 SENT, FULL, DOWN = "sent", "full", "down"

@@ -22,8 +22,8 @@ import time
 from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-from watchdog import events
-from watchdog.agent.timing import as_shape, current_shape, tls
+from torch_watchdog import events
+from torch_watchdog.agent.timing import as_shape, current_shape, tls
 
 Emit = Callable[[events.Event], None]
 

@@ -14,8 +14,8 @@ import os
 import time
 from typing import Any, Callable
 
-from watchdog import events
-from watchdog.agent import timing
+from torch_watchdog import events
+from torch_watchdog.agent import timing
 
 Emit = Callable[[events.Event], None]
 

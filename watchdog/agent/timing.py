@@ -14,7 +14,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-from watchdog import events
+from torch_watchdog import events
 
 # Per serving thread, written by hooks.py (rare): `activity`/`activity_ns` of the last compile
 # or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
@@ -208,7 +208,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def watch(fn: Callable, name: Optional[str] = None) -> Watched:
     """Wrap a model or function: per-call shape and wall time, new shapes and stalls as events."""
-    import torch  # the server has it; importing watchdog.agent alone must not
+    import torch  # the server has it; importing torch_watchdog.agent alone must not
 
     if isinstance(fn, Watched):
         return fn

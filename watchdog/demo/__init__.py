@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    from watchdog.demo.driver import Interrupted
+    from torch_watchdog.demo.driver import Interrupted
 
     raise Interrupted("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
 
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if importlib.util.find_spec("torch") is None:
         print(f"torch-watchdog demo: {INSTALL_HINT}", file=sys.stderr)
         return 1
-    from watchdog.demo.driver import Demo, DemoError, Interrupted
-    from watchdog.demo.profile import FULL, SHORT
+    from torch_watchdog.demo.driver import Demo, DemoError, Interrupted
+    from torch_watchdog.demo.profile import FULL, SHORT
 
     profile = SHORT if args.short else FULL
     work = os.path.abspath(args.workdir) if args.workdir else \
@@ -117,7 +117,7 @@ def _command() -> str:
     cmd = tool if os.path.exists(tool) else sys.executable
     rel = os.path.relpath(cmd)
     cmd = cmd if rel.startswith("..") else rel
-    return cmd if cmd.endswith("torch-watchdog") else f"{cmd} -m watchdog.sidecar.cli"
+    return cmd if cmd.endswith("torch-watchdog") else f"{cmd} -m torch_watchdog.sidecar.cli"
 
 
 def _summary(demo: Any, report: Any, finished: bool, out: TextIO) -> int:

@@ -24,8 +24,8 @@ from typing import IO, Any, Optional, TextIO
 
 import psutil
 
-from watchdog.demo.profile import Profile, render_config
-from watchdog.demo.timeline import Timeline, line_time, progress_text
+from torch_watchdog.demo.profile import Profile, render_config
+from torch_watchdog.demo.timeline import Timeline, line_time, progress_text
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOCKET_MAX = 100          # AF_UNIX paths are limited to 108 bytes
@@ -109,7 +109,7 @@ class Demo:
         self.write_config(psutil.virtual_memory().total)
 
     def write_config(self, budget: int) -> None:
-        from watchdog.sidecar import config
+        from torch_watchdog.sidecar import config
 
         text = render_config(self.p, work=self.work, socket_path=self.socket_path,
                              port=self.port, budget_bytes=budget)
@@ -126,7 +126,7 @@ class Demo:
                                 preexec_fn=_die_with_parent, **kw)
 
     def start_sidecar(self) -> None:
-        self.sidecar = self.popen([sys.executable, "-m", "watchdog.sidecar.cli", "sidecar",
+        self.sidecar = self.popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
                                    "--config", self.config_path], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         log = open(os.path.join(self.work, "sidecar.log"), "w", encoding="utf-8")
@@ -146,7 +146,7 @@ class Demo:
         p = self.p
         log = open(os.path.join(self.work, f"server-{n}.log"), "w", encoding="utf-8")
         self.server_logs.append(log)
-        proc = self.popen([sys.executable, "-m", "watchdog.demo.server", "--socket",
+        proc = self.popen([sys.executable, "-m", "torch_watchdog.demo.server", "--socket",
                            self.socket_path, "--event-log", self.events_path, "--device",
                            self.device, "--rate", str(p.rate), "--warm-requests",
                            str(p.warm_requests), "--warm-lengths",
@@ -268,7 +268,7 @@ class Demo:
         level = ((status or {}).get("forecast") or {}).get("level_bytes")
         if level is None:
             return
-        from watchdog.sidecar.status import fmt_bytes
+        from torch_watchdog.sidecar.status import fmt_bytes
 
         margin = self.p.margin_bytes
         self.budget = int(level) + margin
@@ -312,7 +312,7 @@ class Demo:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def write_report(self) -> Optional[str]:
-        from watchdog.sidecar import config, report
+        from torch_watchdog.sidecar import config, report
 
         if not os.path.exists(self.samples_path):
             return None

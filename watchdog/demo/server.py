@@ -1,7 +1,7 @@
 """The demo's inference server: a real small transformer under torch.compile, fed requests of
 variable length, with the agent installed. `torch-watchdog demo` runs it as a subprocess:
 
-    python -m watchdog.demo.server --socket S --event-log F [--device auto|cpu|cuda] ...
+    python -m torch_watchdog.demo.server --socket S --event-log F [--device auto|cpu|cuda] ...
 
 It reports on stdout, one JSON object per line (`ev`: start, traffic, serving, progress,
 stopping, error), for the demo's timeline; torch's own warnings go to stderr. SIGTERM (the
@@ -118,17 +118,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         signal.signal(sig, lambda signum, _f: STOP.update(signal=signal.Signals(signum).name))
     import torch
 
-    import watchdog.agent
+    import torch_watchdog.agent
 
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(1)   # the sidecar and the demo share the machine (2 cores in CI)
     torch._dynamo.config.recompile_limit = a.limit
-    watchdog.agent.install(socket_path=a.socket, event_log=a.event_log, heartbeat_s=1.0)
+    torch_watchdog.agent.install(socket_path=a.socket, event_log=a.event_log, heartbeat_s=1.0)
     torch.manual_seed(0)
     dim, layers, batch = (256, 2, 8) if device == "cuda" else (64, 1, 1)
     model = build_model(torch, dim, layers)().to(device).eval()
     options = {"mode": "reduce-overhead"} if device == "cuda" else {}
-    lm = watchdog.agent.watch(torch.compile(model, dynamic=False, **options), name="lm")
+    lm = torch_watchdog.agent.watch(torch.compile(model, dynamic=False, **options), name="lm")
     compile_text = "torch.compile(dynamic=False" + (', mode="reduce-overhead")' if options
                                                       else ")")
     where = "GPU memory" if device == "cuda" else "RSS"
@@ -180,9 +180,9 @@ def serve(torch: Any, a: argparse.Namespace, device: str, batch: int, lm: Any) -
 
 
 def watchdog_agent_uninstall() -> None:
-    import watchdog.agent
+    import torch_watchdog.agent
 
-    watchdog.agent.uninstall()  # flushes the agent's last events
+    torch_watchdog.agent.uninstall()  # flushes the agent's last events
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ import signal
 import sys
 from typing import Any, Optional, TextIO
 
-from watchdog import __version__, events
-from watchdog.jsonl import open_lines
-from watchdog.sidecar.config import AgentSocketConfig
-from watchdog.sidecar.receiver import Receiver
+from torch_watchdog import __version__, events
+from torch_watchdog.jsonl import open_lines
+from torch_watchdog.sidecar.config import AgentSocketConfig
+from torch_watchdog.sidecar.receiver import Receiver
 
 
 def describe(e: events.Event) -> str:
@@ -85,7 +85,7 @@ def check_events(paths: list[str], out: TextIO) -> int:
 
 
 def check_config(path: str, out: TextIO) -> int:
-    from watchdog.sidecar import config
+    from torch_watchdog.sidecar import config
 
     _, problems = config.check(path)
     for problem in problems:
@@ -100,8 +100,8 @@ def run_sidecar(config_path: Optional[str]) -> int:
     """Exit codes: 0 stopped by a signal, 1 could not start (socket, port), 2 bad config."""
     import structlog
 
-    from watchdog.sidecar import config
-    from watchdog.sidecar.daemon import Daemon
+    from torch_watchdog.sidecar import config
+    from torch_watchdog.sidecar.daemon import Daemon
 
     structlog.configure(processors=[structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -127,7 +127,7 @@ def run_sidecar(config_path: Optional[str]) -> int:
 
 def load_config(path: Optional[str]) -> Any:
     """The config in `path` (the defaults without one), or None after printing every problem."""
-    from watchdog.sidecar import config
+    from torch_watchdog.sidecar import config
 
     if not path:
         return config.Config()
@@ -138,7 +138,7 @@ def load_config(path: Optional[str]) -> Any:
 
 
 def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
-    from watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.replay import replay
 
     cfg = load_config(config_path)
     if cfg is None:
@@ -168,8 +168,8 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
     """Print a running sidecar's /status.json; 1 when none answers at that address."""
     import time
 
-    from watchdog.sidecar.status import format_terminal
-    from watchdog.sidecar.web import local_url, read_status
+    from torch_watchdog.sidecar.status import format_terminal
+    from torch_watchdog.sidecar.web import local_url, read_status
 
     if url is None:
         cfg = load_config(config_path)
@@ -222,7 +222,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
-    from watchdog import demo
+    from torch_watchdog import demo
     demo.add_arguments(sub.add_parser("demo", help="a small torch.compile server, the agent "
                                       "and the sidecar, end to end (CPU is enough)"))
     args = p.parse_args(argv)
@@ -232,7 +232,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "replay":
             return run_replay(args.traces, args.config, args.json, sys.stdout)
         if args.command == "report":
-            from watchdog.sidecar import report
+            from torch_watchdog.sidecar import report
             cfg = load_config(args.config)
             return 2 if cfg is None else report.main(args.files, args.output, cfg, args.json,
                                                      sys.stdout, args.config is None)

@@ -10,7 +10,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from watchdog.events import DEFAULT_SOCKET
+from torch_watchdog.events import DEFAULT_SOCKET
 
 MiB = 1 << 20
 

@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from watchdog import events
-from watchdog.sidecar.config import CorrelateConfig
-from watchdog.sidecar.samples import Sample
+from torch_watchdog import events
+from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.samples import Sample
 
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
           "memory_growth_unexplained")

@@ -18,19 +18,19 @@ from typing import Any, Callable, Optional
 
 import psutil
 
-from watchdog import __version__, events
-from watchdog.jsonl import JsonLines
-from watchdog.sidecar import alerts, correlate, pipeline, policy, reload
-from watchdog.sidecar import config as config_mod
-from watchdog.sidecar.history import History, StatusView
-from watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
-from watchdog.sidecar.nvml import NvmlSource
-from watchdog.sidecar.process import read_host_memory, read_pidfile, read_processes, \
+from torch_watchdog import __version__, events
+from torch_watchdog.jsonl import JsonLines
+from torch_watchdog.sidecar import alerts, correlate, pipeline, policy, reload
+from torch_watchdog.sidecar import config as config_mod
+from torch_watchdog.sidecar.history import History, StatusView
+from torch_watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
+from torch_watchdog.sidecar.nvml import NvmlSource
+from torch_watchdog.sidecar.process import read_host_memory, read_pidfile, read_processes, \
     unit_main_pid
-from watchdog.sidecar.receiver import Receiver
-from watchdog.sidecar.samples import Sample, config_to_dict, sample_to_dict
-from watchdog.sidecar.snapshot import Snapshot
-from watchdog.sidecar.systemd import Notifier
+from torch_watchdog.sidecar.receiver import Receiver
+from torch_watchdog.sidecar.samples import Sample, config_to_dict, sample_to_dict
+from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.systemd import Notifier
 
 AGENT_SILENT_S = 30.0   # an agent pid not heard from for this long (and dead) is forgotten
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from watchdog.sidecar.config import ForecastConfig
-from watchdog.sidecar.correlate import State
+from torch_watchdog.sidecar.config import ForecastConfig
+from torch_watchdog.sidecar.correlate import State
 
 FOREVER = math.inf
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable, Optional
 
-from watchdog import __version__
-from watchdog.sidecar import plot
-from watchdog.sidecar.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
+from torch_watchdog import __version__
+from torch_watchdog.sidecar import plot
+from torch_watchdog.sidecar.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
                                      fmt_duration)
 
 REFRESH_S = 5

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.sidecar.config import PolicyConfig
-from watchdog.sidecar.correlate import State
-from watchdog.sidecar.forecast import Forecast
+from torch_watchdog.sidecar.config import PolicyConfig
+from torch_watchdog.sidecar.correlate import State
+from torch_watchdog.sidecar.forecast import Forecast
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import stat
 import struct
 from typing import Optional
 
-from watchdog import events
+from torch_watchdog import events
 
 DROP_REASONS = ("malformed", "oversized", "version", "foreign", "spoofed")
 RCVBUF_BYTES = 4 << 20

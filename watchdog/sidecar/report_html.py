@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable
 
-from watchdog.sidecar import plot
-from watchdog.sidecar.plot import human_bytes, human_duration
+from torch_watchdog.sidecar import plot
+from torch_watchdog.sidecar.plot import human_bytes, human_duration
 
 
 # -- page -----------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def _shapes_html(report: dict) -> str:
     sh = report["shapes"]
     if not sh["counts"]:
         return ("<h2>Input shapes</h2><p>No varying input size seen: nothing to bucket. (The "
-                "agent reports shapes for models wrapped in <code>watchdog.agent.watch()</code>; "
+                "agent reports shapes for models wrapped in <code>torch_watchdog.agent.watch()</code>; "
                 "recorded traces carry each request's shape.)</p>" + plot.histogram({}))
     best = sh["recommended"]
     head = (f"<h2>Input shapes</h2><p>{sh['total']:,} {_e(sh['basis'])}, {sh['distinct']:,} "

@@ -17,10 +17,10 @@ import json
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from watchdog import events
-from watchdog.jsonl import open_lines
-from watchdog.sidecar.config import from_mapping
-from watchdog.sidecar.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
+from torch_watchdog import events
+from torch_watchdog.jsonl import open_lines
+from torch_watchdog.sidecar.config import from_mapping
+from torch_watchdog.sidecar.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
     sample_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange]
