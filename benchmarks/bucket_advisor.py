@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torch_watchdog.sidecar.buckets import advise  # noqa: E402
+from torch_watchdog.sidecar.offline.buckets import advise  # noqa: E402
 
 
 def main() -> int:

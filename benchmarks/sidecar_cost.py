@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 from torch_watchdog import events  # noqa: E402
 from torch_watchdog.sidecar.config import Config  # noqa: E402
-from torch_watchdog.sidecar.replay import replay  # noqa: E402
+from torch_watchdog.sidecar.offline.replay import replay  # noqa: E402
 
 
 def received(port: int) -> float:

@@ -21,8 +21,8 @@ time.sleep(60)
 
 
 def test_nvml_source_sees_a_gpu_process_by_uuid():
-    from torch_watchdog.sidecar.nvml import NvmlSource
-    from torch_watchdog.sidecar.process import read_processes
+    from torch_watchdog.sidecar.sources.nvml import NvmlSource
+    from torch_watchdog.sidecar.sources.process import read_processes
 
     child = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True)
     source = NvmlSource()

@@ -10,8 +10,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from torch_watchdog.sidecar import plot, report
-from torch_watchdog.sidecar.buckets import advise
+from torch_watchdog.sidecar.present import plot
+
+from torch_watchdog.sidecar.offline import report
+from torch_watchdog.sidecar.offline.buckets import advise
 from torch_watchdog.sidecar.config import Config
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
@@ -184,8 +186,8 @@ def test_progress_is_reported_on_long_inputs():
     class FakeReader(list):
         bad_lines = 3
 
-    from torch_watchdog.sidecar.samples import Sample
-    from torch_watchdog.sidecar.traces import read_all
+    from torch_watchdog.sidecar.sources.samples import Sample
+    from torch_watchdog.sidecar.offline.traces import read_all
     ticks = iter(range(0, 100_000, 10))  # ten "seconds" per clock read
     lines = []
     obs = list(read_all([FakeReader(Sample(t=i) for i in range(20_000))], lines.append,

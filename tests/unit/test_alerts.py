@@ -1,8 +1,8 @@
 """Alert building and the firing/resolved book (pure, fake clock), and the sender's retries."""
 import urllib.error
 
-from torch_watchdog.sidecar import alerts
-from torch_watchdog.sidecar.alerts import AlertBook, AlertSender, build, rfc3339
+from torch_watchdog.sidecar.actions import alerts
+from torch_watchdog.sidecar.actions.alerts import AlertBook, AlertSender, build, rfc3339
 
 LABELS = {"service": "llm", "instance": "gpu-7", "gpu_uuid": "GPU-1"}
 EST = {"recordings": 1983, "distinct_shapes": 1990, "mb_per_graph": 0.47, "recompiles": 0}

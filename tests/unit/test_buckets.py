@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from torch_watchdog.sidecar.buckets import Advice, advise, size_counts, varying_dimension
+from torch_watchdog.sidecar.offline.buckets import Advice, advise, size_counts, varying_dimension
 
 MB = 1_000_000
 

@@ -12,8 +12,8 @@ from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig
 from torch_watchdog.sidecar.daemon import Daemon
-from torch_watchdog.sidecar.metrics import render
-from torch_watchdog.sidecar.nvml import NvmlSource
+from torch_watchdog.sidecar.present.metrics import render
+from torch_watchdog.sidecar.sources.nvml import NvmlSource
 
 GPU = "GPU-fake-0"
 MB = 1_000_000
@@ -137,7 +137,7 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
 
 
 def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
-    from torch_watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.offline.replay import replay
 
     me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
     nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
@@ -175,7 +175,7 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
 def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
     """SIGHUP mid-run with a tighter budget: the sample log records each config in force, so
     its replay alerts when the live sidecar did; `--config` (follow_config=False) overrides."""
-    from torch_watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.offline.replay import replay
 
     me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
     path = os.path.join(short_tmp, "w.yaml")

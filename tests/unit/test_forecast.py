@@ -4,8 +4,8 @@ import random
 import pytest
 
 from torch_watchdog.sidecar.config import ForecastConfig
-from torch_watchdog.sidecar.correlate import State
-from torch_watchdog.sidecar.forecast import FOREVER, forecast, recorded, shape_space
+from torch_watchdog.sidecar.core.correlate import State
+from torch_watchdog.sidecar.core.forecast import FOREVER, forecast, recorded, shape_space
 
 MB = 1_000_000
 
@@ -91,8 +91,8 @@ def test_the_budget_leaves_out_what_the_driver_reserves():
     never be allocated (NVML v2: free = total - reserved - used). A budget from `total` put
     the OOM ~500 MB too far away and the seed server crashed before the reload."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.correlate import fold
-    from torch_watchdog.sidecar.samples import DeviceSample, Sample
+    from torch_watchdog.sidecar.core.correlate import fold
+    from torch_watchdog.sidecar.sources.samples import DeviceSample, Sample
 
     total, reserved, used = 150_754_820_096, 644_939_776, 149_796_290_560
     s = fold(State(), [Sample(t=1.0, devices=(DeviceSample("GPU-x", used, total,

@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.history import History, Thinned, memory_level
-from torch_watchdog.sidecar.policy import Action
-from torch_watchdog.sidecar.samples import DeviceSample
-from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.present.history import History, Thinned, memory_level
+from torch_watchdog.sidecar.core.policy import Action
+from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 GIB = 1 << 30
 

@@ -9,11 +9,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from torch_watchdog.sidecar import metrics
-from torch_watchdog.sidecar.correlate import CAUSES
-from torch_watchdog.sidecar.metrics import SnapshotCollector, make_registry, render, serve, stop
-from torch_watchdog.sidecar.samples import DeviceSample
-from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.present import metrics
+from torch_watchdog.sidecar.core.correlate import CAUSES
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, serve, stop
+from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 GIB = 1 << 30
 ESTIMATES = {
@@ -281,8 +281,8 @@ def test_real_pipeline_output_renders_without_errors():
     """The keys the table reads are the keys correlate/forecast produce (a rename upstream would
     silently drop a metric otherwise): a fresh state's dicts render with no scrape error."""
     from torch_watchdog.sidecar.config import CorrelateConfig, ForecastConfig
-    from torch_watchdog.sidecar.correlate import State
-    from torch_watchdog.sidecar.forecast import forecast
+    from torch_watchdog.sidecar.core.correlate import State
+    from torch_watchdog.sidecar.core.forecast import forecast
     state = State()
     est, fc = state.estimates(CorrelateConfig()), forecast(state, ForecastConfig()).as_dict()
     assert set(ESTIMATES) == set(est) and set(FORECAST) == set(fc)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from torch_watchdog.sidecar.nvml import NvmlSource
-from torch_watchdog.sidecar.samples import DeviceSample
+from torch_watchdog.sidecar.sources.nvml import NvmlSource
+from torch_watchdog.sidecar.sources.samples import DeviceSample
 
 GiB, MiB = 1 << 30, 1 << 20
 G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"

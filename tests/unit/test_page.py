@@ -5,11 +5,11 @@ import re
 from html.parser import HTMLParser
 
 from tests.unit.test_status import FORECAST, GIB, T, a_view
-from torch_watchdog.sidecar import page
-from torch_watchdog.sidecar.history import History
-from torch_watchdog.sidecar.page import render_page
-from torch_watchdog.sidecar.snapshot import Snapshot
-from torch_watchdog.sidecar.status import build_status
+from torch_watchdog.sidecar.present import page
+from torch_watchdog.sidecar.present.history import History
+from torch_watchdog.sidecar.present.page import render_page
+from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.status import build_status
 
 EVIL = '<script>alert("x")</script>'
 

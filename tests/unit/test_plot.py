@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from torch_watchdog.sidecar import plot
+from torch_watchdog.sidecar.present import plot
 
 NS = "{http://www.w3.org/2000/svg}"
 GIB = 2 ** 30

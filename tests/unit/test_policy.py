@@ -2,9 +2,9 @@
 import pytest
 
 from torch_watchdog.sidecar.config import PolicyConfig
-from torch_watchdog.sidecar.correlate import Finding, State
-from torch_watchdog.sidecar.forecast import FOREVER, Forecast
-from torch_watchdog.sidecar.policy import PolicyState, decide
+from torch_watchdog.sidecar.core.correlate import Finding, State
+from torch_watchdog.sidecar.core.forecast import FOREVER, Forecast
+from torch_watchdog.sidecar.core.policy import PolicyState, decide
 
 CFG = PolicyConfig(reload_lead_s=60, alert_lead_s=600, hold_polls=3, warmup_s=30,
                    cooldown_s=100, max_reloads_per_hour=2)
@@ -74,7 +74,7 @@ def test_a_cancelled_decision_starts_no_cooldown():
     and forgets it: the next time the condition holds, the policy decides again (a cancelled
     decision once blocked every reload for the cooldown's 10 minutes while the demo's server
     grew past its budget)."""
-    from torch_watchdog.sidecar.policy import forget_reload
+    from torch_watchdog.sidecar.core.policy import forget_reload
 
     state, ps = State(first_t=0.0, first_compile_t=0.0), PolicyState()
     decided = []

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from torch_watchdog.sidecar.process import read_pidfile, read_processes, unit_main_pid
+from torch_watchdog.sidecar.sources.process import read_pidfile, read_processes, unit_main_pid
 
 
 def test_own_process_is_alive_with_rss_and_gpu_bytes_attached():
@@ -89,7 +89,7 @@ def test_unit_main_pid_is_none_when_inactive_failed_or_missing():
 def test_host_memory_matches_psutil():
     import psutil
 
-    from torch_watchdog.sidecar.process import read_host_memory
+    from torch_watchdog.sidecar.sources.process import read_host_memory
     total, available = read_host_memory()
     vm = psutil.virtual_memory()
     assert total == vm.total
@@ -99,5 +99,5 @@ def test_host_memory_matches_psutil():
 def test_host_memory_without_meminfo_falls_back_to_psutil(tmp_path):
     import psutil
 
-    from torch_watchdog.sidecar.process import read_host_memory
+    from torch_watchdog.sidecar.sources.process import read_host_memory
     assert read_host_memory(str(tmp_path / "absent"))[0] == psutil.virtual_memory().total

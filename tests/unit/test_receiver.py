@@ -11,7 +11,7 @@ import pytest
 
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
-from torch_watchdog.sidecar.receiver import Receiver
+from torch_watchdog.sidecar.sources.receiver import Receiver
 
 NO_DROPS = {"malformed": 0, "oversized": 0, "version": 0, "foreign": 0, "spoofed": 0}
 

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from torch_watchdog.sidecar.reload import (Outcome, Reloader, ReloadLog, post_hook, run_command,
+from torch_watchdog.sidecar.actions.reload import (Outcome, Reloader, ReloadLog, post_hook, run_command,
                                      signal_processes)
 
 GRACEFUL = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n" \
@@ -117,7 +117,7 @@ def test_reloader_runs_one_at_a_time_off_the_loop():
 
 
 def test_a_cancelled_decision_is_kept_but_not_counted(tmp_path):
-    from torch_watchdog.sidecar.reload import CANCELLED
+    from torch_watchdog.sidecar.actions.reload import CANCELLED
     path = str(tmp_path / "reloads.json")
     log = ReloadLog(path)
     log.record(100.0, Outcome(False, CANCELLED, 0.0), "oom_forecast")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from torch_watchdog.sidecar.config import Config, PolicyConfig
-from torch_watchdog.sidecar.replay import replay
+from torch_watchdog.sidecar.offline.replay import replay
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 ROOT = os.path.dirname(os.path.dirname(FIX))

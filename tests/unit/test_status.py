@@ -8,11 +8,11 @@ import pytest
 
 from tests.conftest import free_port
 from torch_watchdog.sidecar import cli
-from torch_watchdog.sidecar.history import History
-from torch_watchdog.sidecar.policy import Action
-from torch_watchdog.sidecar.samples import DeviceSample
-from torch_watchdog.sidecar.snapshot import Snapshot
-from torch_watchdog.sidecar.status import (build_status, cause_summary, chart_budget, fmt_bytes,
+from torch_watchdog.sidecar.present.history import History
+from torch_watchdog.sidecar.core.policy import Action
+from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.status import (build_status, cause_summary, chart_budget, fmt_bytes,
                                      fmt_duration, format_terminal)
 
 GIB = 1 << 30
@@ -182,5 +182,5 @@ def test_status_command_takes_the_port_from_the_config(tmp_path, capsys):
      "reload done: SIGTERM sent; the server exited (3.2 s)"),
 ])
 def test_action_summaries(action, text):
-    from torch_watchdog.sidecar.status import action_summary
+    from torch_watchdog.sidecar.present.status import action_summary
     assert action_summary(action) == text

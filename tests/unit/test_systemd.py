@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from torch_watchdog.sidecar.systemd import Notifier, watchdog_interval_s
+from torch_watchdog.sidecar.actions.systemd import Notifier, watchdog_interval_s
 
 
 @pytest.fixture(params=["path", "abstract"])

@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from tests.unit.test_status import a_view
-from torch_watchdog.sidecar.metrics import SnapshotCollector, make_registry, stop
-from torch_watchdog.sidecar.web import local_url, read_status, serve
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, stop
+from torch_watchdog.sidecar.present.web import local_url, read_status, serve
 
 
 def get(port: int, path: str, method: str = "GET"):

@@ -28,17 +28,6 @@ INSTALL_HINT = ("torch is not installed in this environment. `make demo` creates
                 "CPU build of torch; or run `pip install torch==2.13.0` and try again.")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--short", action="store_true",
-                   help="CI mode: fewer requests, a smaller budget, shorter timings (~1 min)")
-    p.add_argument("--workdir", help="directory for the config, logs and report "
-                   "(default: a new temporary directory, printed)")
-    p.add_argument("--keep", action="store_true", help="at the end, leave the sidecar and the "
-                   "server running (status page, /metrics) until Ctrl-C")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: cuda if torch sees a GPU, else cpu")
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     from torch_watchdog.demo.driver import Interrupted
 

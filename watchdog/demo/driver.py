@@ -268,7 +268,7 @@ class Demo:
         level = ((status or {}).get("forecast") or {}).get("level_bytes")
         if level is None:
             return
-        from torch_watchdog.sidecar.status import fmt_bytes
+        from torch_watchdog.sidecar.present.status import fmt_bytes
 
         margin = self.p.margin_bytes
         self.budget = int(level) + margin
@@ -312,7 +312,8 @@ class Demo:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def write_report(self) -> Optional[str]:
-        from torch_watchdog.sidecar import config, report
+        from torch_watchdog.sidecar import config
+        from torch_watchdog.sidecar.offline import report
 
         if not os.path.exists(self.samples_path):
             return None

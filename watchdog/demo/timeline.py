@@ -11,7 +11,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.status import cause_summary, fmt_bytes, fmt_duration
+from torch_watchdog.sidecar.present.status import cause_summary, fmt_bytes, fmt_duration
 
 STALLS_SHOWN = 8          # new-shape stalls printed one by one; the rest are counted
 RECORDS_SHOWN = 3         # CUDA-graph recordings printed one by one (GPU)

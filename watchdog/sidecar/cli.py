@@ -23,7 +23,7 @@ from typing import Any, Optional, TextIO
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import open_lines
 from torch_watchdog.sidecar.config import AgentSocketConfig
-from torch_watchdog.sidecar.receiver import Receiver
+from torch_watchdog.sidecar.sources.receiver import Receiver
 
 
 def describe(e: events.Event) -> str:
@@ -138,7 +138,7 @@ def load_config(path: Optional[str]) -> Any:
 
 
 def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
-    from torch_watchdog.sidecar.replay import replay
+    from torch_watchdog.sidecar.offline.replay import replay
 
     cfg = load_config(config_path)
     if cfg is None:
@@ -168,8 +168,8 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
     """Print a running sidecar's /status.json; 1 when none answers at that address."""
     import time
 
-    from torch_watchdog.sidecar.status import format_terminal
-    from torch_watchdog.sidecar.web import local_url, read_status
+    from torch_watchdog.sidecar.present.status import format_terminal
+    from torch_watchdog.sidecar.present.web import local_url, read_status
 
     if url is None:
         cfg = load_config(config_path)
@@ -222,9 +222,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
-    from torch_watchdog import demo
-    demo.add_arguments(sub.add_parser("demo", help="a small torch.compile server, the agent "
-                                      "and the sidecar, end to end (CPU is enough)"))
+    dp = sub.add_parser("demo", help="a small torch.compile server, the agent and the sidecar, "
+                        "end to end (CPU is enough)")
+    dp.add_argument("--short", action="store_true",
+                    help="CI mode: fewer requests, a smaller budget, shorter timings")
+    dp.add_argument("--workdir", help="directory for the config, logs and report "
+                    "(default: a new temporary directory, printed)")
+    dp.add_argument("--keep", action="store_true", help="at the end, leave the sidecar and the "
+                    "server running (status page, /metrics) until Ctrl-C")
+    dp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: cuda if torch sees a GPU, else cpu")
     args = p.parse_args(argv)
     try:
         if args.command == "listen":
@@ -232,7 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "replay":
             return run_replay(args.traces, args.config, args.json, sys.stdout)
         if args.command == "report":
-            from torch_watchdog.sidecar import report
+            from torch_watchdog.sidecar.offline import report
             cfg = load_config(args.config)
             return 2 if cfg is None else report.main(args.files, args.output, cfg, args.json,
                                                      sys.stdout, args.config is None)
@@ -243,6 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command == "status":
             return run_status(args.url, args.config, args.json, sys.stdout)
         if args.command == "demo":
+            from torch_watchdog import demo  # the product's commands never load the demo
             return demo.run(args, sys.stdout)
         return check_events(args.files, sys.stdout)
     except OSError as err:

@@ -20,17 +20,18 @@ import psutil
 
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
-from torch_watchdog.sidecar import alerts, correlate, pipeline, policy, reload
+from torch_watchdog.sidecar.actions import alerts, reload
+from torch_watchdog.sidecar.core import correlate, pipeline, policy
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar.history import History, StatusView
-from torch_watchdog.sidecar.metrics import SnapshotCollector, make_registry, serve, stop
-from torch_watchdog.sidecar.nvml import NvmlSource
-from torch_watchdog.sidecar.process import read_host_memory, read_pidfile, read_processes, \
+from torch_watchdog.sidecar.present.history import History, StatusView
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
+from torch_watchdog.sidecar.sources.nvml import NvmlSource
+from torch_watchdog.sidecar.sources.process import read_host_memory, read_pidfile, read_processes, \
     unit_main_pid
-from torch_watchdog.sidecar.receiver import Receiver
-from torch_watchdog.sidecar.samples import Sample, config_to_dict, sample_to_dict
-from torch_watchdog.sidecar.snapshot import Snapshot
-from torch_watchdog.sidecar.systemd import Notifier
+from torch_watchdog.sidecar.sources.receiver import Receiver
+from torch_watchdog.sidecar.sources.samples import Sample, config_to_dict, sample_to_dict
+from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.actions.systemd import Notifier
 
 AGENT_SILENT_S = 30.0   # an agent pid not heard from for this long (and dead) is forgotten
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often

@@ -17,14 +17,14 @@ from itertools import chain, repeat
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.buckets import advise, size_counts, varying_dimension
+from torch_watchdog.sidecar.offline.buckets import advise, size_counts, varying_dimension
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.history import Thinned, higher
-from torch_watchdog.sidecar.plot import human_duration
-from torch_watchdog.sidecar.replay import run
-from torch_watchdog.sidecar.report_html import render_html
-from torch_watchdog.sidecar.samples import Sample
-from torch_watchdog.sidecar.traces import Reader, TraceAdapter, read_all
+from torch_watchdog.sidecar.present.history import Thinned, higher
+from torch_watchdog.sidecar.present.plot import human_duration
+from torch_watchdog.sidecar.offline.replay import run
+from torch_watchdog.sidecar.offline.report_html import render_html
+from torch_watchdog.sidecar.sources.samples import Sample
+from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
 
 BUCKET_CHOICES = (4, 8, 16, 32)
 GOOD_PADDING = 0.10      # the advisor recommends the fewest buckets padding at most this much

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import psutil
 
-from torch_watchdog.sidecar.samples import ProcessSample
+from torch_watchdog.sidecar.sources.samples import ProcessSample
 
 SYSTEMCTL_TIMEOUT_S = 5.0
 

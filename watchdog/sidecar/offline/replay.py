@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from torch_watchdog.sidecar import correlate, policy
+from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.forecast import Forecast
-from torch_watchdog.sidecar.pipeline import poll
-from torch_watchdog.sidecar.samples import ConfigChange, Sample
-from torch_watchdog.sidecar.traces import Observation, Reader, read_all
+from torch_watchdog.sidecar.core.forecast import Forecast
+from torch_watchdog.sidecar.core.pipeline import poll
+from torch_watchdog.sidecar.sources.samples import ConfigChange, Sample
+from torch_watchdog.sidecar.offline.traces import Observation, Reader, read_all
 
 # called after each observation is folded, with what the policy decided on it (the report's hook)
 Observer = Callable[[Observation, correlate.State, list], None]

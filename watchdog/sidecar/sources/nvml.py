@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from torch_watchdog.sidecar.samples import DeviceSample
+from torch_watchdog.sidecar.sources.samples import DeviceSample
 
 # A failed nvmlInit (no driver, no library) is retried at most this often: loading libnvidia-ml and
 # probing the driver on every poll would cost more than the poll itself on a GPU-less host.

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_watchdog.sidecar.config import PolicyConfig
-from torch_watchdog.sidecar.correlate import State
-from torch_watchdog.sidecar.forecast import Forecast
+from torch_watchdog.sidecar.core.correlate import State
+from torch_watchdog.sidecar.core.forecast import Forecast
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from torch_watchdog.sidecar.correlate import CAUSES
-from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.core.correlate import CAUSES
+from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def serve(address: str, port: int, registry: CollectorRegistry,
     a daemon thread; returns (server, thread). Port 0 means any free port: read
     `server.server_port`. Raises OSError when the port cannot be bound. `status` returns the
     latest `history.StatusView` (None before the first poll)."""
-    from torch_watchdog.sidecar import web  # the page's modules load only where it is served
+    from torch_watchdog.sidecar.present import web  # the page's modules load only where it is served
 
     return web.serve(address, port, registry, status)
 

@@ -21,9 +21,9 @@ from typing import Any, Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from torch_watchdog.sidecar.history import StatusView
-from torch_watchdog.sidecar.page import render_page
-from torch_watchdog.sidecar.status import build_status
+from torch_watchdog.sidecar.present.history import StatusView
+from torch_watchdog.sidecar.present.page import render_page
+from torch_watchdog.sidecar.present.status import build_status
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from torch_watchdog.sidecar import correlate, policy
+from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.forecast import Forecast, forecast
+from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 
 
 def poll(state: correlate.State, ps: policy.PolicyState, observations: Iterable,

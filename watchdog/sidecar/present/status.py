@@ -10,7 +10,7 @@ import math
 import time
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.history import StatusView
+from torch_watchdog.sidecar.present.history import StatusView
 
 GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles", "recompiles",
               "recompile_limit_hits", "compile_seconds", "graph_breaks", "stalls",

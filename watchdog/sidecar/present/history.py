@@ -13,7 +13,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from torch_watchdog.sidecar.snapshot import Snapshot
+from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 MAX_POINTS = 2000
 MAX_MARKS_PER_KIND = 1000

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 from torch_watchdog import events
 from torch_watchdog.jsonl import open_lines
 from torch_watchdog.sidecar.config import from_mapping
-from torch_watchdog.sidecar.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
+from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
     sample_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange]

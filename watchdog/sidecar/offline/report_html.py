@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable
 
-from torch_watchdog.sidecar import plot
-from torch_watchdog.sidecar.plot import human_bytes, human_duration
+from torch_watchdog.sidecar.present import plot
+from torch_watchdog.sidecar.present.plot import human_bytes, human_duration
 
 
 # -- page -----------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import html
 from typing import Any, Iterable, Optional
 
 from torch_watchdog import __version__
-from torch_watchdog.sidecar import plot
-from torch_watchdog.sidecar.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
+from torch_watchdog.sidecar.present import plot
+from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
                                      fmt_duration)
 
 REFRESH_S = 5

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from torch_watchdog.sidecar.config import ForecastConfig
-from torch_watchdog.sidecar.correlate import State
+from torch_watchdog.sidecar.core.correlate import State
 
 FOREVER = math.inf
 

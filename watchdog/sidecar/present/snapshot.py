@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.samples import DeviceSample
+from torch_watchdog.sidecar.sources.samples import DeviceSample
 
 
 @dataclass(frozen=True)

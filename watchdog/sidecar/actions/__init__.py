@@ -1,0 +1,1 @@
+"""What the sidecar does: Alertmanager alerts, reloads and their durable record, sd_notify."""

@@ -1,0 +1,1 @@
+"""Tools over recorded files: replay, traces, the report, the bucket advisor."""

@@ -1,0 +1,1 @@
+"""What the sidecar shows: Prometheus metrics, the status page and its history."""

@@ -1,0 +1,1 @@
+"""What the sidecar reads: NVML, processes, the agents' datagrams, as plain samples."""
