@@ -50,6 +50,11 @@ class Hello(Event):
     capabilities: dict[str, bool]  # which hooks this torch version allowed
     watched: list[str]
     argv: str
+    # the server this process belongs to (a group of processes reloaded together): install(
+    # server=...), TORCH_WATCHDOG_SERVER, the systemd unit, else "pgid:<process group>"; None
+    # from agents older than the field
+    server: Optional[str] = None
+    ppid: Optional[int] = None    # the parent's pid: a forked worker names its master
     kind = "hello"
 
 
