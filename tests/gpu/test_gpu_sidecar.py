@@ -23,8 +23,16 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+            if name.endswith("}") and name.split("{", 1)[1].startswith('server="') and \
+                    name.count('="') == 1:  # a per-server family: also its sum over servers
+                bare = name.split("{", 1)[0]
+                out[bare] = out.get(bare, 0.0) + float(value)
+    return out
 
 
 def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):

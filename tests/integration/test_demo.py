@@ -65,7 +65,8 @@ def test_the_short_demo_shows_every_step_and_each_one_happened(short_tmp):
     evs = [json.loads(line) for line in open(os.path.join(work, "events.jsonl"))]
     reasons = [e["reason"] for e in evs if e["kind"] == "recompile"]
     assert any("size mismatch" in (r or "") for r in reasons)
-    (first_pid,) = {e["pid"] for e in evs if e["kind"] == "recompile_limit"}
+    # the first server hit the limit (the restarted one may too, with the same traffic)
+    first_pid = next(e["pid"] for e in evs if e["kind"] == "recompile_limit")
     # ... the sidecar's record of the reload ...
     (reload,) = json.load(open(os.path.join(work, "state", "reloads.json")))["reloads"]
     assert reload["ok"] is True and reload["detail"] == "exited after SIGTERM"

@@ -28,6 +28,10 @@ def scrape(port: int) -> dict[str, float]:
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
+            if name.endswith("}") and name.split("{", 1)[1].startswith('server="') and \
+                    name.count('="') == 1:  # a per-server family: also its sum over servers
+                bare = name.split("{", 1)[0]
+                out[bare] = out.get(bare, 0.0) + float(value)
     return out
 
 

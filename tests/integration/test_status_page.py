@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -120,8 +121,9 @@ def test_page_metrics_and_404_on_the_same_port(sidecar):
     assert "<script" not in page
     code, ctype, body = get(port, "/metrics")
     assert code == 200 and ctype.startswith("text/plain")
-    assert "torch_watchdog_recompiles_total 4.0" in body.decode()
-    assert 'torch_watchdog_cause_active{cause="recompile_storm"} 1.0' in body.decode()
+    assert re.search(r'torch_watchdog_recompiles_total\{server="[^"]+"\} 4.0', body.decode())
+    assert re.search(r'torch_watchdog_cause_active\{cause="recompile_storm",server="[^"]+"\} 1.0',
+                     body.decode())
     code, _, _ = get(port, "/nope")
     assert code == 404
 

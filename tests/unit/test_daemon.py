@@ -72,7 +72,7 @@ def test_ticks_fold_agent_events_with_nvml_per_process_memory(rig):
     assert snap.sources_up == {"nvml": True, "process": True, "agent": True}
     assert snap.forecast["will_oom"] is None  # no request counts: no discovery model
     text = render(d.registry).decode()
-    assert "torch_watchdog_cudagraph_recordings_total 60.0" in text
+    assert 'torch_watchdog_cudagraph_recordings_total{server="default"} 60.0' in text
     assert f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{GPU}"}} 2.03e+09' in text
 
 
@@ -99,7 +99,7 @@ def test_garbage_and_spoofed_datagrams_are_counted(rig):
     snap = d.tick()
     assert snap.events_dropped_total["malformed"] == 1
     assert snap.events_dropped_total["spoofed"] == 1
-    assert snap.events_received_total == 0 and not d.agent_pids
+    assert snap.events_received_total == 0 and not d.host.pids()
 
 
 def test_sighup_keeps_the_old_config_when_the_new_one_is_bad(rig, short_tmp):
@@ -131,7 +131,7 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
         fh.write(f"{os.getpid()}\n")
     d.cfg = Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile),
                    state_dir=d.cfg.state_dir)
-    assert d.watched_pids(0.0) == {os.getpid()}
+    assert d.configured_pids() == {"default": (os.getpid(),)}
     snap = d.tick()
     assert snap.server_alive is True and snap.server_rss_bytes > 0
 
@@ -257,7 +257,8 @@ from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 em = Emitter(sys.argv[1], None)
 em.emit(events.Hello(t=time.time(), pid=os.getpid(), torch="2.13", agent="0", devices=[],
-                     config={}, capabilities={}, watched=[], argv="server"))
+                     config={}, capabilities={}, watched=[], argv="server",
+                     server=sys.argv[3] if len(sys.argv) > 3 else None))
 for i in range(int(sys.argv[2])):
     em.emit(events.CudagraphRecord(t=time.time(), pid=os.getpid(), phase="record",
                                    compile_id="0/1", key=[i], shape=None, seconds=0.01))
@@ -319,7 +320,7 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
         for _ in range(12):
             poll(0)
         poll(15)  # 15 MB in a poll, 35 MB of room left: OOM in ~2 s, a reload is decided
-        assert d.pending_reload is not None
+        assert d.host.servers["default"].pending is not None
         poll(-400)  # the server let go of 400 MB: at the re-check the forecast has cleared
         (first,) = d.reload_log.entries
         assert first["ok"] is False and first["detail"].startswith("cancelled")
@@ -336,3 +337,84 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
         d.halt()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+
+
+def test_a_replay_of_the_sample_log_takes_the_same_actions_as_the_live_daemon(short_tmp):
+    """A real daemon through a cancelled reload, a SIGHUP, a reload carried out, and another
+    server's crash and restart; its sample log replayed: the same actions, at the same times,
+    on the same targets (server, pids, GPUs)."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import with_root
+    from torch_watchdog.sidecar import config as config_mod
+    from torch_watchdog.sidecar.offline.replay import replay
+
+    me, log = os.getpid(), os.path.join(short_tmp, "samples.jsonl")
+    path = os.path.join(short_tmp, "w.yaml")
+
+    def write(alert_lead_s: int) -> None:
+        with open(path, "w") as fh:
+            fh.write(f"sample_log: {log}\nstate_dir: {short_tmp}/state\n"
+                     f"agent: {{socket_path: {short_tmp}/s.sock}}\n"
+                     f"forecast: {{process_budget_bytes: {2_050 * MB}, window_s: 1.0}}\n"
+                     f"policy: {{reload_lead_s: 10, alert_lead_s: {alert_lead_s}, "
+                     "hold_polls: 1, warmup_s: 0, cooldown_s: 600}\n"
+                     "reload: {method: command, command: [\"true\"], timeout_s: 10}\n")
+
+    write(20)
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    d = Daemon(config_mod.load(path), path, structlog.get_logger(), nvml=NvmlSource(nvml),
+               clock=clock, serve_metrics=False)
+    live: list = []
+    act = d._act
+    d._act = lambda a: (live.append(a.as_dict()), act(a))
+    d.start()
+    level = 2_000
+
+    def poll(grow: int = 0) -> None:
+        nonlocal level
+        level += grow
+        nvml.devices[0]["procs"] = [(me, level * MB)]
+        clock.t += 0.1
+        d.tick()
+
+    def server(name: str) -> None:  # a process of another server: says hello, then dies
+        subprocess.run([sys.executable, "-c", CHILD, d.cfg.agent.socket_path, "1", name],
+                       env=dict(os.environ, PYTHONPATH=with_root()), check=True, timeout=60)
+
+    try:
+        send(Emitter(d.cfg.agent.socket_path, None),
+             events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=1.0))
+        for _ in range(12):
+            poll()
+        poll(15)    # OOM in ~2 s: a reload is decided …
+        poll(-400)  # … and cancelled at the re-check
+        write(30)
+        d.handle_reload(signal.SIGHUP)
+        for _ in range(12):  # growing again, fast: decided, carried out
+            poll(15)
+        deadline = time.monotonic() + 10
+        while not any(a["action"] == "reload_ok" for a in live) and time.monotonic() < deadline:
+            poll()
+            time.sleep(0.02)
+        server("worker")
+        poll()
+        poll()      # the sample says it is dead
+        server("worker")  # systemd's Restart=: a new process says hello
+        poll()
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    kinds = [a["action"] for a in live]
+    for kind in ("cancel", "execute", "reload_ok", "restart"):
+        assert kind in kinds, kinds
+    assert [a["server"] for a in live if a["action"] == "restart"] == ["worker"]
+    assert [a["pids"] for a in live if a["action"] == "execute"] == [[me]]
+    replayed = replay([log], Config())
+    assert replayed["replay"]["bad_lines"] == 0
+    assert replayed["actions"] == live

@@ -30,6 +30,8 @@ FORECAST = {
     "seconds_to_oom": 1234.5, "seconds_to_oom_linear": 5000.0, "seconds_to_oom_discovery": 1234.5,
     "plateau_bytes": 90e9, "will_oom": True, "budget_bytes": 76 * GIB, "level_bytes": 30 * GIB,
     "shape_space_estimate": 120.0, "growth_bytes_per_s": 1e6,
+    "seconds_to_oom_unexplained": None, "unexplained_bytes_per_s": 0.0, "driver": "recordings",
+    "gpu_uuid": "GPU-aaa",
 }
 
 
@@ -67,7 +69,13 @@ def parse(text: str) -> dict:
     return out
 
 
+PER_SERVER = {spec.name for spec in metrics.SPECS if spec.labels[:1] == ("server",)}
+
+
 def value(samples, name, **labels):
+    """A sample's value; a per-server family of a Snapshot without servers is "default"."""
+    if name in PER_SERVER:
+        labels.setdefault("server", "default")
     return samples[(name, frozenset(labels.items()))]
 
 
@@ -184,8 +192,9 @@ def render_help(name: str) -> str:
 def test_no_pid_or_shape_labels_anywhere():
     s = scrape(snapshot())
     labels = {label for key in s if key is not None for label, _ in key[1]}
-    # all bounded: device UUIDs, the four causes, actions, reasons, sources, configured URLs
-    assert labels == {"gpu_uuid", "cause", "action", "reason", "source", "url"}
+    # all bounded: device UUIDs, servers (configured or announced), the four causes, actions,
+    # reasons, sources, configured URLs
+    assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 

@@ -47,7 +47,7 @@ def test_routes(served):
         "cudagraph_per_shape"
     code, ctype, body = get(port, "/metrics")
     assert code == 200 and ctype.startswith("text/plain; version=")
-    assert b"torch_watchdog_cudagraph_recordings_total 1983.0" in body
+    assert b'torch_watchdog_cudagraph_recordings_total{server="default"} 1983.0' in body
     code, _, body = get(port, "/nope")
     assert code == 404 and b"not found: /nope" in body
     code, _, body = get(port, "/", method="HEAD")

@@ -41,6 +41,8 @@ class CorrelateConfig:
     default_recompile_limit: int = 8      # when the agent did not report torch's setting
     fallback_new_shapes: int = 3          # new shapes without a compile after the limit
     unexplained_bytes: int = 256 * MiB    # growth no recording or compile explains
+    max_clock_skew_s: float = 300.0       # an event time further from the sidecar's clock is
+                                          # counted and replaced by the sidecar's
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ class PolicyConfig:
     hold_polls: int = 3                   # the reload condition must hold this many polls
     warmup_s: float = 30.0                # after the server's first compile: no reload
     cooldown_s: float = 600.0             # between reloads
-    max_reloads_per_hour: int = 3         # then alert only
+    max_reloads_per_hour: int = 3         # then alert only (per server)
+    max_concurrent_reloads: int = 1       # servers reloading at once on this host (replicas
+                                          # must not all restart together)
     dry_run: bool = False
 
 
@@ -247,6 +251,8 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("correlate.fallback_new_shapes", _at_least_one, "must be >= 1"),
     ("forecast.window_s", _positive, "must be > 0 seconds"),
     ("policy.hold_polls", _at_least_one, "must be >= 1"),
+    ("policy.max_concurrent_reloads", _at_least_one, "must be >= 1"),
+    ("correlate.max_clock_skew_s", _positive, "must be > 0 seconds"),
     ("policy.max_reloads_per_hour", _not_negative, "must be >= 0"),
 )
 

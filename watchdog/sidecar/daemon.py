@@ -1,4 +1,8 @@
-"""The sidecar's loop: read the sources, fold, forecast, decide, publish — once per poll.
+"""The sidecar's loop: read the sources, feed the step, carry out its actions, publish.
+
+Every decision is the pure step's (core/step.py); the loop reads sources, writes each
+observation to the sample log in the order it feeds them to the step (so a replay of the log
+decides what the loop decided), and carries out what the step asks: alerts, reloads.
 
 Signal handlers only queue the signal (and wake the loop through a pipe); the loop dispatches
 `handle_<name>()`. One exit path, `halt()`. Failures are tiered: fatal at start (config, socket,
@@ -16,12 +20,10 @@ import socket
 import time
 from typing import Any, Callable, Optional
 
-import psutil
-
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.actions import alerts, reload
-from torch_watchdog.sidecar.core import correlate, pipeline, policy
+from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
@@ -29,11 +31,11 @@ from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.sources.process import read_host_memory, read_pidfile, read_processes, \
     unit_main_pid
 from torch_watchdog.sidecar.sources.receiver import Receiver
-from torch_watchdog.sidecar.sources.samples import Sample, config_to_dict, sample_to_dict
+from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
+    outcome_to_dict, sample_to_dict
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.actions.systemd import Notifier
 
-AGENT_SILENT_S = 30.0   # an agent pid not heard from for this long (and dead) is forgotten
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often
 MAX_PENDING = 100_000   # events held between polls; more are dropped and counted
 BATCH_S = 0.002         # after a read, let the socket fill this long before reading again
@@ -49,7 +51,7 @@ class Daemon:
         self.clock = clock
         self.nvml = nvml or NvmlSource()
         self.notifier = notifier or Notifier()
-        self.state, self.policy_state = correlate.State(), policy.PolicyState()
+        self.host = step.Host()                   # every server's state: the step's alone
         self.collector = SnapshotCollector()
         self.registry = make_registry(self.collector)
         self.history = History()                   # the status page's series, marks, actions
@@ -58,23 +60,19 @@ class Daemon:
         self.published_t = -1e18
         self.serve_metrics = serve_metrics
         self.signals: collections.deque = collections.deque()
-        self.agent_pids: dict[int, float] = {}   # pid -> last heard (wall clock)
         self.unit_pid: Optional[int] = None
         self._unit_checked = -1e18
         self.actions_total: collections.Counter = collections.Counter()
-        self.findings_logged = 0
+        self.findings_logged: dict[str, int] = {}  # per server
         self.receiver: Optional[Receiver] = None
         self.pending: list = []
         self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
                            if cfg.sample_log else None)
         self.book = alerts.AlertBook(cfg.alerts.resend_s, cfg.alerts.resolved_retention_s)
         self.reload_log = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"))
-        self.policy_state.reloads = self.reload_log.times()  # cooldown survives a restart
-        run = reload.executor(cfg.reload, cfg.server.unit)
-        self.reloader = reload.Reloader(run) if run else None
-        self.pending_reload: Optional[policy.Action] = None
-        self.reload_started = 0.0
-        self.reload_note: Optional[dict] = None
+        self.host.history = self.reload_log.decisions()  # cooldowns survive a restart
+        self.reloaders: dict[str, reload.Reloader] = {}   # per server, while one runs
+        self.reloading: dict[str, policy.Action] = {}
         self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
                                           on_failure=self._alert_failed)
                        if cfg.alerts.urls else None)
@@ -197,45 +195,57 @@ class Daemon:
     def tick(self) -> Snapshot:
         started = time.perf_counter()
         now = self.clock()
-        observations: list = self._receive(now)
-        pids = self.watched_pids(now)
+        observations: list = self._receive()
+        observations += self._outcomes(now)
+        configured = self.configured_pids()
+        pids = {p for ps in configured.values() for p in ps}
+        if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
+            pids |= self.host.pids() | {o.pid for o in observations if isinstance(o, events.Event)}
         reading = self.nvml.read(pids)
         processes = read_processes(pids, reading.process_gpu_bytes)
         host_total, host_available = read_host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                         nvml_error=reading.error, query_s=reading.query_s,
-                        host_total_bytes=host_total, host_available_bytes=host_available)
+                        host_total_bytes=host_total, host_available_bytes=host_available,
+                        servers=configured)
         observations.append(sample)
-        self._log_observations(observations)
+        self._log_observations(observations)  # first: what the step sees is what replay sees
         cfg = self.cfg
-        fc, decided = pipeline.poll(self.state, self.policy_state, observations, cfg,
-                                    pids or None)
-        self._carry_out_reload(now, pids, fc)  # last poll's decision, re-checked: before this
-        for action in decided:                 # poll's decisions become pending
-            self.actions_total[action.action] += 1
-            self.log.warning("action", **action.as_dict())
-            if action.action == "reload":
-                self._reload_decided(action)
-        for finding in self.state.findings[self.findings_logged:]:
-            self.log.warning("finding", **finding.as_dict())
-        self.findings_logged = len(self.state.findings)
-        estimates = self.state.estimates(cfg.correlate)
-        self._alert(now, sample, estimates, fc)
-        snapshot = self._snapshot(sample, estimates, fc, time.perf_counter() - started)
+        decided: list[policy.Action] = []
+        for obs in observations:
+            decided += step.step(self.host, obs, cfg)
+        for action in decided:
+            self._act(action)
+        self._log_findings()
+        focus = self.host.focus()
+        estimates = step.estimates(focus, cfg)
+        self._alert(now)
+        snapshot = self._snapshot(sample, estimates, focus, time.perf_counter() - started)
         self.collector.update(snapshot)
         self.ticks += 1
-        self._publish(snapshot, observations, decided)
+        self._publish(snapshot, observations, decided, focus)
         self.notifier.watchdog()  # only after a completed tick
         if self.ticks % 50 == 1:
-            self.notifier.status(_status_line(self.state, fc))
+            self.notifier.status(_status_line(focus))
         return snapshot
 
+    def _log_findings(self) -> None:
+        for name, server in self.host.servers.items():
+            findings = server.state.findings
+            seen = self.findings_logged.get(name, 0)
+            if seen > len(findings):  # a reset: a new state
+                seen = 0
+            for finding in findings[seen:]:
+                self.log.warning("finding", server=name, **finding.as_dict())
+            self.findings_logged[name] = len(findings)
+
     def _log_observations(self, observations: list) -> None:
-        """One write per poll: the agent events received, then the sample (for replay)."""
+        """One write per poll: the agent events received, reload outcomes, then the sample."""
         if self.sample_log is None:
             return
-        lines = [events.encode(o) if not isinstance(o, Sample)
-                 else json.dumps(sample_to_dict(o), separators=(",", ":")).encode()
+        lines = [json.dumps(sample_to_dict(o) if isinstance(o, Sample) else outcome_to_dict(o),
+                            separators=(",", ":")).encode()
+                 if isinstance(o, (Sample, ReloadOutcome)) else events.encode(o)
                  for o in observations]
         if not self.sample_log.write(b"\n".join(lines)) and not self.sample_log_failed:
             self.sample_log_failed = True  # logged once; retried every few seconds
@@ -247,33 +257,14 @@ class Daemon:
             self.sample_log.write(json.dumps(config_to_dict(self.clock(), self.cfg),
                                              separators=(",", ":")).encode())
 
-    def _receive(self, now: float) -> list:
+    def _receive(self) -> list:
         if self.receiver is not None:
             self._take(self.receiver.receive())
         got, self.pending = self.pending, []
-        if self._server_replaced(got):
-            # the server died and came back (a crash, systemd's Restart=): a new process, a
-            # new memory baseline. Folding it into the old state would call the new server's
-            # whole model load "unexplained growth"
-            self.log.warning("server restarted", old_pids=sorted(self.agent_pids),
-                             new_pids=sorted({pid for _e, pid in got}))
-            self._new_server()
-        if self.cfg.server.trust_agent_pids:
-            for _event, pid in got:
-                self.agent_pids[pid] = now
         return [event for event, _pid in got]
 
-    def _new_server(self) -> None:
-        """After a reload or a restart: a new state for the new process; the old pids are gone."""
-        self.state, self.agent_pids, self.findings_logged = correlate.State(), {}, 0
-
-    def _server_replaced(self, got: list) -> bool:
-        """An agent we never heard says hello, and every agent we knew is gone."""
-        new = {pid for event, pid in got if event.kind == "hello" and pid not in self.agent_pids}
-        return bool(new and self.agent_pids) and not any(
-            psutil.pid_exists(pid) for pid in self.agent_pids)
-
-    def watched_pids(self, now: float) -> set[int]:
+    def configured_pids(self) -> dict[str, tuple[int, ...]]:
+        """The configured server's pids (a pidfile's, a unit's MainPID), by server name."""
         pids = set()
         server = self.cfg.server
         if server.pidfile:
@@ -286,80 +277,77 @@ class Daemon:
                 self.unit_pid = unit_main_pid(server.unit)
             if self.unit_pid:
                 pids.add(self.unit_pid)
-        for pid, heard in list(self.agent_pids.items()):
-            if now - heard > AGENT_SILENT_S and not psutil.pid_exists(pid):
-                del self.agent_pids[pid]
-            else:
-                pids.add(pid)
-        return pids
+        return {server.unit or step.DEFAULT_SERVER: tuple(sorted(pids))} if pids else {}
 
-    # -- reloads ----------------------------------------------------------------------------
-    def _reload_decided(self, action: policy.Action) -> None:
-        """Record the decision first (a restarted sidecar must not reload again), then carry
-        it out one poll later if the condition still holds."""
-        self.reload_log.record(action.t, None, action.reason)
+    # -- actions ------------------------------------------------------------------------------
+    def _act(self, action: policy.Action) -> None:
+        """Carry out what the step decided; decisions and outcomes go to reloads.json first."""
+        self.actions_total[action.action] += 1
+        log = self.log.info if action.action in ("restart", "reload_ok") else self.log.warning
+        log("action", **action.as_dict())
+        if action.action == "reload":
+            self._record(action.t, None, action)
+            if action.detail.get("dry_run") or self.cfg.reload.method == "none":
+                why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
+                self._record(action.t, reload.Outcome(False, f"not carried out: {why}", 0.0),
+                             action)
+                self.history.act(self.clock(), "reload_not_done", action.reason,
+                                 {"outcome": f"not carried out: {why}"})
+        elif action.action == "cancel":
+            self._record(action.detail["decided_t"], reload.Outcome(False, reload.CANCELLED,
+                                                                    0.0), action)
+        elif action.action == "execute":
+            run = reload.executor(self.cfg.reload, self.cfg.server.unit)
+            if run is None:
+                return
+            self.log.warning("reloading the server", server=action.server,
+                             method=self.cfg.reload.method, pids=list(action.pids))
+            self.reloaders[action.server] = reload.Reloader(run)
+            self.reloading[action.server] = action
+            self.reloaders[action.server].start(set(action.pids))
+
+    def _outcomes(self, now: float) -> list[ReloadOutcome]:
+        """Reloads that finished since the last poll, as observations for the step."""
+        out = []
+        for server, reloader in list(self.reloaders.items()):
+            result = reloader.poll()
+            if result is None:
+                continue
+            action = self.reloading.pop(server)
+            del self.reloaders[server]
+            self._record(action.detail["decided_t"], result, action)
+            (self.log.warning if result.ok else self.log.error)(
+                "reload finished", server=server, ok=result.ok, detail=result.detail,
+                seconds=result.seconds)
+            out.append(ReloadOutcome(now, server, result.ok, result.detail, result.seconds))
+        return out
+
+    def _record(self, t: float, outcome: Optional[reload.Outcome], action: policy.Action) -> None:
+        self.reload_log.record(t, outcome, action.detail.get("cause", action.reason),
+                               action.server)
         if self.reload_log.error:
             self.log.error("cannot write the reload record", error=self.reload_log.error)
-        if action.detail.get("dry_run") or self.reloader is None:
-            why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
-            self._reload_done(action.t, reload.Outcome(False, f"not carried out: {why}", 0.0))
-        else:
-            self.pending_reload = action
 
-    def _carry_out_reload(self, now: float, pids: set[int], fc: Any) -> None:
-        if self.reloader is None:
-            return
-        outcome = self.reloader.poll()
-        if outcome is not None:
-            self._reload_done(self.reload_started, outcome)
-            if outcome.ok:
-                self._new_server()
-        action, self.pending_reload = self.pending_reload, None
-        if action is None or self.reloader.busy:
-            return
-        if fc.seconds > 2 * self.cfg.policy.reload_lead_s:  # re-checked right before acting
-            # (well clear, not just over the line: a forecast wobbling around the lead must
-            # not cancel every decision); a cancelled decision starts no cooldown
-            self._reload_done(action.t, reload.Outcome(False, reload.CANCELLED, 0.0))
-            policy.forget_reload(self.policy_state, action.t)
-            return
-        self.reload_started = action.t
-        self.reload_note = {"outcome": "in progress", "seconds_to_oom": fc.as_dict()[
-            "seconds_to_oom"], "method": self.cfg.reload.method}
-        self.log.warning("reloading the server", method=self.cfg.reload.method, pids=sorted(pids))
-        self.reloader.start(pids)
-
-    def _reload_done(self, t: float, outcome: reload.Outcome) -> None:
-        self.reload_log.record(t, outcome, "oom_forecast")
-        kind = "reload_ok" if outcome.ok else "reload_not_done"
-        self.actions_total[kind] += 1
-        self.reload_note = {"outcome": outcome.detail, "method": self.cfg.reload.method,
-                            "reload_seconds": round(outcome.seconds, 3), "done": True}
-        self.history.act(self.clock(), kind, "oom_forecast", self.reload_note)
-        (self.log.warning if outcome.ok else self.log.error)(
-            "reload finished", ok=outcome.ok, detail=outcome.detail, seconds=outcome.seconds)
-
-    def _alert(self, now: float, sample: Sample, estimates: dict, fc: Any) -> None:
-        """Hand the alerts that should fire now to the sender's thread (never waits)."""
+    def _alert(self, now: float) -> None:
+        """Hand the alerts the step says fire, for every server, to the sender's thread."""
         if self.sender is None:
             return
-        active = {cause: f.detail for cause, f in self.state.active.items()}
-        if fc.seconds <= self.cfg.policy.alert_lead_s and not policy.warming_up(
-                self.state, self.cfg.policy):
-            active["oom_forecast"] = fc.as_dict()
-        if self.reload_note is not None:  # before and after each reload, then it resolves
-            active["reload"] = self.reload_note
-            if self.reload_note.get("done"):
-                self.reload_note = None
         a = self.cfg.alerts
-        labels = {"service": a.service, "instance": a.instance or socket.gethostname()}
-        used = [uuid for p in sample.processes for uuid, b in p.gpu_bytes.items() if b]
-        if used or sample.devices:
-            labels["gpu_uuid"] = used[0] if used else sample.devices[0].uuid
-        self.book.update(alerts.build(active, estimates, fc.as_dict(), labels), now)
+        base = {"service": a.service, "instance": a.instance or socket.gethostname()}
+        firing: dict = {}
+        for name, server in self.host.servers.items():
+            labels = {**base, "server": name}
+            gpus = sorted(server.state.gpus or server.gpus)
+            uuid = server.forecast.gpu_uuid or (gpus[0] if gpus else None)
+            if uuid:
+                labels["gpu_uuid"] = uuid
+            firing.update(alerts.build(server.firing, server.state.estimates(self.cfg.correlate),
+                                       server.forecast.as_dict(), labels))
+        self.book.update(firing, now)
         self.sender.submit(self.book.due(now))
 
-    def _publish(self, snapshot: Snapshot, observations: list, decided: list) -> None:
+    def _publish(self, snapshot: Snapshot, observations: list, decided: list,
+                 focus: step.Server) -> None:
         """The status page's view of this tick: one reference swap, read by HTTP threads. A
         failure here only leaves the page a tick behind: the watching goes on."""
         cfg = self.cfg
@@ -370,7 +358,7 @@ class Daemon:
             self.history.update(snapshot, observations, decided)
             if decided or snapshot.t - self.published_t >= PUBLISH_S or snapshot.t < \
                     self.published_t:
-                causes = [f.as_dict() for f in self.state.active.values()]
+                causes = [f.as_dict() for f in focus.state.active.values()]
                 self.status = self.history.view(snapshot, causes, info)
                 self.published_t = snapshot.t
         except Exception as e:
@@ -381,7 +369,8 @@ class Daemon:
     def _alert_failed(self, url: str, error: str) -> None:
         self.log.warning("alertmanager unreachable; will retry", url=url, error=error)
 
-    def _snapshot(self, sample: Sample, estimates: dict, fc: Any, poll_s: float) -> Snapshot:
+    def _snapshot(self, sample: Sample, estimates: dict, focus: step.Server,
+                  poll_s: float) -> Snapshot:
         gpu: dict[str, Optional[int]] = {}
         for p in sample.processes:
             for uuid, used in p.gpu_bytes.items():
@@ -394,22 +383,30 @@ class Daemon:
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             server_rss_bytes=sum(rss) if rss else None,
             server_alive=bool(alive) if sample.processes else None,
-            estimates=estimates, forecast=fc.as_dict(),
-            active_causes=tuple(self.state.active), actions_total=dict(self.actions_total),
+            estimates=estimates, forecast=focus.forecast.as_dict(),
+            active_causes=tuple(focus.state.active), actions_total=dict(self.actions_total),
+            servers={name: {"estimates": estimates if server is focus else
+                            server.state.estimates(self.cfg.correlate),
+                            "forecast": server.forecast.as_dict(),
+                            "active_causes": tuple(server.state.active),
+                            "pids": sorted(server.pids),
+                            "gpus": sorted(server.state.gpus or server.gpus)}
+                     for name, server in self.host.servers.items()},
             sources_up={"nvml": sample.nvml_up, "process": bool(alive),
-                        "agent": bool(self.agent_pids)},
+                        "agent": any(self.host.alive.get(p, True) for p in self.host.pids())},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=receiver.received if receiver else 0,
             events_dropped_total={**(receiver.dropped if receiver else {}),
                                   "backlog": self.backlog_dropped},
-            agent_events_lost_total=self.state.agent_dropped,
+            agent_events_lost_total=sum(v.state.agent_dropped
+                                        for v in self.host.servers.values()),
             alerts_sent_total=dict(self.sender.sent) if self.sender else {},
             alert_posts_failed_total=dict(self.sender.failed) if self.sender else {},
             alerts_dropped_total=dict(self.sender.dropped) if self.sender else {})
 
 
-def _status_line(state: correlate.State, fc: Any) -> str:
-    seconds = fc.seconds
+def _status_line(server: step.Server) -> str:
+    seconds, state = server.forecast.seconds, server.state
     eta = "no OOM forecast" if seconds == float("inf") else f"OOM in ~{seconds:.0f} s"
-    return (f"{state.records} graphs, {state.recompiles} recompiles, "
+    return (f"{server.name}: {state.records} graphs, {state.recompiles} recompiles, "
             f"{len(state.active)} active causes, {eta}")

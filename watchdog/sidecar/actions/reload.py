@@ -118,15 +118,23 @@ class ReloadLog:
         except (OSError, ValueError, AttributeError):
             return []  # missing or unreadable: start a new record (the error is the caller's)
 
-    def times(self) -> list[float]:
-        """When reloads were decided, for the cooldown and the hourly maximum; a decision
-        cancelled at the re-check did nothing and counts for neither."""
-        return [e["t"] for e in self.entries if e.get("detail") != CANCELLED]
+    def decisions(self) -> list[tuple[float, Optional[str]]]:
+        """(when, which server) reloads were decided, for the cooldown and the hourly maximum
+        (per server; entries older than servers count for every server); a decision cancelled
+        at the re-check did nothing and counts for neither."""
+        return [(e["t"], e.get("server") if isinstance(e.get("server"), str) else None)
+                for e in self.entries if e.get("detail") != CANCELLED]
 
-    def record(self, t: float, outcome: Optional[Outcome], reason: str) -> None:
-        entry = {"t": t, "reason": reason, **(asdict(outcome) if outcome else {"ok": None})}
-        if self.entries and self.entries[-1]["t"] == t:
-            self.entries[-1] = entry  # the outcome of the decision recorded before
+    def times(self) -> list[float]:
+        return [t for t, _ in self.decisions()]
+
+    def record(self, t: float, outcome: Optional[Outcome], reason: str,
+               server: Optional[str] = None) -> None:
+        entry = {"t": t, "reason": reason, "server": server,
+                 **(asdict(outcome) if outcome else {"ok": None})}
+        same = [i for i, e in enumerate(self.entries) if e["t"] == t and e.get("server") == server]
+        if same:
+            self.entries[same[-1]] = entry  # the outcome of the decision recorded before
         else:
             self.entries.append(entry)
         self.entries = self.entries[-100:]

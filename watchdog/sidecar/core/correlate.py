@@ -112,6 +112,10 @@ class State:
     device_usable: Optional[int] = None  # used + free: total less what the driver reserves
     host_used: Optional[int] = None
     host_total: Optional[int] = None
+    # per GPU of this server: uuid -> (device used, usable = used + free, this server's bytes
+    # there or None): each GPU is forecast against its own budget (FACTS #18: summing two GPUs
+    # into one budget let a replica crash with no forecast)
+    gpus: dict = field(default_factory=dict)
     samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
@@ -184,7 +188,7 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
 
 
 def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
-         watched: Optional[set] = None) -> State:
+         watched: Optional[set] = None, evaluate: bool = True) -> State:
     """Update `state` with each observation in order, then evaluate the causes (a finding's
     `t` is the time of the batch's last observation; replay folds one observation at a time)."""
     for obs in observations:
@@ -195,7 +199,8 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             _sample(state, obs, cfg, watched)
         else:
             _event(state, obs, cfg)
-    _evaluate(state, cfg)  # once per batch: the daemon folds a poll's worth at a time
+    if evaluate:  # the step evaluates at each poll's sample (and per event without samples)
+        _evaluate(state, cfg)
     return state
 
 
@@ -315,6 +320,10 @@ def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int
 
 def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set]) -> None:
     if s.devices:
+        procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
+        state.gpus = {d.uuid: (d.used_bytes, d.total_bytes if d.free_bytes is None
+                               else d.used_bytes + d.free_bytes, _bytes_on(procs, d.uuid))
+                      for d in s.devices}
         state.device_used = sum(d.used_bytes for d in s.devices)
         state.device_total = sum(d.total_bytes for d in s.devices)
         # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200) can
@@ -350,6 +359,12 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     if state.records > 0:  # the regression starts with the first recording
         state.regression.add(recorded, delta)
+
+
+def _bytes_on(procs: list, uuid: str) -> Optional[int]:
+    """The processes' bytes on one GPU; None when NVML does not say for one of them."""
+    values = [p.gpu_bytes.get(uuid, 0) for p in procs]
+    return None if not procs or any(v is None for v in values) else sum(values)
 
 
 def _settling(state: State, t: float) -> bool:

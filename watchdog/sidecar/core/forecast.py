@@ -30,55 +30,145 @@ class Forecast:
     plateau_bytes: Optional[float] = None
     shape_space: Optional[float] = None
     growth_bytes_per_s: Optional[float] = None
+    # growth that recordings do not explain (a leak in the server's own code), at its own rate:
+    # a saturated shape space stops the recordings' growth, not this
+    seconds_unexplained: float = FOREVER
+    unexplained_bytes_per_s: Optional[float] = None
+    gpu_uuid: Optional[str] = None                 # the GPU this forecast is for (the nearest)
 
     @property
     def seconds(self) -> float:
-        """The forecast to act on: the discovery model when it applies, else the trend."""
-        return self.seconds_linear if self.seconds_discovery is None else self.seconds_discovery
+        """The forecast to act on: recordings by the discovery model plus unexplained growth
+        when the model applies, else the whole trend."""
+        if self.seconds_discovery is None:
+            return self.seconds_linear
+        return min(self.seconds_discovery, self.seconds_unexplained)
+
+    @property
+    def driver(self) -> Optional[str]:
+        """What drives the forecast: "recordings", "unexplained" growth, or the "trend"."""
+        if self.seconds == FOREVER:
+            return None
+        if self.seconds_discovery is None:
+            return "trend"
+        return "unexplained" if self.seconds_unexplained < self.seconds_discovery \
+            else "recordings"
 
     @property
     def will_oom(self) -> Optional[bool]:
         if self.plateau_bytes is None or self.budget_bytes is None:
             return None
-        return self.plateau_bytes >= self.budget_bytes
+        return self.plateau_bytes >= self.budget_bytes or self.seconds_unexplained < FOREVER
 
     def as_dict(self) -> dict:
         def num(v):
             return None if v is None or v == FOREVER else round(v, 3)
         return {"seconds_to_oom": num(self.seconds), "seconds_to_oom_linear":
                 num(self.seconds_linear), "seconds_to_oom_discovery": num(self.seconds_discovery),
+                "seconds_to_oom_unexplained": num(self.seconds_unexplained),
+                "driver": self.driver, "gpu_uuid": self.gpu_uuid,
                 "plateau_bytes": num(self.plateau_bytes), "will_oom": self.will_oom,
                 "budget_bytes": self.budget_bytes, "level_bytes": self.level_bytes,
                 "shape_space_estimate": num(self.shape_space),
-                "growth_bytes_per_s": num(self.growth_bytes_per_s)}
+                "growth_bytes_per_s": num(self.growth_bytes_per_s),
+                "unexplained_bytes_per_s": num(self.unexplained_bytes_per_s)}
+
+
+@dataclass(frozen=True)
+class _View:
+    """One budget the server can run out of: a GPU (its level and budget, and the server's
+    share of its own growth that lands there), or the process / host budget."""
+    uuid: Optional[str]
+    level: int
+    budget: int
+    share: float
 
 
 def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
              jump_bytes: int = 16 << 20) -> Forecast:
-    level, budget = _level_and_budget(state, cfg)
-    if level is None or budget is None:
+    """The nearest time to OOM over the server's budgets (each GPU on its own)."""
+    views = _views(state, cfg)
+    if not views:
+        level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
-    slope = _trend(state, cfg.window_s, cfg.process_budget_bytes is not None, jump_bytes)
-    linear = (budget - level) / slope if slope and slope > 0 else FOREVER
+    slope = _trend(state, cfg.window_s, jump_bytes)
+    leak = _leak_rate(state, cfg.window_s, jump_bytes)
+    model = _discovery(state, cfg, min_records)
+    best: Optional[Forecast] = None
+    for view in views:
+        fc = _forecast_view(state, view, slope, leak, model)
+        if best is None or fc.seconds < best.seconds:
+            best = fc
+    return best
+
+
+def _views(state: State, cfg: ForecastConfig) -> list[_View]:
+    if cfg.process_budget_bytes is not None:
+        if state.mem_bytes is None:
+            return []
+        return [_View(None, state.mem_bytes, cfg.process_budget_bytes, 1.0)]
+    if state.gpus:
+        return _gpu_views(state, cfg.headroom_bytes)
+    level, budget = _level_and_budget(state, cfg)
+    return [] if level is None or budget is None else [_View(None, level, budget, 1.0)]
+
+
+def _gpu_views(state: State, headroom: int) -> list[_View]:
+    """Each GPU against its own budget (usable - headroom). The server's growth is split over
+    its GPUs by where its memory is (per-process NVML), else evenly; a GPU holding none of
+    the server's memory is not its to run out of."""
+    mine = {u: b for u, (_, _, b) in state.gpus.items()}
+    known = state.mem_source == "process" and all(b is not None for b in mine.values())
+    total = sum(mine.values()) if known else 0
+    views = []
+    for uuid, (used, usable, _) in sorted(state.gpus.items()):
+        share = mine[uuid] / total if known and total > 0 else 1.0 / len(state.gpus)
+        if known and mine[uuid] == 0:
+            continue
+        views.append(_View(uuid, used, usable - headroom, share))
+    return views
+
+
+def _discovery(state: State, cfg: ForecastConfig, min_records: int) -> Optional[dict]:
+    """The discovery model's inputs, or None when it does not apply (yet)."""
     n, distinct = state.requests, state.distinct_shapes
     space = shape_space(n, distinct)
     if saturated(space, n, state.records):
         # every size is recorded (bucketed traffic: 9 sizes in hundreds of requests): the
-        # warm-up's growth is over; a trend through it would forecast an OOM that never comes
-        return Forecast(budget, level, max(0.0, linear), FOREVER, level, space, slope)
+        # recordings' growth is over; a trend through the warm-up would forecast an OOM that
+        # never comes. Growth outside recordings still counts (a leak)
+        return {"saturated": True, "space": space}
     b = state.mb_per_graph
-    if b is None or b <= 0 or state.records < min_records:
-        return Forecast(budget, level, max(0.0, linear), growth_bytes_per_s=slope)
-    per_graph = b * 1e6
-    if space is None or not math.isfinite(space):
-        return Forecast(budget, level, max(0.0, linear), growth_bytes_per_s=slope)
+    if b is None or b <= 0 or state.records < min_records or space is None \
+            or not math.isfinite(space):
+        return None
     model_now = recorded(space, n)
     # observed/expected recordings: graph partitions, serving threads, non-uniform traffic
     scale = state.records / model_now if model_now > 0 else 1.0
-    plateau = level + per_graph * max(0.0, scale * space - state.records)
-    rate = _request_rate(state, cfg.window_s)
-    seconds = _seconds_to(level, budget, per_graph, state.records, n, space * scale, space, rate)
-    return Forecast(budget, level, max(0.0, linear), seconds, plateau, space, slope)
+    return {"saturated": False, "space": space, "scale": scale, "per_graph": b * 1e6,
+            "rate": _request_rate(state, cfg.window_s)}
+
+
+def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
+                   model: Optional[dict]) -> Forecast:
+    def seconds_at(rate: Optional[float]) -> float:
+        if rate is None or rate * v.share <= 0:
+            return FOREVER
+        return max(0.0, (v.budget - v.level) / (rate * v.share))
+
+    linear, unexplained = seconds_at(slope), seconds_at(leak)
+    common = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak, gpu_uuid=v.uuid,
+                  seconds_unexplained=unexplained)
+    if model is None:
+        return Forecast(v.budget, v.level, linear, **common)
+    space = model["space"]
+    if model["saturated"]:
+        return Forecast(v.budget, v.level, linear, FOREVER, v.level, space, **common)
+    per_graph, scale, n = model["per_graph"] * v.share, model["scale"], state.requests
+    plateau = v.level + per_graph * max(0.0, scale * space - state.records)
+    seconds = _seconds_to(v.level, v.budget, per_graph, state.records, n, space * scale, space,
+                          model["rate"])
+    return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
 
 
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:
@@ -92,21 +182,72 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
     return None, None
 
 
-def _trend(state: State, window_s: float, per_process: bool, jump_bytes: int) -> Optional[float]:
-    """Growth rate (bytes/s) of the level over the last window, steps left out: one poll's
-    jump (a model loaded, a ballast, a compile's workspace) says nothing about the rate."""
+# a recording's memory shows in NVML up to a few polls from its event (seen: 1.4 s in the H200
+# bucketed run's sample log); growth that close to a recording is the recording's
+RECORD_SETTLE_S = 2.0
+LEAK_MIN_POINTS = 10      # intervals without recordings needed to measure growth outside them
+LEAK_MIN_FRACTION = 0.2   # … covering at least this part of the window
+
+
+def _leak_rate(state: State, window_s: float, jump_bytes: int) -> Optional[float]:
+    """Growth outside recordings that goes on: the lower of its rate over the window and over
+    the window's recent half (a warm-up's growth that stopped is not a leak)."""
+    points = _window(state, window_s)
+    if len(points) < 3:
+        return None
+    first, last = points[0][0], points[-1][0]
+    rates = []
+    for part in (1.0, 0.5, 0.25):  # the window, its recent half and its recent quarter
+        since = last - part * (last - first)
+        rate = _rate([p for p in points if p[0] >= since], jump_bytes, outside_recordings=True)
+        if rate is None:
+            return None
+        rates.append(rate)
+    return min(rates)
+
+
+def _trend(state: State, window_s: float, jump_bytes: int,
+           outside_recordings: bool = False) -> Optional[float]:
+    """Growth rate (bytes/s) of the server's memory over the last window, steps left out: one
+    poll's jump (a model loaded, a ballast, a compile's workspace) says nothing about the rate.
+    `outside_recordings`: only intervals ending more than RECORD_SETTLE_S after the last
+    recording: growth recordings do not explain, at its own rate; None when such intervals are
+    too few to tell."""
+    return _rate(_window(state, window_s), jump_bytes, outside_recordings)
+
+
+def _window(state: State, window_s: float) -> list[tuple[float, int, int]]:
+    """(t, the server's memory, recordings so far) of the samples in the last window."""
     points = []
-    for t, mem, _, used, _ in reversed(state.samples):  # newest first: stop at the window
+    for t, mem, records, _, _ in reversed(state.samples):  # newest first: stop at the window
         if t < state.now - window_s:
             break
-        level = mem if per_process else used
-        if level is not None:
-            points.append((t, level))
+        if mem is not None:
+            points.append((t, mem, records))
     points.reverse()
+    return points
+
+
+def _rate(points: list, jump_bytes: int, outside_recordings: bool) -> Optional[float]:
     if len(points) < 3 or points[-1][0] <= points[0][0]:
         return None
-    growth = sum(b - a for (_, a), (_, b) in zip(points, points[1:]) if abs(b - a) <= jump_bytes)
-    return growth / (points[-1][0] - points[0][0])
+    growth, span, used, changed = 0.0, 0.0, 0, -math.inf
+    for i in range(1, len(points)):
+        (t0, a, r0), (t1, b, r1) = points[i - 1], points[i]
+        if r1 != r0:
+            changed = t1
+        if outside_recordings and t1 <= changed + RECORD_SETTLE_S:
+            continue
+        span += t1 - t0
+        used += 1
+        if abs(b - a) <= jump_bytes:
+            growth += b - a
+    if not outside_recordings:
+        return growth / (points[-1][0] - points[0][0])
+    whole = points[-1][0] - points[0][0]
+    if used < LEAK_MIN_POINTS or span < LEAK_MIN_FRACTION * whole or span <= 0:
+        return None
+    return growth / span
 
 
 def _request_rate(state: State, window_s: float) -> Optional[float]:

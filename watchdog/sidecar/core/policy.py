@@ -7,7 +7,7 @@ at most `max_reloads_per_hour`, then alert only. The executor re-checks right be
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
@@ -20,10 +20,14 @@ class Action:
     action: str          # "alert" | "reload"
     reason: str
     detail: dict = field(default_factory=dict)
+    server: Optional[str] = None   # the target: a server, its pids and its GPUs (UUIDs)
+    pids: tuple = ()
+    gpus: tuple = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.detail, "t": round(self.t, 3), "action": self.action,
-                "reason": self.reason}
+                "reason": self.reason, "server": self.server, "pids": list(self.pids),
+                "gpus": list(self.gpus)}
 
 
 @dataclass
@@ -40,7 +44,10 @@ def warming_up(state: State, cfg: PolicyConfig) -> bool:
     return start is None or state.now < start + cfg.warmup_s
 
 
-def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig) -> list[Action]:
+def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
+           allow_reload: bool = True) -> list[Action]:
+    """`allow_reload` False: another reload is under way (this server's, or the host-wide
+    cap's); the condition keeps being held, and the decision comes once it is allowed."""
     now, actions = state.now, []
     for finding in state.findings:
         if finding.cause not in ps.alerted:
@@ -56,7 +63,7 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig) -> li
     elif seconds > 2 * cfg.alert_lead_s:
         ps.forecast_alerted = False  # hysteresis: re-arm only once well clear
     ps.holding = ps.holding + 1 if seconds <= cfg.reload_lead_s else 0
-    if ps.holding < cfg.hold_polls:
+    if ps.holding < cfg.hold_polls or not allow_reload:
         return actions
     if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
         return actions

@@ -1,7 +1,8 @@
-"""Replay recorded traces through the very pipeline the daemon runs: fold → forecast → decide.
+"""Replay recorded traces through the very step the daemon runs (core/step.py).
 
-Observations are folded one at a time; at every sample (a poll, in the daemon) the forecast is
-made and the policy decides, as the live loop does. Times stay in the trace's own time base.
+Observations are stepped one at a time, in the order the live sidecar wrote them to its sample
+log: the same decisions at the same times on the same targets. Times stay in the trace's own
+time base.
 """
 from __future__ import annotations
 
@@ -9,55 +10,60 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from torch_watchdog.sidecar.core import correlate, policy
+from torch_watchdog.sidecar.core import correlate, step
+from torch_watchdog.sidecar.core.step import Host
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.core.pipeline import poll
-from torch_watchdog.sidecar.sources.samples import ConfigChange, Sample
+from torch_watchdog.sidecar.sources.samples import ConfigChange
 from torch_watchdog.sidecar.offline.traces import Observation, Reader, read_all
 
-# called after each observation is folded, with what the policy decided on it (the report's hook)
+# called after each observation is stepped, with the focus server's state and what the step
+# decided on it (the report's hook)
 Observer = Callable[[Observation, correlate.State, list], None]
 
 
 @dataclass
 class Run:
-    state: correlate.State = field(default_factory=correlate.State)
+    host: Host = field(default_factory=Host)
     actions: list = field(default_factory=list)
-    forecast: Optional[Forecast] = None
     observations: int = 0
     config: Optional[Config] = None   # the last one in force
 
+    @property
+    def state(self) -> correlate.State:
+        return self.host.focus().state
+
+    @property
+    def forecast(self) -> Optional[Forecast]:
+        return None if self.host.now is None else self.host.focus().forecast
+
     def outcome(self, config: Config) -> dict[str, Any]:
-        estimates = self.state.estimates(config.correlate)
-        if self.forecast is not None:
-            estimates.update(self.forecast.as_dict())
-        return {"findings": [f.as_dict() for f in self.state.findings],
-                "actions": [a.as_dict() for a in self.actions], "estimates": estimates}
+        focus = self.host.focus()
+        estimates = (step.estimates(focus, config) if self.host.now is not None
+                     else focus.state.estimates(config.correlate))
+        findings = sorted(({**f.as_dict(), "server": s.name} for s in self.host.servers.values()
+                           for f in s.state.findings), key=lambda f: f["t"])
+        return {"findings": findings, "actions": [a.as_dict() for a in self.actions],
+                "estimates": estimates, "server": focus.name,
+                "servers": {name: step.estimates(s, config)
+                            for name, s in sorted(self.host.servers.items())}}
 
 
 def run(observations: Iterable[Observation], config: Config,
         observe: Optional[Observer] = None, follow_config: bool = True) -> Run:
-    """Fold, forecast, decide over `observations`. With `follow_config`, a config the live
-    sidecar recorded in its sample log replaces `config` from then on (as SIGHUP did)."""
-    r, ps = Run(config=config), policy.PolicyState()
-    state = r.state
+    """Step over `observations` as the live sidecar did. With `follow_config`, a config the
+    live sidecar recorded in its sample log replaces `config` from then on (as SIGHUP did)."""
+    r = Run(config=config)
     for obs in observations:
         r.observations += 1
         if isinstance(obs, ConfigChange):
             if follow_config:
                 config = r.config = obs.config
             continue
-        if isinstance(obs, Sample):  # a poll, exactly as the daemon makes one
-            r.forecast, decided = poll(state, ps, (obs,), config)
-        else:
-            correlate.fold(state, (obs,), config.correlate)  # events one by one: exact times
-            decided = []
-            if r.forecast is None:  # an agent log without samples: causes are still alerted
-                decided = policy.decide(state, Forecast(None, None), ps, config.policy)
+        decided = step.step(r.host, obs, config)
         r.actions.extend(decided)
         if observe is not None:
-            observe(obs, state, decided)
+            observe(obs, r.host.focus().state, decided)
     return r
 
 

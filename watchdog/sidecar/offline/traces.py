@@ -20,10 +20,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 from torch_watchdog import events
 from torch_watchdog.jsonl import open_lines
 from torch_watchdog.sidecar.config import from_mapping
-from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, Sample, \
-    sample_from_dict
+from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, \
+    ReloadOutcome, Sample, outcome_from_dict, sample_from_dict
 
-Observation = Union[events.Event, Sample, ConfigChange]
+Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -143,6 +143,8 @@ class Reader:
                 return [events.from_dict(obj)]
             if isinstance(obj, dict) and obj.get("kind") == "sample":  # the sidecar's own log
                 return [sample_from_dict(obj)]
+            if isinstance(obj, dict) and obj.get("kind") == "reload_outcome":  # ... outcomes
+                return [outcome_from_dict(obj)]
             if isinstance(obj, dict) and obj.get("kind") == "config":  # ... and its config
                 return [ConfigChange(float(obj["t"]), from_mapping(obj["config"]))]
             if isinstance(obj, dict) and isinstance(obj.get("t"), (int, float)):

@@ -6,7 +6,8 @@ it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()
 that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
 
 Conventions (DESIGN.md "Habits → Metrics"): prefix `torch_watchdog_`, base units, counters end
-in `_total`, GPUs labelled `gpu_uuid`; no pid or shape labels (they are unbounded). A reading
+in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server`; no pid or shape
+labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
 exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
 """
@@ -62,27 +63,37 @@ def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
     return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
 
 
+def _servers(s: Snapshot) -> list:
+    """(server, estimates, forecast, active causes) of each server; a Snapshot built without
+    servers (an old caller) is one server, "default"."""
+    if s.servers:
+        return [(name, v.get("estimates", {}), v.get("forecast", {}), v.get("active_causes", ()))
+                for name, v in sorted(s.servers.items())]
+    if s.estimates or s.forecast:
+        return [("default", s.estimates, s.forecast, s.active_causes)]
+    return []
+
+
 def _est(key: str, scale: float = 1.0) -> Callable[[Snapshot], Samples]:
-    def get(s: Snapshot) -> Any:
-        value = s.estimates.get(key)
-        return None if value is None else _num(value) * scale
-    return _one(get)
+    def get(s: Snapshot) -> Samples:
+        return [((name,), None if est.get(key) is None else _num(est[key]) * scale)
+                for name, est, _, _ in _servers(s)]
+    return get
 
 
 def _fc(key: str) -> Callable[[Snapshot], Samples]:
-    return _one(lambda s: s.forecast.get(key))
+    return lambda s: [((name,), fc.get(key)) for name, _, fc, _ in _servers(s)]
 
 
 def _fc_seconds(key: str) -> Callable[[Snapshot], Samples]:
     # None (or no forecast at all) means "no OOM in sight": +Inf, so thresholds never fire.
-    def get(s: Snapshot) -> Any:
-        value = s.forecast.get(key)
-        return math.inf if value is None else value
-    return _one(get)
+    return lambda s: [((name,), math.inf if fc.get(key) is None else fc[key])
+                      for name, _, fc, _ in _servers(s)]
 
 
 def _causes(s: Snapshot) -> Samples:
-    return [((cause,), 1 if cause in s.active_causes else 0) for cause in CAUSES]
+    return [((name, cause), 1 if cause in active else 0) for name, _, _, active in _servers(s)
+            for cause in CAUSES]
 
 
 def _sources(s: Snapshot) -> Samples:
@@ -96,6 +107,7 @@ def _alive(s: Snapshot) -> Any:
 # --- the table --------------------------------------------------------------------------------
 
 _G = ("gpu_uuid",)
+_S = ("server",)  # per server: a group of processes reloaded together
 SPECS: tuple[Spec, ...] = (
     # device (NVML)
     Spec("torch_watchdog_gpu_memory_used_bytes", GAUGE, _G,
@@ -114,64 +126,64 @@ SPECS: tuple[Spec, ...] = (
          "1 if the watched server's process is alive, 0 if not (absent when unknown).",
          _one(_alive)),
     # pipeline (cumulative counts from the agent's events, correlated)
-    Spec("torch_watchdog_cudagraph_recordings_total", COUNTER, (),
+    Spec("torch_watchdog_cudagraph_recordings_total", COUNTER, _S,
          "CUDA graphs recorded by the server.", _est("recordings")),
-    Spec("torch_watchdog_cudagraph_warmups_total", COUNTER, (),
+    Spec("torch_watchdog_cudagraph_warmups_total", COUNTER, _S,
          "CUDA-graph warm-up runs (a size's first run, before it is recorded).", _est("warmups")),
-    Spec("torch_watchdog_compiles_total", COUNTER, (),
+    Spec("torch_watchdog_compiles_total", COUNTER, _S,
          "torch.compile compilations (first compiles and recompiles).", _est("compiles")),
-    Spec("torch_watchdog_recompiles_total", COUNTER, (),
+    Spec("torch_watchdog_recompiles_total", COUNTER, _S,
          "torch.compile recompilations (a guard failed).", _est("recompiles")),
-    Spec("torch_watchdog_recompile_limit_hits_total", COUNTER, (),
+    Spec("torch_watchdog_recompile_limit_hits_total", COUNTER, _S,
          "Times a frame hit the recompile limit and fell back to eager.",
          _est("recompile_limit_hits")),
-    Spec("torch_watchdog_stalls_total", COUNTER, (),
+    Spec("torch_watchdog_stalls_total", COUNTER, _S,
          "Server steps stalled by compilation or graph recording.", _est("stalls")),
-    Spec("torch_watchdog_stall_seconds_total", COUNTER, (),
+    Spec("torch_watchdog_stall_seconds_total", COUNTER, _S,
          "Time the server's steps spent stalled.", _est("stall_seconds")),
-    Spec("torch_watchdog_graph_breaks_total", COUNTER, (),
+    Spec("torch_watchdog_graph_breaks_total", COUNTER, _S,
          "torch.compile graph breaks.", _est("graph_breaks")),
-    Spec("torch_watchdog_ooms_total", COUNTER, (),
+    Spec("torch_watchdog_ooms_total", COUNTER, _S,
          "CUDA out-of-memory errors seen by the agent.", _est("ooms")),
-    Spec("torch_watchdog_compile_seconds_total", COUNTER, (),
+    Spec("torch_watchdog_compile_seconds_total", COUNTER, _S,
          "Time spent compiling.", _est("compile_seconds")),
-    Spec("torch_watchdog_fx_cache_hits_total", COUNTER, (),
+    Spec("torch_watchdog_fx_cache_hits_total", COUNTER, _S,
          "Inductor FX-graph cache hits while compiling (torch 2.6+).", _est("fx_cache_hits")),
-    Spec("torch_watchdog_fx_cache_misses_total", COUNTER, (),
+    Spec("torch_watchdog_fx_cache_misses_total", COUNTER, _S,
          "Inductor FX-graph cache misses: compiled from scratch (torch 2.6+).",
          _est("fx_cache_misses")),
-    Spec("torch_watchdog_requests_total", COUNTER, (),
+    Spec("torch_watchdog_requests_total", COUNTER, _S,
          "Requests (steps) seen by the agent.", _est("requests")),
-    Spec("torch_watchdog_distinct_shapes", GAUGE, (),
+    Spec("torch_watchdog_distinct_shapes", GAUGE, _S,
          "Distinct input shapes seen so far.", _est("distinct_shapes")),
-    Spec("torch_watchdog_cudagraph_memory_per_graph_bytes", GAUGE, (),
+    Spec("torch_watchdog_cudagraph_memory_per_graph_bytes", GAUGE, _S,
          "Estimated GPU memory per recorded CUDA graph (absent until enough recordings).",
          _est("mb_per_graph", 1e6)),
-    Spec("torch_watchdog_cudagraph_memory_per_graph_confidence_ratio", GAUGE, (),
+    Spec("torch_watchdog_cudagraph_memory_per_graph_confidence_ratio", GAUGE, _S,
          "Confidence (0-1) of the memory-per-graph estimate.", _est("mb_per_graph_confidence")),
-    Spec("torch_watchdog_memory_explained_by_recordings_bytes", GAUGE, (),
+    Spec("torch_watchdog_memory_explained_by_recordings_bytes", GAUGE, _S,
          "Server memory growth explained by CUDA-graph recordings.",
          _est("explained_by_recordings_bytes")),
-    Spec("torch_watchdog_memory_unexplained_bytes", GAUGE, (),
+    Spec("torch_watchdog_memory_unexplained_bytes", GAUGE, _S,
          "Server memory growth that neither recordings nor compiles explain.",
          _est("unexplained_bytes")),
     # forecast
-    Spec("torch_watchdog_oom_forecast_seconds", GAUGE, (),
+    Spec("torch_watchdog_oom_forecast_seconds", GAUGE, _S,
          "Forecast time until GPU memory runs out (shape-discovery model, else trend); "
          "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom")),
-    Spec("torch_watchdog_oom_forecast_linear_seconds", GAUGE, (),
+    Spec("torch_watchdog_oom_forecast_linear_seconds", GAUGE, _S,
          "Forecast time until GPU memory runs out from the linear trend alone; "
          "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom_linear")),
-    Spec("torch_watchdog_memory_plateau_bytes", GAUGE, (),
+    Spec("torch_watchdog_memory_plateau_bytes", GAUGE, _S,
          "Forecast memory level once every input shape is recorded (absent when unknown).",
          _fc("plateau_bytes")),
-    Spec("torch_watchdog_memory_budget_bytes", GAUGE, (),
+    Spec("torch_watchdog_memory_budget_bytes", GAUGE, _S,
          "The memory budget the forecast measures against.", _fc("budget_bytes")),
-    Spec("torch_watchdog_shape_space_estimate", GAUGE, (),
+    Spec("torch_watchdog_shape_space_estimate", GAUGE, _S,
          "Estimated number of distinct input shapes the traffic draws from.",
          _fc("shape_space_estimate")),
     # causes and actions
-    Spec("torch_watchdog_cause_active", GAUGE, ("cause",),
+    Spec("torch_watchdog_cause_active", GAUGE, ("server", "cause"),
          "1 while the watchdog attributes memory growth or slowdown to this cause, else 0.",
          _causes),
     Spec("torch_watchdog_actions_total", COUNTER, ("action",),

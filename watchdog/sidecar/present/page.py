@@ -148,6 +148,10 @@ def _forecast(status: dict[str, Any]) -> str:
             ("shape-discovery model", _e("not applicable yet"
                                          if fc.get("seconds_to_oom_discovery") is None
                                          else fmt_duration(fc["seconds_to_oom_discovery"]))),
+            ("growth recordings do not explain", _e(
+                "none" if fc.get("seconds_to_oom_unexplained") is None else
+                f"{fmt_bytes(fc.get('unexplained_bytes_per_s'))}/s: OOM in "
+                f"{fmt_duration(fc['seconds_to_oom_unexplained'])}")),
             ("plateau", _e("unknown" if plateau is None else
                            f"{fmt_bytes(plateau)} ({'above' if fc.get('will_oom') else 'under'}"
                            " the budget)")),
@@ -157,6 +161,21 @@ def _forecast(status: dict[str, Any]) -> str:
                                         else f"{fc['shape_space_estimate']:,.0f} sizes"))]
     return (f'<section id="forecast"><h2>Forecast</h2><p>{_e(status.get("forecast_summary"))}'
             f"</p>{_table(rows)}</section>")
+
+
+def _servers(status: dict[str, Any]) -> str:
+    """Every server on the host, one row each: a host with replicas is not one server."""
+    servers = status.get("servers") or []
+    if len(servers) < 2:
+        return ""
+    rows = [(str(v.get("server")),
+             f"pids {_e(', '.join(map(str, v.get('pids') or [])) or '—')} · GPUs "
+             f"{_e(', '.join(v.get('gpus') or []) or '—')} · "
+             f"{_e(fmt_bytes(v.get('memory_bytes')))} · {_e(v.get('recordings'))} graphs · "
+             f"{_e(v.get('forecast_summary'))}"
+             + (f" · {_e(', '.join(v.get('active_causes')))}" if v.get("active_causes") else ""))
+            for v in servers]
+    return f'<section id="servers"><h2>Servers</h2>{_table(rows)}</section>'
 
 
 def _actions(status: dict[str, Any]) -> str:
@@ -202,6 +221,7 @@ def render_page(status: dict[str, Any], now: float) -> str:
         f"<h1>torch-watchdog</h1><p class=\"sub\">{_e(sub)} · version "
         f"{_e(side.get('version', __version__))} · <a href=\"status.json\">status.json</a> · "
         '<a href="metrics">metrics</a></p>'
-        + _causes(status) + _forecast(status) + _chart(status) + _memory(status)
+        + _servers(status) + _causes(status) + _forecast(status) + _chart(status)
+        + _memory(status)
         + _graphs(status) + _actions(status) + _sources(status)
         + "</body></html>\n")

@@ -21,6 +21,9 @@ class Snapshot:
     estimates: dict[str, Any] = field(default_factory=dict)   # correlate.State.estimates()
     forecast: dict[str, Any] = field(default_factory=dict)    # forecast.Forecast.as_dict()
     active_causes: tuple[str, ...] = ()
+    # every server: name -> {"estimates", "forecast", "active_causes", "pids", "gpus"}; the
+    # fields above are the server nearest to OOM (the status page's focus)
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     actions_total: dict[str, int] = field(default_factory=dict)   # by action ("alert", …)
     sources_up: dict[str, bool] = field(default_factory=dict)     # "nvml", "process", "agent"
     poll_seconds: Optional[float] = None           # the last tick's duration

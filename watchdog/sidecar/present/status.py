@@ -18,7 +18,8 @@ GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles"
               "fx_cache_hits", "fx_cache_misses")
 FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_discovery",
                  "plateau_bytes", "budget_bytes", "level_bytes", "will_oom",
-                 "shape_space_estimate", "growth_bytes_per_s")
+                 "shape_space_estimate", "growth_bytes_per_s", "seconds_to_oom_unexplained",
+                 "unexplained_bytes_per_s", "driver", "gpu_uuid")
 SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
                 "device": "device used memory (NVML)", "rss": "server RSS (host-memory mode)"}
 
@@ -123,7 +124,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
     if view is None:
         return {"t": None, "age_s": None, "sidecar": {}, "memory": {"source": None,
                 "level_bytes": None, "devices": [], "server": {}}, "graphs": {}, "causes": [],
-                "forecast": {}, "forecast_summary": "no poll yet", "actions": [],
+                "forecast": {}, "forecast_summary": "no poll yet", "actions": [], "servers": [],
                 "actions_total": {}, "sources": {}, "events": {},
                 "history": {"points": [], "marks": [], "marks_total": {}}}
     s = view.snapshot
@@ -146,6 +147,15 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                        "rss_bytes": s.server_rss_bytes}},
         "graphs": graphs, "causes": causes, "forecast": fc,
         "forecast_summary": forecast_summary(fc), "actions": actions,
+        # every server on the host (the fields above are the one nearest to OOM)
+        "servers": [{"server": name, "pids": v.get("pids", []), "gpus": v.get("gpus", []),
+                     "active_causes": list(v.get("active_causes", ())),
+                     "forecast_summary": forecast_summary(
+                         {k: v.get("forecast", {}).get(k) for k in FORECAST_KEYS}),
+                     "seconds_to_oom": v.get("forecast", {}).get("seconds_to_oom"),
+                     "recordings": v.get("estimates", {}).get("recordings"),
+                     "memory_bytes": v.get("estimates", {}).get("memory_bytes")}
+                    for name, v in sorted(s.servers.items())],
         "actions_total": dict(s.actions_total), "sources": dict(s.sources_up),
         "events": {"received_total": s.events_received_total,
                    "dropped_total": dict(s.events_dropped_total),

@@ -45,6 +45,8 @@ class Sample:
     # host memory, for host-memory mode (no GPU: the server's RSS against the machine's RAM)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None
+    # configured servers (a systemd unit, a pidfile): name -> the pids that belong to it
+    servers: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -54,7 +56,8 @@ def sample_to_dict(s: Sample) -> dict[str, Any]:
                          "free": d.free_bytes} for d in s.devices],
             "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
                            "gpu": p.gpu_bytes} for p in s.processes],
-            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
+            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes,
+            **({"servers": {k: list(v) for k, v in s.servers.items()}} if s.servers else {})}
 
 
 def sample_from_dict(d: dict[str, Any]) -> Sample:
@@ -71,7 +74,8 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                                       {str(k): opt_int(v) for k, v in x["gpu"].items()})
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
-        host_available_bytes=opt_int(d.get("host_available")))
+        host_available_bytes=opt_int(d.get("host_available")),
+        servers={str(k): tuple(int(p) for p in v) for k, v in (d.get("servers") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,28 @@ class ConfigChange:
 def config_to_dict(t: float, config: Any) -> dict[str, Any]:
     """A sample-log line; `config.from_mapping` reads the mapping back."""
     return {"kind": "config", "t": t, "config": dataclasses.asdict(config)}
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    """How a reload that the step asked for ended: an observation, written to the sample log
+    when the daemon learns it, so a replay sees it at the same place."""
+    t: float
+    server: str
+    ok: bool
+    detail: str
+    seconds: float = 0.0
+    kind = "reload_outcome"
+
+
+def outcome_to_dict(o: ReloadOutcome) -> dict[str, Any]:
+    return {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
+            "detail": o.detail, "seconds": o.seconds}
+
+
+def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    if not isinstance(d["ok"], bool):
+        raise ValueError("ok must be a boolean")
+    return ReloadOutcome(float(d["t"]), str(d["server"]), d["ok"], str(d["detail"]),
+                         float(d.get("seconds", 0.0)))

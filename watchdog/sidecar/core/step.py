@@ -1,0 +1,281 @@
+"""One pure step for the whole host: every decision the sidecar makes, for every server.
+
+`step(host, observation, cfg) -> actions`. Observations are the agents' events, the sources'
+samples (one per poll: the sidecar's clock) and the outcomes of reloads; the daemon feeds them
+in the order it writes them to the sample log, and `replay` feeds that log to the same step, so
+a replay decides what the live sidecar decided, at the same times, on the same targets.
+
+The host model: a host has GPUs and servers. A server is a group of processes reloaded
+together: configured (the sample says which pids a `server.unit` or `server.pidfile` owns) or
+announced by its agents (`hello.server`; older agents: one server, "default"). Each server has
+its own correlation state, forecast (the nearest time to OOM over its GPUs, each against that
+GPU's own budget) and policy state. A reload targets only the server forecast to OOM, and
+`policy.max_concurrent_reloads` keeps replicas from restarting together.
+
+Decided here, not in the daemon: the re-check of a reload decision one poll later (carry it out,
+or cancel it when the forecast is well clear), the reset after a reload or a restart, and the
+alerts that fire.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from torch_watchdog import events
+from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.core import correlate, policy
+from torch_watchdog.sidecar.core.forecast import Forecast, forecast
+from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample
+
+DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
+AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
+CAUSE_OF = {"recordings": "cudagraph_per_shape", "unexplained": "memory_growth_unexplained",
+            "trend": "oom_forecast"}
+
+
+@dataclass
+class Server:
+    name: str
+    state: correlate.State = field(default_factory=correlate.State)
+    policy: policy.PolicyState = field(default_factory=policy.PolicyState)
+    pids: dict = field(default_factory=dict)       # pid -> last heard (observation time)
+    gpus: set = field(default_factory=set)         # UUIDs: agents' devices, NVML's lists
+    forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
+    pending: Optional[policy.Action] = None        # decided: carried out next poll if it holds
+    reloading: Optional[policy.Action] = None      # carried out: waiting for its outcome
+    note: Optional[dict] = None                    # the `reload` alert's detail while it lasts
+    firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
+    restarts: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.pending is not None or self.reloading is not None
+
+
+@dataclass
+class Host:
+    servers: dict = field(default_factory=dict)    # name -> Server
+    owner: dict = field(default_factory=dict)      # pid -> server name
+    alive: dict = field(default_factory=dict)      # pid -> alive, from the last sample
+    now: Optional[float] = None                    # the last sample's time: the sidecar's clock
+    configured: dict = field(default_factory=dict) # pid -> server name, from the config
+    history: list = field(default_factory=list)    # (t, server or None): past reload decisions
+    skewed_events: int = 0                         # event times outside the allowed clock skew
+
+    def server(self, name: str) -> Server:
+        s = self.servers.get(name)
+        if s is None:
+            s = self.servers[name] = Server(name)
+            s.policy.reloads = sorted(t for t, who in self.history if who in (None, name))
+        return s
+
+    def focus(self) -> Server:
+        """The server nearest to OOM (the one a single-server view shows)."""
+        if not self.servers:
+            return self.server(DEFAULT_SERVER)
+        return min(self.servers.values(), key=lambda s: (s.forecast.seconds,
+                                                         s.name != DEFAULT_SERVER, s.name))
+
+    def pids(self) -> set[int]:
+        return set(self.owner)
+
+
+Observation = Union[events.Event, Sample, ReloadOutcome]
+
+
+def step(host: Host, obs: Observation, cfg: Config) -> list[policy.Action]:
+    if isinstance(obs, Sample):
+        return _on_sample(host, obs, cfg)
+    if isinstance(obs, ReloadOutcome):
+        return _on_outcome(host, obs)
+    return _on_event(host, obs, cfg)
+
+
+# -- events -------------------------------------------------------------------------------
+def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
+    if host.now is not None and abs(e.t - host.now) > cfg.correlate.max_clock_skew_s:
+        # one forged or broken clock must not move the state's clock: every real sample
+        # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
+        host.skewed_events += 1
+        e = dataclasses.replace(e, t=host.now)
+    name = _owner(host, e)
+    actions: list[policy.Action] = []
+    server = host.server(name)
+    if e.kind == "hello" and e.pid not in server.pids and _all_gone(host, server):
+        # the server died and came back (a crash, systemd's Restart=): a new process, a new
+        # baseline; folding it into the old state calls its model load "unexplained growth"
+        actions.append(_action(e.t, "restart", "server_restarted", server,
+                               {"old_pids": sorted(server.pids), "new_pid": e.pid}))
+        _reset(host, server)
+        server.restarts += 1
+    if e.pid in host.configured or cfg.server.trust_agent_pids:
+        server.pids[e.pid] = e.t  # a pid the server may be reloaded through
+        host.owner[e.pid] = name
+    if e.kind == "hello":
+        server.gpus.update(e.devices)
+    correlate.fold(server.state, (e,), cfg.correlate, evaluate=host.now is None)
+    if host.now is None:  # an agent log without samples: its causes are still alerted
+        actions += _decide(host, server, cfg, allow_reload=False)
+    return actions
+
+
+def _owner(host: Host, e: events.Event) -> str:
+    """A configured server owns its pids; else the server the agent named in its hello; else
+    its master's (a forked worker); else the default."""
+    if e.pid in host.configured:
+        return host.configured[e.pid]
+    if e.kind == "hello":
+        if isinstance(e.server, str) and e.server:
+            return e.server
+        if e.ppid in host.owner:
+            return host.owner[e.ppid]
+    return host.owner.get(e.pid, DEFAULT_SERVER)
+
+
+def _all_gone(host: Host, server: Server) -> bool:
+    """Every pid the server had is dead in the last sample (and there was one)."""
+    return bool(server.pids) and all(host.alive.get(pid) is False for pid in server.pids)
+
+
+# -- samples ------------------------------------------------------------------------------
+def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
+    host.now = s.t if host.now is None else max(host.now, s.t)
+    host.alive.update({p.pid: p.alive for p in s.processes})
+    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids}
+    for pid, name in host.configured.items():
+        if host.owner.get(pid) not in (None, name):  # announced before the config found it
+            host.servers[host.owner[pid]].pids.pop(pid, None)
+        host.owner[pid] = name
+        host.server(name).pids.setdefault(pid, s.t)
+    _forget_silent(host, s.t)
+    if not host.servers:  # nothing announced yet: still fold the devices (the status page)
+        host.server(DEFAULT_SERVER)
+    actions: list[policy.Action] = []
+    for server in list(host.servers.values()):
+        actions += _poll_server(host, server, s, cfg)
+    return actions
+
+
+def _forget_silent(host: Host, now: float) -> None:
+    for server in host.servers.values():
+        for pid, heard in list(server.pids.items()):
+            if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
+                del server.pids[pid]
+                host.owner.pop(pid, None)
+                host.alive.pop(pid, None)
+
+
+def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[policy.Action]:
+    mine = _view(server, s)
+    correlate.fold(server.state, (mine,), cfg.correlate, set(server.pids) or None)
+    server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records,
+                               cfg.correlate.jump_bytes)
+    actions = _recheck(server, s.t, cfg)
+    others_busy = sum(o.busy for o in host.servers.values() if o is not server)
+    actions += _decide(host, server, cfg,
+                       allow_reload=others_busy < cfg.policy.max_concurrent_reloads)
+    server.firing = _firing(server, cfg)
+    return actions
+
+
+def _view(server: Server, s: Sample) -> Sample:
+    """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
+    the agents' devices or NVML's per-process lists name one: a device-level meter)."""
+    procs = tuple(p for p in s.processes if p.pid in server.pids)
+    for p in procs:
+        server.gpus.update(u for u, b in p.gpu_bytes.items() if b)
+    devices = tuple(d for d in s.devices if d.uuid in server.gpus) or s.devices
+    return dataclasses.replace(s, processes=procs, devices=devices)
+
+
+def _recheck(server: Server, t: float, cfg: Config) -> list[policy.Action]:
+    """Last poll's decision, right before acting: carried out, or cancelled when the forecast
+    is well clear (2x the lead: a forecast wobbling around the lead must not cancel every
+    decision); a cancelled decision starts no cooldown."""
+    decision, server.pending = server.pending, None
+    if decision is None:
+        return []
+    if server.forecast.seconds > 2 * cfg.policy.reload_lead_s:
+        policy.forget_reload(server.policy, decision.t)
+        return [dataclasses.replace(decision, t=t, action="cancel",
+                                    detail={**decision.detail, "decided_t": decision.t})]
+    server.reloading = decision
+    server.note = {"outcome": "in progress", "method": cfg.reload.method,
+                   "seconds_to_oom": server.forecast.as_dict()["seconds_to_oom"],
+                   "cause": decision.detail.get("cause")}
+    return [dataclasses.replace(decision, t=t, action="execute",
+                                detail={**decision.detail, "decided_t": decision.t})]
+
+
+def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[policy.Action]:
+    fc = server.forecast
+    if server.busy:  # one decision at a time per server
+        allow_reload = False
+    decided = policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload)
+    out = []
+    for a in decided:
+        a = _target(a, server)
+        if a.action == "reload":
+            a = dataclasses.replace(a, detail={**a.detail, "cause": CAUSE_OF.get(fc.driver,
+                                                                                 "oom_forecast")})
+            host.history.append((a.t, server.name))
+            if not a.detail.get("dry_run") and cfg.reload.method != "none":
+                server.pending = a
+        out.append(a)
+    return out
+
+
+def _target(a: policy.Action, server: Server) -> policy.Action:
+    return dataclasses.replace(a, server=server.name, pids=tuple(sorted(server.pids)),
+                               gpus=tuple(sorted(server.state.gpus or server.gpus)))
+
+
+def _action(t: float, kind: str, reason: str, server: Server, detail: dict) -> policy.Action:
+    return _target(policy.Action(t, kind, reason, detail), server)
+
+
+def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
+    """The alerts that fire for this server now: its active causes, the OOM forecast (with the
+    policy's hysteresis), and a reload from its start until one poll after its outcome."""
+    firing = {cause: dict(f.detail) for cause, f in server.state.active.items()}
+    if server.policy.forecast_alerted:
+        firing["oom_forecast"] = server.forecast.as_dict()
+    if server.note is not None:
+        firing["reload"] = dict(server.note)
+        if server.note.get("done"):
+            server.note = None
+    return firing
+
+
+# -- reload outcomes ----------------------------------------------------------------------
+def _on_outcome(host: Host, o: ReloadOutcome) -> list[policy.Action]:
+    server = host.server(o.server)
+    decision, server.reloading = server.reloading, None
+    server.note = {"outcome": o.detail, "reload_seconds": round(o.seconds, 3), "done": True,
+                   "cause": decision.detail.get("cause") if decision else None}
+    kind = "reload_ok" if o.ok else "reload_not_done"
+    action = _action(o.t, kind, "oom_forecast", server, dict(server.note))
+    if o.ok:  # the old processes are gone: the new one starts a fresh state
+        _reset(host, server)
+    return [action]
+
+
+def _reset(host: Host, server: Server) -> None:
+    """A new server process: a new correlation state and alerts that can fire again; its
+    reload history (cooldown, hourly maximum) stays."""
+    for pid in server.pids:
+        host.owner.pop(pid, None)
+    server.pids = {}
+    server.state = correlate.State()
+    server.policy = policy.PolicyState(reloads=server.policy.reloads)
+    server.forecast = Forecast(None, None)
+    server.pending = None
+
+
+def estimates(server: Server, cfg: Config) -> dict[str, Any]:
+    """The server's numbers and its forecast, as metrics, the status page and replay show."""
+    out = server.state.estimates(cfg.correlate)
+    out.update(server.forecast.as_dict())
+    return out
+
