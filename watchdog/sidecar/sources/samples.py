@@ -45,16 +45,22 @@ class Sample:
     # host memory, for host-memory mode (no GPU: the server's RSS against the machine's RAM)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None
+    # device uuid -> why NVML did not read it at this poll (lost, vanished, late, ...): such a
+    # device is absent from `devices`, and its last numbers are not carried over
+    nvml_down: dict[str, str] = field(default_factory=dict)
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
     """One line of the sidecar's sample log (read back by traces.py for replay)."""
-    return {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
+    line = {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
             "devices": [{"uuid": d.uuid, "used": d.used_bytes, "total": d.total_bytes,
                          "free": d.free_bytes} for d in s.devices],
             "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
                            "gpu": p.gpu_bytes} for p in s.processes],
             "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
+    if s.nvml_down:  # only when some device is down: healthy lines stay as they were
+        line["nvml_down"] = dict(s.nvml_down)
+    return line
 
 
 def sample_from_dict(d: dict[str, Any]) -> Sample:
@@ -71,7 +77,8 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                                       {str(k): opt_int(v) for k, v in x["gpu"].items()})
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
-        host_available_bytes=opt_int(d.get("host_available")))
+        host_available_bytes=opt_int(d.get("host_available")),
+        nvml_down={str(k): str(v) for k, v in (d.get("nvml_down") or {}).items()})
 
 
 @dataclass(frozen=True)
