@@ -88,8 +88,9 @@ class NvmlSource:
                  deadline_s: float = DEADLINE_S, wait_s: float = WAIT_S,
                  backoff_min_s: float = BACKOFF_MIN_S, backoff_max_s: float = BACKOFF_MAX_S):
         self._clock = clock
-        self._deadline_s = deadline_s
-        self._wait_s = wait_s
+        # public: the daemon may change both when a reload changes poll_interval_s
+        self.deadline_s = deadline_s
+        self.wait_s = wait_s
         self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
         self._late = False
         self._late_count = 0
@@ -121,7 +122,7 @@ class NvmlSource:
         and waits for it at most `wait_s` (only when the worker was idle: a busy worker is
         slow or hung, and waiting on it would just slow the poll loop)."""
         want = frozenset(pids)
-        wait_s = self._wait_s if wait_s is None else wait_s
+        wait_s = self.wait_s if wait_s is None else wait_s
         sh = self._shared
         with sh.cond:
             now = self._clock()
@@ -155,20 +156,23 @@ class NvmlSource:
     # -- presentation (read()'s caller thread) ------------------------------------------------
     def _present(self, res: Optional[_Result], now: float, pids: frozenset,
                  busy_since: Optional[float], first_asked: Optional[float]) -> NvmlReading:
-        stalled = busy_since is not None and now - busy_since > self._deadline_s
+        deadline = self.deadline_s
+        stalled = busy_since is not None and now - busy_since > deadline
         if res is None:
             waited = now - (first_asked if first_asked is not None else now)
-            if waited > self._deadline_s:
-                return self._late_reading(None, f"no answer for {waited:.1f} s")
+            if waited > deadline:
+                return self._late_reading(None, now, f"no answer for {waited:.2f} s")
             return NvmlReading(up=False, error="NVML not read yet")
         age = now - res.t
         # a session that is down and backing off publishes nothing new: its answer stands;
-        # otherwise the worker was asked every poll, and numbers past the deadline are late
+        # otherwise the worker was asked every poll, and numbers past the deadline are late.
+        # A reading's oldest number is as old as its calls took plus its age: a call that hung
+        # 20 s and then returned completes a reading whose first numbers are 20 s old.
         if res.retry_at is None or stalled:
-            if res.devices and res.query_s > self._deadline_s:
-                return self._late_reading(res, f"its calls took {res.query_s:.1f} s")
-            if age + res.query_s > self._deadline_s:
-                return self._late_reading(res, f"no answer for {age:.1f} s")
+            if res.devices and res.query_s > deadline:
+                return self._late_reading(res, now, f"its calls took {res.query_s:.2f} s")
+            if age + res.query_s > deadline:
+                return self._late_reading(res, now, f"no answer for {age + res.query_s:.2f} s")
         self._late = False
         return NvmlReading(devices=res.devices,
                            process_gpu_bytes={pid: dict(per) for pid, per in res.per_pid.items()
@@ -176,14 +180,14 @@ class NvmlSource:
                            up=bool(res.devices), error=res.error, query_s=res.query_s,
                            down=dict(res.down), age_s=age, t=res.t)
 
-    def _late_reading(self, res: Optional[_Result], why: str) -> NvmlReading:
+    def _late_reading(self, res: Optional[_Result], now: float, why: str) -> NvmlReading:
         if not self._late:  # one count per stall: a 20 s hang is one error, not 200
             self._late, self._late_count = True, self._late_count + 1
         error = f"NVML read late: {why}"
         known = [] if res is None else [d.uuid for d in res.devices] + list(res.down)
         return NvmlReading(up=False, error=error, down={uuid: error for uuid in known},
                            query_s=0.0 if res is None else res.query_s,
-                           age_s=0.0 if res is None else self._clock() - res.t,
+                           age_s=0.0 if res is None else now - res.t,
                            t=None if res is None else res.t)
 
 
