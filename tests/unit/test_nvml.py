@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.sources.samples import DeviceSample
+from tests.conftest import wait_for
 
 GiB, MiB = 1 << 30, 1 << 20
+WAIT = 5.0  # read(wait_s=WAIT) returns as soon as the reading it asked for completes
 G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
 
 
@@ -38,18 +42,30 @@ class NVMLError_DriverNotLoaded(NVMLError):
     """A fake of pynvml's class of the same name."""
 
 
+class NVMLError_Uninitialized(NVMLError):
+    """A fake of pynvml's class of the same name."""
+
+
+class NVMLError_Unknown(NVMLError):
+    """A fake of pynvml's class of the same name."""
+
+
 class NVMLLibraryMismatchError(Exception):  # like pynvml: not an NVMLError
     """A fake of pynvml's class of the same name."""
 
 
 class FakeNvml:
-    """The slice of the pynvml API the source uses; `fail[name]` makes that call raise."""
+    """The slice of the pynvml API the source uses; `fail[name]` makes that call raise,
+    `hang[name]` (an Event) makes it block until the event is set (20 s at most), `delay_s`
+    makes every call that slow, and a device's "error" makes its memory call raise."""
     NVMLError = NVMLError
     NVMLError_NoPermission = NVMLError_NoPermission
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
+    NVMLError_Uninitialized = NVMLError_Uninitialized
+    NVMLError_Unknown = NVMLError_Unknown
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
     nvmlMemory_v2 = 0x02000028
     RESERVED = 300 * MiB  # v1 `used` includes driver-reserved memory, v2 does not
@@ -60,11 +76,26 @@ class FakeNvml:
         self.has_v2 = True
         self.inits = self.shutdowns = 0
         self.calls: list[tuple] = []
+        self.hang: dict[str, threading.Event] = {}
+        self.delay_s = 0.0
+        self.in_flight = self.max_in_flight = 0
+        self._lock = threading.Lock()
 
     def _call(self, name, *args):
         self.calls.append((name,) + args)
-        if name in self.fail:
-            raise self.fail[name]
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if name in self.hang:
+                self.hang[name].wait(20.0)
+            if name in self.fail:
+                raise self.fail[name]
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def nvmlInit(self):
         self._call("nvmlInit")
@@ -91,6 +122,8 @@ class FakeNvml:
         if version is not None and not self.has_v2:
             raise NVMLError_FunctionNotFound("Function Not Found")
         d = self.devices[handle]
+        if "error" in d:
+            raise d["error"]
         used = d["used"] if version else d["used"] + self.RESERVED
         return SimpleNamespace(total=d["total"], used=used, free=d["total"] - used)
 
@@ -113,7 +146,7 @@ def two_gpus():
 
 def test_two_devices_report_device_and_per_process_memory_by_uuid():
     nvml = two_gpus()
-    source = NvmlSource(nvml)
+    source = NvmlSource(nvml, wait_s=WAIT)
     reading = source.read({100, 200, 400})
     assert reading.up and reading.error is None and reading.query_s >= 0
     assert reading.devices == (DeviceSample(G0, 10 * GiB, 80 * GiB, 70 * GiB),
@@ -129,7 +162,7 @@ def test_two_devices_report_device_and_per_process_memory_by_uuid():
 
 def test_no_pids_skips_the_process_list():
     nvml = two_gpus()
-    reading = NvmlSource(nvml).read(set())
+    reading = NvmlSource(nvml, wait_s=WAIT).read(set())
     assert len(reading.devices) == 2 and reading.process_gpu_bytes == {}
     assert not any(c[0] == "nvmlDeviceGetComputeRunningProcesses" for c in nvml.calls)
 
@@ -138,7 +171,7 @@ def test_unavailable_or_insane_process_memory_is_none_not_zero():
     nvml = two_gpus()
     nvml.devices[0]["procs"] = [(100, None)]           # MIG / WDDM: NVML_VALUE_NOT_AVAILABLE
     nvml.devices[1]["procs"] = [(100, 81 * GiB)]       # larger than the device: garbage struct
-    reading = NvmlSource(nvml).read({100})
+    reading = NvmlSource(nvml, wait_s=WAIT).read({100})
     assert reading.up
     assert reading.process_gpu_bytes == {100: {G0: None, G1: None}}
 
@@ -147,7 +180,7 @@ def test_denied_process_list_keeps_device_level_numbers():
     nvml = two_gpus()
     nvml.devices[0]["procs"] = NVMLError_NoPermission("Insufficient Permissions")
     nvml.devices[1]["procs"] = NVMLError_NotSupported("Not Supported")
-    reading = NvmlSource(nvml).read({100, 200})
+    reading = NvmlSource(nvml, wait_s=WAIT).read({100, 200})
     assert reading.up and reading.error is None
     assert [d.used_bytes for d in reading.devices] == [10 * GiB, 2 * GiB]
     assert reading.process_gpu_bytes == {100: {}, 200: {}}
@@ -156,13 +189,13 @@ def test_denied_process_list_keeps_device_level_numbers():
 def test_denied_on_one_device_only_loses_that_device():
     nvml = two_gpus()
     nvml.devices[0]["procs"] = NVMLError_NoPermission("Insufficient Permissions")
-    reading = NvmlSource(nvml).read({100})
+    reading = NvmlSource(nvml, wait_s=WAIT).read({100})
     assert reading.process_gpu_bytes == {100: {G1: 512 * MiB}}
 
 
 def test_gpu_lost_mid_run_goes_down_then_recovers_with_a_fresh_init():
     nvml = two_gpus()
-    source = NvmlSource(nvml, clock=lambda: 0.0)
+    source = NvmlSource(nvml, clock=lambda: 0.0, wait_s=WAIT)
     assert source.read({100}).up
     nvml.fail["nvmlDeviceGetMemoryInfo"] = NVMLError_GpuIsLost("GPU is lost")
     down = source.read({100})
@@ -178,7 +211,7 @@ def test_gpu_lost_mid_run_goes_down_then_recovers_with_a_fresh_init():
 def test_missing_v2_memory_call_falls_back_to_v1_once():
     nvml = two_gpus()
     nvml.has_v2 = False
-    source = NvmlSource(nvml)
+    source = NvmlSource(nvml, wait_s=WAIT)
     reading = source.read(set())
     assert reading.up
     assert reading.devices[0].used_bytes == 10 * GiB + FakeNvml.RESERVED  # v1 numbers
@@ -197,7 +230,7 @@ def test_process_call_newer_than_driver_falls_back_to_v2_struct():
     nvml.nvmlDeviceGetComputeRunningProcesses = unversioned
     nvml.nvmlDeviceGetComputeRunningProcesses_v2 = (
         lambda handle: [SimpleNamespace(pid=100, usedGpuMemory=(handle + 1) * GiB)])
-    reading = NvmlSource(nvml).read({100})
+    reading = NvmlSource(nvml, wait_s=WAIT).read({100})
     assert reading.up and reading.process_gpu_bytes == {100: {G0: 1 * GiB, G1: 2 * GiB}}
 
 
@@ -205,7 +238,7 @@ def test_failed_init_is_retried_only_after_the_backoff():
     now = [0.0]
     nvml = two_gpus()
     nvml.fail["nvmlInit"] = NVMLError_DriverNotLoaded("Driver Not Loaded")
-    source = NvmlSource(nvml, clock=lambda: now[0], init_retry_s=5.0)
+    source = NvmlSource(nvml, clock=lambda: now[0], backoff_min_s=5.0, wait_s=WAIT)
     first = source.read({100})
     assert not first.up and first.devices == ()
     assert first.error == "NVML unavailable: NVMLError_DriverNotLoaded: Driver Not Loaded"
@@ -219,7 +252,7 @@ def test_failed_init_is_retried_only_after_the_backoff():
 
 def test_close_shuts_nvml_down_and_a_later_read_reinits():
     nvml = two_gpus()
-    source = NvmlSource(nvml)
+    source = NvmlSource(nvml, wait_s=WAIT)
     source.read(set())
     source.close()
     source.close()  # idempotent: one shutdown per init
@@ -229,7 +262,7 @@ def test_close_shuts_nvml_down_and_a_later_read_reinits():
 
 def test_missing_bindings_are_reported_not_raised(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
-    reading = NvmlSource().read({os.getpid()})
+    reading = NvmlSource(wait_s=WAIT).read({os.getpid()})
     assert not reading.up and reading.devices == ()
     assert reading.error.startswith("NVML unavailable: ModuleNotFoundError")
 
@@ -237,8 +270,211 @@ def test_missing_bindings_are_reported_not_raised(monkeypatch):
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="an NVIDIA driver is present")
 def test_real_bindings_without_a_gpu_are_down_not_raising():
     pytest.importorskip("pynvml")
-    source = NvmlSource()
+    source = NvmlSource(wait_s=WAIT)
     reading = source.read({os.getpid()})
     source.close()
     assert not reading.up and reading.devices == () and reading.process_gpu_bytes == {}
     assert reading.error.startswith("NVML unavailable: NVMLError_")
+
+
+# -- faults: a hung call, a failure storm, a GPU that vanishes, one bad device -----------------
+def test_a_hung_call_never_holds_read_up_and_reads_are_late_until_it_returns():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, deadline_s=0.3)
+    assert source.read({100}, wait_s=WAIT).up
+    gate = threading.Event()
+    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate  # blocks 20 s unless released
+    try:
+        slowest, readings, late = 0.0, [], 0
+        give_up = time.monotonic() + 10
+        while late < 10 and time.monotonic() < give_up:  # ten polls after it is declared late
+            started = time.perf_counter()
+            reading = source.read({100})
+            slowest = max(slowest, time.perf_counter() - started)
+            readings.append(reading)
+            late += reading.error is not None and reading.error.startswith("NVML read late")
+            time.sleep(0.02)
+        assert late == 10, readings[-1]
+        assert slowest < 0.1  # on main: the first read after the hang began took 20 s
+        for r in readings:  # what the forecast could see: fresh numbers or nothing
+            assert r.up == bool(r.devices) and (r.devices == () or r.age_s < 0.3)
+        last = readings[-1]
+        assert not last.up and last.devices == () and last.process_gpu_bytes == {}
+        assert set(last.down) == {G0, G1} and last.t is not None
+        assert source.errors == {"late": 1}  # one stall, however many polls it spans
+        assert nvml.max_in_flight == 1  # one worker, stuck in the one call: nothing piled up
+    finally:
+        gate.set()
+    del nvml.hang["nvmlDeviceGetMemoryInfo"]
+    assert wait_for(lambda: source.read({100}).up, 5)  # it came back: readings resume
+    back = source.read({100}, wait_s=WAIT)
+    assert back.up and len(back.devices) == 2 and back.process_gpu_bytes[100][G0] == 3 * GiB
+    assert nvml.inits == 1 and source.errors == {"late": 1}
+    source.close()
+
+
+def test_close_with_a_hung_call_returns_and_no_second_worker_starts():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, deadline_s=0.2)
+    assert source.read(set(), wait_s=WAIT).up
+    gate = threading.Event()
+    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate
+    try:
+        source.read(set())
+        assert wait_for(lambda: nvml.in_flight == 1, 5)
+        started = time.monotonic()
+        source.close()
+        assert time.monotonic() - started < 2.0  # CLOSE_WAIT_S, not the hang
+        assert wait_for(lambda: "late" in (source.read(set()).error or ""), 5)
+        assert nvml.max_in_flight == 1
+    finally:
+        gate.set()
+    del nvml.hang["nvmlDeviceGetMemoryInfo"]
+    # the stuck worker returns, shuts NVML down and exits; the next read starts a fresh one
+    assert wait_for(lambda: source.read(set()).up, 5)
+    assert nvml.inits == 2 and nvml.shutdowns == 1 and nvml.max_in_flight == 1
+    source.close()
+
+
+def test_a_gpu_lost_on_every_read_for_40_s_reinits_a_few_times_not_every_poll():
+    now = [0.0]
+    nvml = two_gpus()
+    source = NvmlSource(nvml, clock=lambda: now[0], wait_s=WAIT)
+    assert source.read({100}).up
+    nvml.fail["nvmlDeviceGetMemoryInfo"] = NVMLError_GpuIsLost("GPU is lost")
+    readings = []
+    for _ in range(400):  # 40 s at 10 Hz
+        now[0] += 0.1
+        readings.append(source.read({100}))
+    assert not any(r.up or r.devices for r in readings)
+    assert all(r.down == {G0: "NVMLError_GpuIsLost: GPU is lost",
+                          G1: "NVMLError_GpuIsLost: GPU is lost"} for r in readings)
+    # main: 399 init/shutdown cycles. Here: at once, then 0.5, 1, 2, 4, 8, 16 s apart
+    assert nvml.inits == source.inits == 8
+    assert nvml.shutdowns == source.shutdowns == 8
+    assert source.errors == {"NVMLError_GpuIsLost": 16}  # both GPUs, once per session
+    del nvml.fail["nvmlDeviceGetMemoryInfo"]
+    now[0] += 30.0  # the capped backoff
+    assert source.read({100}).up and nvml.inits == 9
+
+
+def test_no_driver_for_40_s_tries_init_with_backoff_and_counts_it():
+    now = [0.0]
+    nvml = two_gpus()
+    nvml.fail["nvmlInit"] = NVMLError_DriverNotLoaded("Driver Not Loaded")
+    source = NvmlSource(nvml, clock=lambda: now[0], wait_s=WAIT)
+    readings = [source.read({100})]
+    for _ in range(400):
+        now[0] += 0.1
+        readings.append(source.read({100}))
+    assert all(not r.up and r.error == "NVML unavailable: NVMLError_DriverNotLoaded: Driver "
+               "Not Loaded" for r in readings)
+    attempts = [c for c in nvml.calls if c[0] == "nvmlInit"]
+    assert len(attempts) == source.inits == 7  # at 0, 0.5, 1.5, 3.5, 7.5, 15.5, 31.5 s
+    assert len(nvml.calls) == 7  # nothing else was called: the backoff reads cost no NVML call
+    assert source.errors == {"init": 7}
+
+
+def test_a_lost_gpu_is_down_with_its_reason_the_others_stay_up_then_it_vanishes():
+    now = [0.0]
+    nvml = two_gpus()
+    source = NvmlSource(nvml, clock=lambda: now[0], wait_s=WAIT)
+    assert len(source.read({100}).devices) == 2
+    nvml.devices[1]["error"] = NVMLError_GpuIsLost("GPU is lost")
+    now[0] += 0.1
+    lost = source.read({100})
+    assert lost.up and [d.uuid for d in lost.devices] == [G0]
+    assert lost.down == {G1: "NVMLError_GpuIsLost: GPU is lost"}
+    assert lost.process_gpu_bytes == {100: {G0: 3 * GiB}}  # none of G1's last numbers
+    assert lost.error == "1 GPU(s) down: NVMLError_GpuIsLost: GPU is lost"
+    # the driver drops it: re-enumeration (due at once after a clean run) no longer lists it
+    del nvml.devices[1]
+    for _ in range(20):
+        now[0] += 0.1
+        gone = source.read({100})
+        assert gone.up and [d.uuid for d in gone.devices] == [G0]
+        assert gone.down == {G1: "vanished: not listed after re-enumeration"}
+        assert gone.process_gpu_bytes == {100: {G0: 3 * GiB}}
+    assert nvml.inits == 2  # one re-enumeration, not one per poll
+    assert source.errors == {"NVMLError_GpuIsLost": 1}
+
+
+def test_the_only_gpu_vanishing_is_down_not_up_with_zero_gpus():
+    now = [0.0]
+    nvml = two_gpus()
+    del nvml.devices[1]
+    source = NvmlSource(nvml, clock=lambda: now[0], wait_s=WAIT)
+    assert source.read({100}).up
+    nvml.devices.clear()  # off the bus, as re-enumeration sees it
+    nvml.fail["nvmlDeviceGetMemoryInfo"] = NVMLError_GpuIsLost("GPU is lost")
+    for _ in range(5):
+        now[0] += 0.1
+        reading = source.read({100})
+        assert not reading.up and reading.devices == () and reading.process_gpu_bytes == {}
+        assert set(reading.down) == {G0}
+    assert reading.down[G0] == "vanished: not listed after re-enumeration"
+    assert reading.error == "NVML read failed: vanished: not listed after re-enumeration"
+
+
+def test_one_device_failing_is_down_for_that_reading_only_and_nvml_stays_initialised():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, wait_s=WAIT)
+    nvml.devices[1]["error"] = NVMLError_Unknown("Unknown Error")
+    nvml.devices[0]["procs"] = NVMLError_Unknown("Unknown Error")
+    reading = source.read({100})
+    assert reading.up and [d.uuid for d in reading.devices] == [G0]
+    assert reading.down == {G1: "NVMLError_Unknown: Unknown Error"}
+    # G0's process list failed: its device numbers stand, the server's share there is unknown
+    assert reading.process_gpu_bytes == {100: {}}
+    del nvml.devices[1]["error"]
+    nvml.devices[0]["procs"] = [(100, 3 * GiB)]
+    back = source.read({100})
+    assert back.up and len(back.devices) == 2 and back.down == {} and back.error is None
+    assert back.process_gpu_bytes == {100: {G0: 3 * GiB, G1: 512 * MiB}}
+    assert nvml.inits == 1 and nvml.shutdowns == 0
+    assert source.errors == {"NVMLError_Unknown": 2}
+
+
+def test_driver_gone_mid_run_ends_the_session_and_retries_with_backoff():
+    now = [0.0]
+    nvml = two_gpus()
+    source = NvmlSource(nvml, clock=lambda: now[0], wait_s=WAIT)
+    assert source.read(set()).up
+    nvml.fail["nvmlDeviceGetMemoryInfo"] = NVMLError_Uninitialized("Uninitialized")
+    nvml.fail["nvmlInit"] = NVMLError_DriverNotLoaded("Driver Not Loaded")
+    now[0] += 0.1
+    down = source.read(set())
+    assert not down.up and down.error == "NVML read failed: NVMLError_Uninitialized: Uninitialized"
+    assert nvml.shutdowns == 1 and set(down.down) == {G0, G1}
+    now[0] += 0.1
+    assert source.read(set()).error.startswith("NVML unavailable: NVMLError_DriverNotLoaded")
+    del nvml.fail["nvmlInit"], nvml.fail["nvmlDeviceGetMemoryInfo"]
+    now[0] += 0.4
+    assert not source.read(set()).up  # 0.5 s backoff after the failed retry
+    now[0] += 0.1
+    assert source.read(set()).up
+    assert source.errors == {"NVMLError_Uninitialized": 1, "init": 1}
+
+
+def test_a_reading_for_other_pids_does_not_claim_pids_it_was_not_taken_for():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, wait_s=WAIT)
+    assert source.read({100}).process_gpu_bytes == {100: {G0: 3 * GiB, G1: 512 * MiB}}
+    gate = threading.Event()
+    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate
+    try:
+        stale = source.read({100, 200}, wait_s=0)  # the worker is busy: the previous reading
+        assert stale.up and stale.process_gpu_bytes == {100: {G0: 3 * GiB, G1: 512 * MiB}}
+    finally:
+        gate.set()
+    source.close()
+
+
+def test_down_devices_round_trip_through_the_sample_log_and_healthy_lines_are_unchanged():
+    from torch_watchdog.sidecar.sources.samples import Sample, sample_from_dict, sample_to_dict
+    healthy = Sample(t=1.0, devices=(DeviceSample(G0, 1, 2, 1),))
+    assert "nvml_down" not in sample_to_dict(healthy)
+    assert sample_from_dict(sample_to_dict(healthy)) == healthy
+    degraded = Sample(t=2.0, devices=(DeviceSample(G0, 1, 2, 1),),
+                      nvml_down={G1: "NVMLError_GpuIsLost: GPU is lost"})
+    assert sample_from_dict(sample_to_dict(degraded)) == degraded

@@ -1,15 +1,39 @@
-"""NVML source: device and per-process GPU memory by device UUID (the only pynvml importer)."""
+"""NVML source: device and per-process GPU memory by device UUID (the only pynvml importer).
+
+Every NVML call runs on one worker thread owned by the source; `read()` asks it for a fresh
+reading and waits for it at most `wait_s`, then returns the latest *completed* one. Measured on
+main with the calls made inline in the poll loop: one 20 s hang in an NVML call stopped polling,
+event intake and reloads for 20 s while the source still said up; 200 ms per call cut the 10 Hz
+loop to 1.2 polls/s. Here a reading whose numbers are older than `deadline_s` is reported down
+("late") and never reaches the forecast, and the loop goes on at its own pace.
+
+Failures are classified instead of tearing the session down on any error (on main: 399
+init/shutdown cycles in 40 s): a per-device error marks that device down for this reading; a
+lost GPU stays down until the next re-enumeration; only "the library or driver is gone" errors
+end the session. Re-initialising backs off exponentially (0.5 s -> 30 s by default).
+"""
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from torch_watchdog.sidecar.sources.samples import DeviceSample
 
-# A failed nvmlInit (no driver, no library) is retried at most this often: loading libnvidia-ml and
-# probing the driver on every poll would cost more than the poll itself on a GPU-less host.
-INIT_RETRY_S = 5.0
+# The age past which a reading's numbers are not used: about 2 polls at the default 0.1 s
+# interval (config.poll_interval_s); the daemon passes min(1.0, 2 * poll_interval_s).
+DEADLINE_S = 0.2
+# How long `read()` waits for the reading it asked for when the worker was idle: a healthy read
+# completes in 1-100 ms (FACTS #11, p99 on a busy host), so most polls get fresh numbers; a slow
+# or hung NVML costs one poll at most this much, and later polls nothing (the worker is busy).
+WAIT_S = 0.05
+# Re-init backoff: the first failure after a good reading retries at once (a driver reload
+# recovers at the next poll, as before); then BACKOFF_MIN_S, doubling, capped at BACKOFF_MAX_S.
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+CLOSE_WAIT_S = 1.0  # close() waits this long for a busy worker; a hung one is left behind
 
 # Errors meaning "this binding's call does not exist in the installed driver" (ops-anchors §1.3:
 # old drivers lack the _v2 symbols; the unversioned process call turns FunctionNotFound into
@@ -18,113 +42,412 @@ _VERSION_ERRORS = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMisma
                    "NVMLLibraryMismatchError")
 # The process list is refused or unsupported (MIG without privileges, containers, vGPU): FACTS #12.
 _DENIED_ERRORS = ("NVMLError_NoPermission", "NVMLError_NotSupported")
+# The library or driver is gone (unloaded, reloaded, upgraded under us): the session is dead.
+_GONE_ERRORS = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded",
+                "NVMLError_LibraryNotFound", "NVMLError_LibRmVersionMismatch")
+# One GPU fell off the bus: its handle is dead until a re-enumeration.
+_LOST_ERRORS = ("NVMLError_GpuIsLost",)
+GONE, LOST, OTHER = "gone", "lost", "other"
 
 
 @dataclass(frozen=True)
 class NvmlReading:
+    # only devices read successfully in this reading; every other known device is in `down`
     devices: tuple[DeviceSample, ...] = ()
-    # pid -> {device uuid: usedGpuMemory bytes, None = NVML does not say}; every requested pid has
-    # an entry, and a device appears in it only if NVML listed the pid on that device
+    # pid -> {device uuid: usedGpuMemory bytes, None = NVML does not say}; every requested pid the
+    # reading was taken for has an entry (a pid first asked for after it has none: unknown), and
+    # a device appears in it only if NVML listed the pid on that device
     process_gpu_bytes: dict[int, dict[str, Optional[int]]] = field(default_factory=dict)
-    up: bool = True
+    up: bool = True  # at least one device read, within the deadline
     error: Optional[str] = None
-    query_s: float = 0.0  # wall time of the NVML calls (FACTS #11: p99 20-100 ms on a busy host)
+    # wall time of the reading's NVML calls, init and enumeration excluded (FACTS #11: p99
+    # 20-100 ms on a busy host)
+    query_s: float = 0.0
+    down: dict[str, str] = field(default_factory=dict)  # device uuid -> why it is not in devices
+    age_s: float = 0.0  # how long ago (source clock) the reading's NVML calls completed
+    t: Optional[float] = None  # when they completed (source clock: monotonic); None: no answer
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What the worker publishes: one completed attempt at a reading."""
+    t: float
+    query_s: float
+    devices: tuple[DeviceSample, ...] = ()
+    per_pid: dict[int, dict[str, Optional[int]]] = field(default_factory=dict)
+    down: dict[str, str] = field(default_factory=dict)
+    error: Optional[str] = None
+    retry_at: Optional[float] = None  # the session is down; nothing to try before this
 
 
 class NvmlSource:
-    """Reads NVML on demand; every failure becomes an `up=False` reading, never an exception."""
+    """Reads NVML on a worker thread; every failure becomes an `up=False` reading or a device in
+    `down`, never an exception, and `read()` never blocks for longer than `wait_s`."""
 
-    def __init__(self, backend: Any = None, clock: Callable[[], float] = time.monotonic,
-                 init_retry_s: float = INIT_RETRY_S):
-        self._nvml = backend  # None: `import pynvml` on the first init attempt
+    def __init__(self, backend: Any = None, clock: Callable[[], float] = time.monotonic, *,
+                 deadline_s: float = DEADLINE_S, wait_s: float = WAIT_S,
+                 backoff_min_s: float = BACKOFF_MIN_S, backoff_max_s: float = BACKOFF_MAX_S):
         self._clock = clock
-        self._init_retry_s = init_retry_s
-        self._initialized = False
-        self._devices: list[tuple[Any, str]] = []  # (handle, uuid), enumerated once per init
-        self._memory_v2 = True
-        self._next_init_at: Optional[float] = None
-        self._init_error: Optional[str] = None
+        # public: the daemon may change both when a reload changes poll_interval_s
+        self.deadline_s = deadline_s
+        self.wait_s = wait_s
+        self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
+        self._late = False
+        self._late_count = 0
+        # a source dropped without close() stops its worker (tests, a replaced daemon source)
+        weakref.finalize(self, self._shared.stop_worker)
 
-    def read(self, pids: set[int]) -> NvmlReading:
-        start = time.perf_counter()
-        if not self._ensure_init():
-            return NvmlReading(up=False, error=self._init_error,
-                               query_s=time.perf_counter() - start)
+    # -- what the daemon reads ------------------------------------------------------------------
+    @property
+    def errors(self) -> dict[str, int]:
+        """Errors by bounded reason: an NVML error class name, "other" (a non-NVML exception),
+        "init" (a failed init/enumeration), "late" (one per stall, however many polls)."""
+        with self._shared.cond:
+            out = dict(self._shared.errors)
+        if self._late_count:
+            out["late"] = self._late_count
+        return out
+
+    @property
+    def inits(self) -> int:
+        """nvmlInit calls made (successful or not): an init storm shows here."""
+        return self._shared.session.inits
+
+    @property
+    def shutdowns(self) -> int:
+        return self._shared.session.shutdowns
+
+    def read(self, pids: set[int], wait_s: Optional[float] = None) -> NvmlReading:
+        """The latest completed reading, presented for `pids`; asks the worker for a fresh one
+        and waits for it at most `wait_s` (only when the worker was idle: a busy worker is
+        slow or hung, and waiting on it would just slow the poll loop)."""
+        want = frozenset(pids)
+        wait_s = self.wait_s if wait_s is None else wait_s
+        sh = self._shared
+        with sh.cond:
+            now = self._clock()
+            res = sh.latest
+            backing_off = (res is not None and res.retry_at is not None and now < res.retry_at
+                           and sh.busy_since is None)
+            if not backing_off and sh.ensure_worker():  # in backoff the worker stays asleep
+                idle = sh.busy_since is None and sh.want is None
+                sh.asked += 1
+                ticket, sh.want = sh.asked, want
+                if sh.first_asked is None:
+                    sh.first_asked = now
+                sh.cond.notify_all()
+                if idle and wait_s > 0:
+                    sh.cond.wait_for(lambda: sh.served >= ticket, wait_s)
+                now = self._clock()
+            reading = self._present(sh.latest, now, want, sh.busy_since, sh.first_asked)
+        return reading
+
+    def close(self) -> None:
+        """Stops the worker, which shuts NVML down; a later read() starts over."""
+        sh = self._shared
+        thread = sh.stop_worker()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT_S)
+        with sh.cond:
+            if sh.thread is None or not sh.thread.is_alive():
+                sh.latest, sh.first_asked, sh.want = None, None, None
+        self._late = False
+
+    # -- presentation (read()'s caller thread) ------------------------------------------------
+    def _present(self, res: Optional[_Result], now: float, pids: frozenset,
+                 busy_since: Optional[float], first_asked: Optional[float]) -> NvmlReading:
+        deadline = self.deadline_s
+        stalled = busy_since is not None and now - busy_since > deadline
+        if res is None:
+            waited = now - (first_asked if first_asked is not None else now)
+            if waited > deadline:
+                return self._late_reading(None, now, f"no answer for {waited:.2f} s")
+            return NvmlReading(up=False, error="NVML not read yet")
+        age = now - res.t
+        # a session that is down and backing off publishes nothing new: its answer stands;
+        # otherwise the worker was asked every poll, and numbers past the deadline are late.
+        # A reading's oldest number is as old as its calls took plus its age: a call that hung
+        # 20 s and then returned completes a reading whose first numbers are 20 s old.
+        if res.retry_at is None or stalled:
+            if res.devices and res.query_s > deadline:
+                return self._late_reading(res, now, f"its calls took {res.query_s:.2f} s")
+            if age + res.query_s > deadline:
+                return self._late_reading(res, now, f"no answer for {age + res.query_s:.2f} s")
+        self._late = False
+        return NvmlReading(devices=res.devices,
+                           process_gpu_bytes={pid: dict(per) for pid, per in res.per_pid.items()
+                                              if pid in pids},
+                           up=bool(res.devices), error=res.error, query_s=res.query_s,
+                           down=dict(res.down), age_s=age, t=res.t)
+
+    def _late_reading(self, res: Optional[_Result], now: float, why: str) -> NvmlReading:
+        if not self._late:  # one count per stall: a 20 s hang is one error, not 200
+            self._late, self._late_count = True, self._late_count + 1
+        error = f"NVML read late: {why}"
+        known = [] if res is None else [d.uuid for d in res.devices] + list(res.down)
+        return NvmlReading(up=False, error=error, down={uuid: error for uuid in known},
+                           query_s=0.0 if res is None else res.query_s,
+                           age_s=0.0 if res is None else now - res.t,
+                           t=None if res is None else res.t)
+
+
+class _Shared:
+    """State shared by read() and the worker, under `cond`. Holds no reference to the source,
+    so a dropped source can be finalised (and its worker stopped)."""
+
+    def __init__(self, session: "_Session"):
+        self.cond = threading.Condition()
+        self.session = session
+        self.want: Optional[frozenset] = None   # the pids of the newest unserved request
+        self.asked = self.served = 0            # request tickets
+        self.first_asked: Optional[float] = None
+        self.busy_since: Optional[float] = None  # source clock when the worker took a request
+        self.latest: Optional[_Result] = None
+        self.errors: dict[str, int] = {}
+        self.thread: Optional[threading.Thread] = None
+        self.stop: Optional[threading.Event] = None
+
+    def ensure_worker(self) -> bool:
+        """Under cond. At most one worker: while a stopped one is still stuck in a call, no
+        second one starts (False), and reads report late until it comes back and exits."""
+        if self.thread is not None and self.thread.is_alive():
+            return not self.stop.is_set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=_work, args=(self, self.stop), name="nvml-worker",
+                                       daemon=True)  # a hung NVML call must not block exit
+        self.thread.start()
+        return True
+
+    def stop_worker(self) -> Optional[threading.Thread]:
+        with self.cond:
+            if self.stop is not None:
+                self.stop.set()
+            self.cond.notify_all()
+            return self.thread
+
+
+def _work(sh: _Shared, stop: threading.Event) -> None:
+    """The worker: sleeps on the condition (no polling, no timeout) until asked or stopped."""
+    while True:
+        with sh.cond:
+            while not stop.is_set() and sh.want is None:
+                sh.cond.wait()
+            if stop.is_set():
+                break
+            pids, ticket = sh.want, sh.asked
+            sh.want, sh.busy_since = None, sh.session.clock()
         try:
-            devices, per_pid = self._read_all(set(pids))
-        except Exception as exc:  # the sidecar must outlive any NVML or binding failure
-            # GPU lost, driver reloaded, ...: drop the session; the next read re-inits from scratch
-            self._teardown()
-            return NvmlReading(up=False, error=f"NVML read failed: {_describe(exc)}",
-                               query_s=time.perf_counter() - start)
-        return NvmlReading(devices=devices, process_gpu_bytes=per_pid,
-                           query_s=time.perf_counter() - start)
+            res = sh.session.read(set(pids))
+        except Exception as exc:  # a bug here must not kill the worker (reads would go late)
+            t = sh.session.clock()
+            res = _Result(t=t, query_s=0.0, error=f"NVML read failed: {_describe(exc)}")
+        with sh.cond:
+            sh.latest, sh.served, sh.busy_since = res, ticket, None
+            sh.errors = dict(sh.session.errors)
+            sh.cond.notify_all()
+    sh.session.close()
+
+
+class _Session:
+    """The NVML session; touched only by the worker thread."""
+
+    def __init__(self, backend: Any, clock: Callable[[], float], backoff_min_s: float,
+                 backoff_max_s: float):
+        self.nvml = backend  # None: `import pynvml` on the first init attempt
+        self.clock = clock
+        self.backoff = (backoff_min_s, backoff_max_s)
+        self.initialized = False
+        self.devices: list[tuple[Any, str]] = []  # (handle, uuid), enumerated once per init
+        self.lost: dict[str, str] = {}       # uuid -> why: dead handles, not called again
+        self.vanished: dict[str, str] = {}   # known uuids the last enumeration did not list
+        self.known: dict[str, None] = {}     # every uuid enumerated since close(), in order
+        self.memory_v2 = True
+        self.retry_at: Optional[float] = None   # session down: the next init attempt
+        self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
+        self.error: Optional[str] = None        # why the session is down
+        self.why: dict[str, str] = {}           # per device, when it ended with devices down
+        self.streak = 0                         # failures since the last clean reading
+        self.retry_now = False                  # the next failure retries without waiting
+        self.errors: Counter = Counter()
+        self.inits = self.shutdowns = 0
+
+    def read(self, pids: set[int]) -> _Result:
+        start = self.clock()
+        if self.initialized and self.reenum_at is not None and start >= self.reenum_at:
+            self._teardown()  # re-enumerate: a lost GPU may be back, or gone for good
+        if not self.initialized:
+            if self.retry_at is not None and start < self.retry_at:
+                return self._down(start)
+            if not self._init(start):
+                return self._down(start)
+            start = self.clock()  # the numbers' age starts here: init is not part of it
+        return self._read_devices(start, pids)
 
     def close(self) -> None:
         self._teardown()
+        self.vanished, self.known, self.why, self.retry_at, self.error = {}, {}, {}, None, None
 
-    def _ensure_init(self) -> bool:
-        if self._initialized:
-            return True
-        now = self._clock()
-        if self._next_init_at is not None and now < self._next_init_at:
-            return False
+    # -- session ----------------------------------------------------------------------------
+    def _init(self, now: float) -> bool:
         try:
             nvml = self._load()
+            self.inits += 1
             nvml.nvmlInit()
-            self._initialized = True
-            self._devices = _enumerate(nvml)
-        except Exception as exc:  # includes ImportError: no nvidia-ml-py is "NVML unavailable" too
+            self.initialized = True
+            devices, failed = self._enumerate(nvml)
+        except Exception as exc:  # includes ImportError: no nvidia-ml-py is "NVML unavailable"
+            self.errors["init"] += 1
             self._teardown()
-            self._init_error = f"NVML unavailable: {_describe(exc)}"
-            self._next_init_at = now + self._init_retry_s
+            self.why = {}
+            self._failed(now, f"NVML unavailable: {_describe(exc)}")
             return False
-        self._next_init_at, self._init_error, self._memory_v2 = None, None, True
+        listed = {uuid for _, uuid in devices}
+        for uuid in self.known:
+            if uuid not in listed:
+                self.vanished[uuid] = "vanished: not listed after re-enumeration" + (
+                    f" ({failed})" if failed else "")
+        for uuid in listed:
+            self.vanished.pop(uuid, None)
+            self.known[uuid] = None
+        self.devices, self.lost, self.memory_v2 = devices, {}, True
+        self.retry_at = self.reenum_at = self.error = None
+        self.why = {}
         return True
 
+    def _enumerate(self, nvml: Any) -> tuple[list[tuple[Any, str]], Optional[str]]:
+        devices, failed = [], None
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                devices.append((handle, _text(nvml.nvmlDeviceGetUUID(handle))))
+            except Exception as exc:
+                if _kind(exc) == GONE:
+                    raise
+                self.errors[_reason(exc)] += 1  # one GPU: the others are still watched
+                failed = f"index {i}: {_describe(exc)}"
+        return devices, failed
+
     def _load(self) -> Any:
-        if self._nvml is None:
+        if self.nvml is None:
             import pynvml  # lazy: importing this module must work without nvidia-ml-py
-            self._nvml = pynvml
-        return self._nvml
+            self.nvml = pynvml
+        return self.nvml
 
     def _teardown(self) -> None:
-        if self._initialized:
+        if self.initialized:
+            self.shutdowns += 1
             try:
-                self._nvml.nvmlShutdown()  # pynvml counts inits; unbalanced ones leak the library
+                self.nvml.nvmlShutdown()  # pynvml counts inits; unbalanced ones leak the library
             except Exception:
                 pass
-        self._initialized = False
-        self._devices = []
+        self.initialized = False
+        self.devices, self.lost, self.reenum_at = [], {}, None
 
-    def _read_all(self, pids: set[int]):
-        nvml = self._nvml
-        devices = []
+    def _failed(self, now: float, error: str) -> None:
+        self.error = error
+        self.retry_at = now + self._delay()
+
+    def _delay(self) -> float:
+        if self.retry_now:  # the first failure after a clean reading
+            self.retry_now = False
+            return 0.0
+        self.streak += 1
+        low, high = self.backoff
+        return min(high, low * 2.0 ** min(self.streak - 1, 32))
+
+    def _down(self, start: float) -> _Result:
+        t = self.clock()
+        down = {uuid: self.vanished.get(uuid) or self.why.get(uuid) or self.error or "NVML down"
+                for uuid in self.known}
+        return _Result(t=t, query_s=t - start, down=down, error=self.error,
+                       retry_at=self.retry_at)
+
+    # -- one reading ------------------------------------------------------------------------
+    def _read_devices(self, start: float, pids: set[int]) -> _Result:
+        nvml = self.nvml
+        samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
-        for handle, uuid in self._devices:
-            mem = self._memory_info(nvml, handle)
-            total = int(mem.total)
-            devices.append(DeviceSample(uuid, int(mem.used), total, int(mem.free)))
-            if pids:  # the process list is the slow call; skip it when nobody asks
-                for pid, used in _process_memory(nvml, handle, pids, total).items():
-                    per_pid[pid][uuid] = used
-        return tuple(devices), per_pid
+        down: dict[str, str] = {}
+        for handle, uuid in self.devices:
+            if uuid in self.lost:
+                down[uuid] = self.lost[uuid]
+                continue
+            try:
+                mem = self._memory_info(nvml, handle)
+                total = int(mem.total)
+                sample = DeviceSample(uuid, int(mem.used), total, int(mem.free))
+            except Exception as exc:
+                if self._device_failed(uuid, exc, down):
+                    return self._down(start)
+                continue
+            try:
+                # the process list is the slow call; skip it when nobody asks
+                procs = _process_memory(nvml, handle, pids, total) if pids else {}
+            except Exception as exc:
+                if self._device_failed(uuid, exc, down, device_down=False):
+                    return self._down(start)
+                if uuid in down:
+                    continue  # lost: its memory numbers just read are not trusted either
+                procs = {}    # the device's numbers stand; per-process stays unknown here
+            samples.append(sample)
+            for pid, used in procs.items():
+                per_pid[pid][uuid] = used
+        for uuid, why in self.vanished.items():
+            down.setdefault(uuid, why)
+        now = self.clock()
+        if not samples and (self.lost or not self.devices):
+            # nothing left to read on this session: end it and retry (with backoff)
+            self._teardown()
+            self.why = down
+            self._failed(now, _summary(down) if down else "NVML read failed: no GPU listed")
+            return self._down(start)
+        if self.lost:
+            if self.reenum_at is None:
+                self.reenum_at = now + self._delay()
+        elif samples:
+            self.streak, self.retry_now = 0, True
+        error = None
+        if down:
+            error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
+                _summary(down, prefix="")
+        return _Result(t=now, query_s=now - start, devices=tuple(samples), per_pid=per_pid,
+                       down=down, error=error)
+
+    def _device_failed(self, uuid: str, exc: Exception, down: dict[str, str],
+                       device_down: bool = True) -> bool:
+        """Records a device's failed call; True when the whole session is gone."""
+        self.errors[_reason(exc)] += 1
+        why = _describe(exc)
+        kind = _kind(exc)
+        if kind == GONE:
+            self._teardown()
+            self.why = {}
+            self._failed(self.clock(), f"NVML read failed: {why}")
+            return True
+        if kind == LOST:
+            self.lost[uuid] = why
+            down[uuid] = why
+        elif device_down:  # this reading only: the next one calls the device again
+            down[uuid] = why
+        return False
 
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
         version = getattr(nvml, "nvmlMemory_v2", None)
-        if self._memory_v2 and version is not None:
+        if self.memory_v2 and version is not None:
             try:
                 # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 reads
                 # ~900 MB higher on an A100 (ops-anchors §1.3)
                 return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
             except _errors(nvml, _VERSION_ERRORS):
-                self._memory_v2 = False  # old driver: don't pay for the failing call every poll
+                self.memory_v2 = False  # old driver: don't pay for the failing call every poll
         return nvml.nvmlDeviceGetMemoryInfo(handle)
 
 
-def _enumerate(nvml: Any) -> list[tuple[Any, str]]:
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-    return [(handle, _text(nvml.nvmlDeviceGetUUID(handle))) for handle in handles]
+def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
+    reasons = list(dict.fromkeys(down.values()))
+    if len(reasons) == 1:
+        return prefix + reasons[0]
+    return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
 
 
 def _process_memory(nvml: Any, handle: Any, pids: set[int], total: int) -> dict[int, Optional[int]]:
@@ -163,6 +486,23 @@ def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:
     # backends (fakes, older bindings) may lack some classes; `except ()` then catches nothing
     return tuple(cls for cls in (getattr(nvml, name, None) for name in names)
                  if isinstance(cls, type) and issubclass(cls, BaseException))
+
+
+def _is(exc: BaseException, names: tuple[str, ...]) -> bool:
+    # by class name along the MRO: works for pynvml's generated classes and for fakes alike
+    return any(cls.__name__ in names for cls in type(exc).__mro__)
+
+
+def _kind(exc: BaseException) -> str:
+    return GONE if _is(exc, _GONE_ERRORS) else LOST if _is(exc, _LOST_ERRORS) else OTHER
+
+
+def _reason(exc: BaseException) -> str:
+    """A bounded metric label: pynvml's error class names are a fixed set (~30); anything else
+    (a binding bug's TypeError, ...) is "other"."""
+    name = type(exc).__name__
+    return name if name.startswith("NVML") and name.isidentifier() and len(name) <= 64 \
+        else "other"
 
 
 def _text(value: Any) -> str:

@@ -47,17 +47,24 @@ class Sample:
     host_available_bytes: Optional[int] = None
     # configured servers (a systemd unit, a pidfile): name -> the pids that belong to it
     servers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # device uuid -> why NVML did not read it at this poll (lost, vanished, late, ...): such a
+    # device is absent from `devices`, and its last numbers are not carried over
+    nvml_down: dict[str, str] = field(default_factory=dict)
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
     """One line of the sidecar's sample log (read back by traces.py for replay)."""
-    return {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
+    line = {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
             "devices": [{"uuid": d.uuid, "used": d.used_bytes, "total": d.total_bytes,
                          "free": d.free_bytes} for d in s.devices],
             "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
                            "gpu": p.gpu_bytes} for p in s.processes],
-            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes,
-            **({"servers": {k: list(v) for k, v in s.servers.items()}} if s.servers else {})}
+            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
+    if s.servers:
+        line["servers"] = {k: list(v) for k, v in s.servers.items()}
+    if s.nvml_down:  # only when some device is down: healthy lines stay as they were
+        line["nvml_down"] = dict(s.nvml_down)
+    return line
 
 
 def sample_from_dict(d: dict[str, Any]) -> Sample:
@@ -75,7 +82,8 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
         host_available_bytes=opt_int(d.get("host_available")),
-        servers={str(k): tuple(int(p) for p in v) for k, v in (d.get("servers") or {}).items()})
+        servers={str(k): tuple(int(p) for p in v) for k, v in (d.get("servers") or {}).items()},
+        nvml_down={str(k): str(v) for k, v in (d.get("nvml_down") or {}).items()})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,67 @@
+"""The measured failure, reproduced: NVML calls taking 200 ms each (FACTS #11 saw p99 100 ms on a
+busy host; a GPU under reset or a wedged driver is slower). On main the poll loop called NVML
+inline and ran at 1.2 polls/s of 10 Hz; the source's worker thread keeps the loop's cadence."""
+from __future__ import annotations
+
+import time
+
+from tests.unit.test_nvml import G0, GiB, two_gpus
+from torch_watchdog.sidecar.sources.nvml import NvmlSource
+
+INTERVAL_S = 0.1  # the default poll_interval_s
+LATE_S = INTERVAL_S / 2  # a poll that starts more than this after its slot is off cadence
+
+
+def poll_at_10hz(seconds: float, poll) -> tuple[float, list]:
+    """Calls poll() on a fixed 10 Hz schedule (like Daemon.run: a late poll does not shift the
+    later slots); returns the fraction of slots whose poll started on time, and the results."""
+    start = time.monotonic()
+    slots = int(seconds / INTERVAL_S)
+    on_time, results = 0, []
+    for i in range(slots):
+        slot = start + i * INTERVAL_S
+        now = time.monotonic()
+        if now < slot:
+            time.sleep(slot - now)
+        elif now - slot > LATE_S:
+            continue  # this slot was missed while the previous poll was still running
+        on_time += time.monotonic() - slot <= LATE_S
+        results.append(poll())
+    return on_time / slots, results
+
+
+def slow_nvml():
+    nvml = two_gpus()
+    del nvml.devices[1]
+    nvml.delay_s = 0.2  # every call: a reading with a process list is 2 calls, 0.4 s
+    return nvml
+
+
+def test_200ms_nvml_calls_do_not_slow_a_10hz_poll_loop():
+    nvml = slow_nvml()
+    source = NvmlSource(nvml, deadline_s=1.0)
+    try:
+        on_time, readings = poll_at_10hz(3.0, lambda: source.read({100}))
+    finally:
+        source.close()
+    assert on_time >= 0.9, on_time
+    # once the first reading is in (init and enumeration: 4 calls, then 2 per reading), every
+    # poll has numbers, all taken within the deadline
+    first = next(i for i, r in enumerate(readings) if r.up)
+    up = readings[first:]
+    assert first <= 15 and all(r.up for r in up), readings
+    assert all(r.age_s + r.query_s <= 1.0 and r.devices[0].uuid == G0 for r in up)
+    assert all(r.process_gpu_bytes == {100: {G0: 3 * GiB}} for r in up)
+    assert nvml.max_in_flight == 1
+
+
+def test_the_same_backend_called_inline_misses_the_cadence():
+    # the control: what the daemon did on main, so the test above can tell the two apart
+    nvml = slow_nvml()
+
+    def inline():
+        nvml.nvmlDeviceGetMemoryInfo(0, version=nvml.nvmlMemory_v2)
+        nvml.nvmlDeviceGetComputeRunningProcesses(0)
+
+    on_time, _ = poll_at_10hz(1.0, inline)
+    assert on_time <= 0.5, on_time
