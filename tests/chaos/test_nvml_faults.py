@@ -65,3 +65,55 @@ def test_the_same_backend_called_inline_misses_the_cadence():
 
     on_time, _ = poll_at_10hz(1.0, inline)
     assert on_time <= 0.5, on_time
+
+
+def test_a_hung_nvml_call_leaves_the_daemons_polls_on_time_and_says_nvml_is_down(short_tmp):
+    """The daemon itself: a 5 s hang of one NVML call; every tick still ends within a poll,
+    `source_up{nvml}` is 0 while it lasts, the late reads are counted, then NVML is back."""
+    import os
+    import signal
+    import threading
+
+    import structlog
+
+    from torch_watchdog.sidecar.config import AgentSocketConfig, Config
+    from torch_watchdog.sidecar.daemon import Daemon
+
+    nvml = two_gpus()
+    release = threading.Event()
+    hang = {"on": False}
+    real = nvml.nvmlDeviceGetMemoryInfo
+
+    def memory_info(*args, **kw):
+        if hang["on"]:
+            release.wait(5.0)
+        return real(*args, **kw)
+
+    nvml.nvmlDeviceGetMemoryInfo = memory_info
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 state_dir=short_tmp)
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), serve_metrics=False)
+    d.start()
+    try:
+        assert d.tick().sources_up["nvml"]
+        hang["on"] = True
+        slowest, down = 0.0, 0
+        for _ in range(20):
+            started = time.monotonic()
+            snap = d.tick()
+            slowest = max(slowest, time.monotonic() - started)
+            down += not snap.sources_up["nvml"]
+            time.sleep(INTERVAL_S)
+        assert slowest < INTERVAL_S and down >= 15
+        assert snap.source_errors_total.get(("nvml", "late"), 0) >= 1
+        hang["on"] = False
+        release.set()
+        deadline = time.monotonic() + 5
+        while not d.tick().sources_up["nvml"] and time.monotonic() < deadline:
+            time.sleep(INTERVAL_S)
+        assert d.tick().sources_up["nvml"]
+    finally:
+        release.set()
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)

@@ -47,6 +47,7 @@ def snapshot(**overrides) -> Snapshot:
         actions_total={"alert": 2, "reload": 1},
         sources_up={"nvml": True, "process": True, "agent": False},
         poll_seconds=0.04, nvml_query_seconds=0.012, events_received_total=777,
+        source_errors_total={("nvml", "late"): 2, ("nvml", "NVMLError_GpuIsLost"): 1},
         events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9,
         alerts_sent_total={"http://am:9093": 4}, alert_posts_failed_total={"http://am:9093": 1},
         alerts_dropped_total={"http://am:9093": 0})
@@ -160,6 +161,7 @@ def test_labelled_families():
     assert value(s, "torch_watchdog_events_dropped_total", reason="foreign_pid") == 1
     assert value(s, "torch_watchdog_source_up", source="nvml") == 1
     assert value(s, "torch_watchdog_source_up", source="agent") == 0
+    assert value(s, "torch_watchdog_source_errors_total", source="nvml", reason="late") == 2
 
 
 def test_every_cause_exported_active_one_others_zero():

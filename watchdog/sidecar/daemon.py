@@ -50,6 +50,7 @@ class Daemon:
         self.cfg, self.config_path, self.log = cfg, config_path, log
         self.clock = clock
         self.nvml = nvml or NvmlSource()
+        self._nvml_deadline()
         self.notifier = notifier or Notifier()
         self.host = step.Host()                   # every server's state: the step's alone
         self.collector = SnapshotCollector()
@@ -173,8 +174,16 @@ class Daemon:
                                       "sample_log_max_bytes")
                           if getattr(cfg, k) != getattr(self.cfg, k)]
         self.cfg = cfg
+        self._nvml_deadline()
         self._log_config()
         self.log.info("config reloaded", needs_restart_to_apply=restart_needed)
+
+    def _nvml_deadline(self) -> None:
+        """A reading older than ~2 polls (at most 1 s) is late: down, never forecast on; a read
+        waits for a fresh one at most half a poll (FACTS #11: p99 20-100 ms when busy)."""
+        poll = self.cfg.poll_interval_s
+        self.nvml.deadline_s = min(1.0, 2 * poll)
+        self.nvml.wait_s = min(0.05, poll / 2)
 
     def halt(self) -> int:
         """The one exit path."""
@@ -205,6 +214,7 @@ class Daemon:
         processes = read_processes(pids, reading.process_gpu_bytes)
         host_total, host_available = read_host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
+                        nvml_down=dict(reading.down),
                         nvml_error=reading.error, query_s=reading.query_s,
                         host_total_bytes=host_total, host_available_bytes=host_available,
                         servers=configured)
@@ -396,6 +406,7 @@ class Daemon:
                         "agent": any(self.host.alive.get(p, True) for p in self.host.pids())},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=receiver.received if receiver else 0,
+            source_errors_total={("nvml", reason): n for reason, n in self.nvml.errors.items()},
             events_dropped_total={**(receiver.dropped if receiver else {}),
                                   "backlog": self.backlog_dropped},
             agent_events_lost_total=sum(v.state.agent_dropped

@@ -116,6 +116,7 @@ class State:
     # there or None): each GPU is forecast against its own budget (FACTS #18: summing two GPUs
     # into one budget let a replica crash with no forecast)
     gpus: dict = field(default_factory=dict)
+    gpu_down: bool = False                               # NVML down or late at the last poll
     samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
@@ -319,7 +320,14 @@ def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int
 
 
 def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set]) -> None:
+    if not s.nvml_up and state.gpus:
+        # NVML down or late: the GPUs' numbers are unknown now; the last ones must not feed
+        # the forecast, and this poll has no memory reading
+        state.gpus, state.device_used, state.device_total = {}, None, None
+        state.device_usable, state.gpu_down = None, True
+        return
     if s.devices:
+        state.gpu_down = False
         procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
         state.gpus = {d.uuid: (d.used_bytes, d.total_bytes if d.free_bytes is None
                                else d.used_bytes + d.free_bytes, _bytes_on(procs, d.uuid))

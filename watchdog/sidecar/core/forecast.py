@@ -87,6 +87,8 @@ class _View:
 def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
              jump_bytes: int = 16 << 20) -> Forecast:
     """The nearest time to OOM over the server's budgets (each GPU on its own)."""
+    if state.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
+        return Forecast(None, None)
     views = _views(state, cfg)
     if not views:
         level, budget = _level_and_budget(state, cfg)

@@ -196,6 +196,10 @@ SPECS: tuple[Spec, ...] = (
          "Duration of the last poll.", _one(lambda s: s.poll_seconds), True),
     Spec("torch_watchdog_nvml_query_seconds", GAUGE, (),
          "Duration of the last poll's NVML queries.", _one(lambda s: s.nvml_query_seconds), True),
+    Spec("torch_watchdog_source_errors_total", COUNTER, ("source", "reason"),
+         "Failed or late reads of a source, by reason (NVML: the error's class, late, init).",
+         lambda s: [((src, reason), n) for (src, reason), n in
+                    sorted(s.source_errors_total.items())], True),
     Spec("torch_watchdog_events_received_total", COUNTER, (),
          "Agent events received.", _one(lambda s: s.events_received_total), True),
     Spec("torch_watchdog_events_dropped_total", COUNTER, ("reason",),

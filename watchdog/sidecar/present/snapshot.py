@@ -29,6 +29,8 @@ class Snapshot:
     poll_seconds: Optional[float] = None           # the last tick's duration
     nvml_query_seconds: Optional[float] = None
     events_received_total: int = 0
+    source_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (source,
+                                                                 # reason): NVML errors by class
     events_dropped_total: dict[str, int] = field(default_factory=dict)  # by receiver reason
     agent_events_lost_total: int = 0               # what agents reported in `dropped` events
     alerts_sent_total: dict[str, int] = field(default_factory=dict)         # by Alertmanager URL
