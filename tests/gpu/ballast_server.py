@@ -7,6 +7,12 @@ served), every 25th request, then crash {error} or stopped (SIGTERM, graceful: t
 flight finishes). The agent's own event log says what compiling cost (seconds, FX-cache hits).
 
     python tests/gpu/ballast_server.py --socket S --progress P [--free-mib 300] [--bucketed]
+        [--leak-mib-per-s 6]
+
+`--leak-mib-per-s`: after the ballast, the server's own code keeps that much GPU memory alive
+per second, in 1 MiB tensors (the allocator's small pool: NVML grows in 2 MiB steps), as a
+list of per-request caches that is never trimmed would. The agent's server name comes from
+`TORCH_WATCHDOG_SERVER` when set (one name per replica).
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--bucketed", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--leak-mib-per-s", type=float, default=0.0)
     a = p.parse_args()
     fh = open(a.progress, "a")
     put(fh, "start")
@@ -70,7 +77,15 @@ def main() -> int:
                 ballast = torch.empty(free - a.free_mib * 2**20, dtype=torch.uint8,
                                       device="cuda")
                 put(fh, "ballast", bytes=ballast.numel())
+            leaked, owed, last = [], 0.0, time.monotonic()
             while not stopping:
+                if a.leak_mib_per_s:
+                    now = time.monotonic()
+                    owed += a.leak_mib_per_s * (now - last)
+                    last = now
+                    while owed >= 1.0:
+                        leaked.append(torch.empty(2**20, dtype=torch.uint8, device="cuda"))
+                        owed -= 1.0
                 n = rng.randint(32, 2048)
                 if a.bucketed:
                     n = next(b for b in BUCKETS if b >= n)

@@ -35,8 +35,10 @@ SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ballast_serve
 class Supervisor:
     """Restart the server when it exits, like systemd's Restart=always (stop, then start)."""
 
-    def __init__(self, tmp: str, sock: str, extra: list[str], env: dict, starts: int):
+    def __init__(self, tmp: str, sock: str, extra: list[str], env: dict, starts: int,
+                 tag: str = ""):
         self.tmp, self.sock, self.extra, self.env, self.starts = tmp, sock, extra, env, starts
+        self.tag = tag  # one supervisor per replica: its files are named by it
         self.procs: list[subprocess.Popen] = []
         self.exits: list[tuple[int, float]] = []
         self.done = False
@@ -44,8 +46,9 @@ class Supervisor:
         self.thread.start()
 
     def paths(self, n: int) -> tuple[str, str]:
-        return (os.path.join(self.tmp, f"progress-{n}.jsonl"),
-                os.path.join(self.tmp, f"events-{n}.jsonl"))
+        tag = f"{self.tag}-" if self.tag else ""
+        return (os.path.join(self.tmp, f"progress-{tag}{n}.jsonl"),
+                os.path.join(self.tmp, f"events-{tag}{n}.jsonl"))
 
     def _run(self) -> None:
         for n in range(self.starts):
@@ -109,9 +112,12 @@ def compile_cost(log: str, until: float) -> dict:
             "fx_cache_misses": misses}
 
 
-def run_scenario(tmp: str, name: str, *, dry_run: bool, bucketed: bool, starts: int,
-                 until, limit_s: float) -> dict:
-    """Alertmanager, sidecar and supervised server; returns the evidence (also saved)."""
+def run_scenario(tmp: str, name: str, *, dry_run: bool, until, limit_s: float,
+                 bucketed: bool = False, starts: int = 1,
+                 replicas: list[dict] | None = None) -> dict:
+    """Alertmanager, sidecar and supervised servers; returns the evidence (also saved).
+    `replicas`: [{"tag", "extra" (server args), "env" (e.g. CUDA_VISIBLE_DEVICES and
+    TORCH_WATCHDOG_SERVER), "starts"}]; `until` then gets {tag: Supervisor}, else the one."""
     am_port, port = free_port(), free_port()
     am = start_alertmanager(tmp, am_port) if ALERTMANAGER else None
     recorder = None
@@ -135,7 +141,11 @@ alerts: {{urls: ["http://127.0.0.1:{am_port}"], resend_s: 5, timeout_s: 2, servi
     daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, env=env, stderr=sidecar_log)
     assert wait_for(lambda: os.path.exists(sock), 30), "the sidecar did not start"
-    sup = Supervisor(tmp, sock, ["--bucketed"] if bucketed else [], env, starts)
+    specs = replicas or [{"tag": "", "extra": ["--bucketed"] if bucketed else [], "env": {},
+                          "starts": starts}]
+    sups = {r["tag"]: Supervisor(tmp, sock, r["extra"], {**env, **r["env"]}, r["starts"],
+                                 r["tag"]) for r in specs}
+    sup = sups if replicas else sups[""]
     alerts: dict = {}  # every alert the Alertmanager held at some point (resolved ones leave)
     try:
         started = time.monotonic()
@@ -146,7 +156,8 @@ alerts: {{urls: ["http://127.0.0.1:{am_port}"], resend_s: 5, timeout_s: 2, servi
                 alerts.setdefault(alertname, {**alert, "first_seen": time.time()})
             time.sleep(1)
     finally:
-        sup.stop()
+        for one in sups.values():
+            one.stop()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
         sidecar_log.close()
@@ -168,8 +179,11 @@ alerts: {{urls: ["http://127.0.0.1:{am_port}"], resend_s: 5, timeout_s: 2, servi
         "reloads_finished": [e for e in logs if e["event"] == "reload finished"],
         "findings": [e for e in logs if e["event"] == "finding"],
         "reload_record": json.load(open(record))["reloads"] if os.path.exists(record) else [],
-        "exits": sup.exits,
-        "progress": [sup.progress(n) for n in range(len(sup.procs))],
+        "exits": {t: one.exits for t, one in sups.items()} if replicas else sup.exits,
+        "progress": {t: [one.progress(n) for n in range(len(one.procs))]
+                     for t, one in sups.items()} if replicas else
+        [sup.progress(n) for n in range(len(sup.procs))],
+        "pids": {t: [p.pid for p in one.procs] for t, one in sups.items()},
     }
     save(tmp, name, evidence)
     return evidence
