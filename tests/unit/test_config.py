@@ -41,3 +41,24 @@ def test_bad_env_value_is_reported_and_defaulted(var, value):
 def test_bad_argument_raises(args):
     with pytest.raises(ValueError):
         resolve(args, environ={})
+
+
+def test_server_name_from_env_and_argument():
+    config, problems = resolve({}, environ={"TORCH_WATCHDOG_SERVER": "llm-a"})
+    assert config.server == "llm-a" and problems == []
+    config, _ = resolve({"server": "llm-b"}, environ={"TORCH_WATCHDOG_SERVER": "llm-a"})
+    assert config.server == "llm-b"
+    config, _ = resolve({}, environ={"TORCH_WATCHDOG_SERVER": ""})
+    assert config.server is None  # empty: found automatically (systemd unit, process group)
+
+
+@pytest.mark.parametrize("value", ["two\nlines", "x" * 300, "  "])
+def test_bad_server_name_in_env_is_reported_and_found_automatically(value):
+    config, problems = resolve({}, environ={"TORCH_WATCHDOG_SERVER": value})
+    assert config.server is None
+    assert len(problems) == 1 and "TORCH_WATCHDOG_SERVER" in problems[0]
+
+
+def test_bad_server_argument_raises():
+    with pytest.raises(ValueError, match="server"):
+        resolve({"server": "a\tb"}, environ={})

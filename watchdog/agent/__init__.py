@@ -7,6 +7,12 @@ or, in code, `torch_watchdog.agent.install(event_log="/var/log/srv/events.jsonl"
 
 Importing this module does not import torch. After install() nothing the agent does raises
 into the server, blocks it or prints to its stderr (set debug=True to see agent errors).
+
+Fork (gunicorn --preload, a multiprocessing pool with fork): installed before the fork, the
+agent goes on in each child as that child's own agent (`_after_fork_in_child`, registered with
+os.register_at_fork at import): a fresh emitter and sender thread, fresh locks, counters from
+zero, and a hello with the child's pid, `ppid` (its master) and the master's `server`.
+Per-process state owned elsewhere is reset by callables appended to `_AFTER_FORK`.
 """
 from __future__ import annotations
 
@@ -17,12 +23,19 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent.config import AgentConfig, resolve
-from torch_watchdog.agent import timing
-from torch_watchdog.agent.timing import Watched, watch, watched
+
+# Called first in a forked child (before the agent's own reset), each in a try: modules that
+# keep per-process state append a reset here. No locks, no I/O, no torch/CUDA calls, no emit.
+# Defined before the imports below so that they can `from torch_watchdog.agent import
+# _AFTER_FORK` while this package is still initialising.
+_AFTER_FORK: list[Callable[[], None]] = []
+
+from torch_watchdog.agent.config import AgentConfig, resolve  # noqa: E402
+from torch_watchdog.agent import identity, timing  # noqa: E402
+from torch_watchdog.agent.timing import Watched, watch, watched  # noqa: E402
 
 __all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "Watched"]
 
@@ -44,6 +57,7 @@ class Agent:
 
         self.config = config
         self.problems = problems
+        self.server = identity.server_name(config.server)
         self.errors = 0
         self.started = time.monotonic()
         self._seq = 0
@@ -76,6 +90,21 @@ class Agent:
         self.guard.release()
         self._emit_calls()
         self.emitter.stop()
+
+    def after_fork(self) -> None:
+        """In a forked child (at-fork hook): this agent becomes the child's. Assignments only,
+        no torch call (a child of a CUDA parent must not touch CUDA; torch marks it a bad fork,
+        so the OOM observer and GPU UUIDs come only from a child that initialises CUDA itself,
+        which tick() picks up). The new sender thread's first tick sends the child's hello."""
+        now = time.monotonic()
+        self.errors = self._seq = 0
+        self.started = self._calls_at = now
+        self._next_heartbeat = self._next_hello = 0.0
+        self._devices = []
+        self.hooks.pid = os.getpid()  # the hooks' events name the child, not the master
+        for w in list(watched):
+            w.take_window()  # calls made before the fork are the master's to report
+        self.emitter.after_fork()
 
     def on_error(self, exc: BaseException) -> None:
         self.errors += 1
@@ -124,7 +153,8 @@ class Agent:
             t=time.time(), pid=os.getpid(), torch=self.torch_version, agent=__version__,
             devices=list(self._devices), config=config, capabilities=dict(self.hooks.capabilities),
             watched=sorted({w.name for w in list(watched)})[:100],
-            argv=events.clip(" ".join(sys.argv), 300) or "")
+            argv=events.clip(" ".join(sys.argv), 300) or "", server=self.server,
+            ppid=os.getppid())
 
 
 def install(**settings: Any) -> Optional[Agent]:
@@ -175,3 +205,40 @@ def uninstall() -> None:
 
 def current() -> Optional[Agent]:
     return _agent
+
+
+def _after_fork_in_child() -> None:
+    """os.register_at_fork(after_in_child=...): runs in every forked child, inside os.fork(),
+    before the child's own code. Never raises, never waits on an inherited lock."""
+    global _lock
+    try:
+        _lock = threading.RLock()  # held by another thread at fork time: held forever here
+        agent = _agent
+        failed = []
+        for reset in list(_AFTER_FORK):
+            try:
+                reset()
+            except Exception as e:
+                failed.append(e)
+        if agent is None:
+            return
+        agent.after_fork()
+        for e in failed:
+            agent.on_error(e)  # counted in the child's heartbeat; printed only with debug
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:  # run after multiprocessing clears the child's finalizers
+            mp_util.register_after_fork(agent, _flush_at_multiprocessing_exit)
+    except BaseException:  # an at-fork hook's error would go to the server's stderr
+        pass
+
+
+def _flush_at_multiprocessing_exit(agent: Agent) -> None:
+    """A multiprocessing child (a Pool worker) leaves through os._exit(), skipping atexit: its
+    last events would be lost. multiprocessing's own exit finalizers do run: flush from one."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, uninstall, exitpriority=0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from torch_watchdog.agent.identity import check_name
 from torch_watchdog.events import DEFAULT_SOCKET
+
 BUDGET_MODES = ("auto", "capture_sizes", "eager")
 
 
@@ -19,7 +21,11 @@ BUDGET_MODES = ("auto", "capture_sizes", "eager")
 class AgentConfig:
     enabled: bool = True
     socket_path: Optional[str] = DEFAULT_SOCKET   # "" or None: no socket
-    event_log: Optional[str] = None               # JSON-lines post-mortem record
+    # the server (group of processes reloaded together) this process belongs to, in every
+    # hello; None: the systemd service, else "pgid:<process group>" (identity.py)
+    server: Optional[str] = None
+    event_log: Optional[str] = None               # JSON-lines post-mortem record; "{pid}" in
+                                                  # it is replaced by each process's pid
     event_log_max_bytes: int = 64 * 1024 * 1024   # then rotated once to <event_log>.1
     queue_size: int = 10_000                      # events held while the sender catches up
     tick_s: float = 0.1                           # sender thread wake-up period
@@ -38,6 +44,7 @@ class AgentConfig:
 _ENV = {
     "enabled": "TORCH_WATCHDOG_ENABLED",
     "socket_path": "TORCH_WATCHDOG_SOCKET",
+    "server": "TORCH_WATCHDOG_SERVER",
     "event_log": "TORCH_WATCHDOG_EVENT_LOG",
     "event_log_max_bytes": "TORCH_WATCHDOG_EVENT_LOG_MAX_BYTES",
     "queue_size": "TORCH_WATCHDOG_QUEUE_SIZE",
@@ -67,7 +74,8 @@ def parse_value(name: str, raw: Any) -> Any:
             return False
         raise ValueError(f"{name}: expected a boolean, got {raw!r}")
     if kind == "Optional[str]":
-        return None if raw is None or raw == "" else str(raw)
+        value = None if raw is None or raw == "" else str(raw)
+        return check_name(value) if name == "server" and value is not None else value
     if kind == "str":
         if raw not in BUDGET_MODES:
             raise ValueError(f"{name}: expected one of {BUDGET_MODES}, got {raw!r}")

@@ -5,6 +5,11 @@ blocking, never raising. Encoding and all I/O happen on one daemon thread, every
 (at once for an OOM or a recompile-limit hit), several events to a datagram. A dead or absent
 sidecar, a full socket buffer or an unwritable log loses events, counted per reason and
 reported in `dropped` events; sinks are retried every `reconnect_s`.
+
+Fork: `after_fork()` (the agent's `os.register_at_fork` hook, in the child) gives the child a
+fresh emitter: its own queue (the parent's queued events are the parent's to send), its own
+Events (a sender thread waiting on one at fork time holds its lock forever in the child), its own
+socket and log file (`{pid}` in the log path is each process's pid), and a new sender thread.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ class Emitter:
                  queue_size: int = 10_000, tick_s: float = 0.1, reconnect_s: float = 1.0,
                  log_max_bytes: int = 64 << 20, on_tick: Optional[Callable[[], None]] = None,
                  on_error: Callable[[BaseException], None] = lambda e: None):
+        # every argument, first thing (nothing else is local yet): after_fork() builds the
+        # child's emitter from them, whatever state __init__ comes to hold
+        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._queue: collections.deque = collections.deque()
         self._cap = queue_size
         self._wake = threading.Event()
@@ -37,7 +45,8 @@ class Emitter:
         self._on_tick = on_tick
         self._on_error = on_error
         self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
-        self._log = JsonLines(log_path, reconnect_s, log_max_bytes) if log_path else None
+        self._log = (JsonLines(log_path_for(log_path, os.getpid()), reconnect_s, log_max_bytes)
+                     if log_path else None)
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self._reported = dict.fromkeys(DROP_REASONS, 0)
         self.sent = 0
@@ -77,7 +86,24 @@ class Emitter:
             if sink is not None:
                 sink.close()
 
+    def after_fork(self) -> None:
+        """In a forked child, from the at-fork hook: no inherited lock taken, no I/O but closing
+        the child's copies of the parent's descriptors; the only wait is Thread.start() seeing
+        the new thread run. The parent's sender thread does not exist here; if it ran, a new one
+        starts (on an empty queue: its first tick sends the child's hello)."""
+        running = self._thread is not None and not self._stop.is_set()
+        for sink in (self._socket, self._log):
+            if sink is not None:
+                sink.close()  # the child's copy of the descriptor only
+        self.__init__(**self._init_args)  # type: ignore[misc]
+        if running:
+            self.start()
+
     def _run(self) -> None:
+        # Hand the GIL back to start()'s caller at once, or it may wait out the 5 ms switch
+        # interval while this thread ticks; in a forked child that caller is the at-fork hook
+        # (start() there, 100 forks on a busy 2-core host: median 0.4 ms with, 2.5-8 ms without)
+        time.sleep(0)
         next_tick = time.monotonic()
         while True:
             stopping = self._stop.is_set()
@@ -168,6 +194,12 @@ class Emitter:
                 self._reported[reason] = total
                 self.emit(events.Dropped(t=time.time(), pid=os.getpid(), reason=reason,
                                          count=count, total=total))
+
+
+def log_path_for(template: str, pid: int) -> str:
+    """The event log of process `pid`: `{pid}` replaced by it, so the workers of a forking
+    server never write, or rotate, each other's file (nothing else in the path is special)."""
+    return template.replace("{pid}", str(pid))
 
 
 class _SocketSink:
