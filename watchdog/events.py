@@ -233,6 +233,8 @@ def from_dict(obj: Any) -> Event:
     if not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
     v = obj.get("v")
+    if "v" not in obj:
+        raise EventDecodeError("no schema version `v`: not an agent event")
     if type(v) is not int or v != SCHEMA_VERSION:  # 1.0 == True == 1 in Python, not here
         raise EventDecodeError(f"unsupported schema version {v!r}")
     kind = obj.get("kind")

@@ -88,3 +88,10 @@ def test_status_with_a_valid_url_and_nothing_there_says_no_sidecar(capsys):
     finally:
         s.close()
     assert "no sidecar is running" in capsys.readouterr().err
+
+
+def test_events_reads_the_sidecars_sample_log_skipping_its_own_lines(capsys):
+    path = os.path.join(ROOT, "tests", "fixtures", "h200-seed-oom-samples.jsonl.gz")
+    assert cli.main(["events", path]) == 0
+    out = capsys.readouterr().out
+    assert "3625 valid events, 0 invalid lines (1192 sidecar sample/config lines skipped)" in out

@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -63,6 +64,8 @@ def listen(path: str, as_json: bool, out: TextIO) -> int:
         receiver.close()
 
 
+# the sidecar's sample log writes its own lines as {"kind":"sample",...} / {"kind":"config",...}
+SIDECAR_LINE = re.compile(r'\s*\{"kind":\s*"(sample|config)"')
 MAX_LINE_PROBLEMS = 20  # per file: past this, a count (a wrong file is one line, not 10,000)
 
 
@@ -70,7 +73,7 @@ def check_events(paths: list[str], out: TextIO) -> int:
     """Count each file's events by kind; exit 2 naming every file that cannot be read or is
     not an event log, and every invalid line (the first MAX_LINE_PROBLEMS of a file)."""
     kinds: collections.Counter = collections.Counter()
-    invalid = unusable = 0
+    invalid = unusable = sidecar_lines = 0
     for path in paths:
         found: collections.Counter = collections.Counter()
         bad: list[str] = []
@@ -81,7 +84,10 @@ def check_events(paths: list[str], out: TextIO) -> int:
                 try:
                     found[events.decode(line).kind] += 1
                 except events.EventDecodeError as err:
-                    bad.append(f"{lineno}: {err}")
+                    if SIDECAR_LINE.match(line):  # the sample log holds events among these
+                        sidecar_lines += 1
+                    else:
+                        bad.append(f"{lineno}: {err}")
         except InputError as err:
             unusable += 1
             print(f"torch-watchdog events: {err}", file=sys.stderr)
@@ -102,7 +108,9 @@ def check_events(paths: list[str], out: TextIO) -> int:
     for kind, n in sorted(kinds.items()):
         print(f"{kind:18s} {n}", file=out)
     print(f"{sum(kinds.values())} valid events, {invalid} invalid lines"
-          + (f", {unusable} unusable file(s)" if unusable else ""), file=out)
+          + (f", {unusable} unusable file(s)" if unusable else "")
+          + (f" ({sidecar_lines} sidecar sample/config lines skipped)" if sidecar_lines else ""),
+          file=out)
     return 2 if invalid or unusable else 0
 
 
