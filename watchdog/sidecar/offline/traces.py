@@ -5,7 +5,8 @@ Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received,
   and a `"kind": "config"` line at start and after each SIGHUP);
 - the recorded-trace format of tests/fixtures/README.md (`start`, `req`,
-  `compile_start`/`compile_end`, `nvml`, `crash`, …): translated into what the agent and the sidecar's sources would have
+  `compile_start`/`compile_end`, `nvml`, `crash`, …): translated into what the agent and the
+  sidecar's sources would have
   produced (NewShape/Stall/Calls from `req`, Compile/Recompile/CudagraphRecord from the
   callbacks, a Sample from `nvml`), so replay runs the very same fold as the live daemon.
 Several files are merged by time. Bad lines are counted, never fatal; a file that cannot be
