@@ -4,13 +4,15 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# numpy is installed beside torch: without it every torch process warns "Failed to initialize
+# NumPy" (the demo's server, the agent's tests).
 
 .PHONY: install demo test test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" numpy
 	$(PY) -m pip install -q -e ".[agent,test]"
 	touch $@
 

@@ -220,10 +220,10 @@ def decode(data: Union[bytes, str]) -> Event:
         text = data.decode() if isinstance(data, (bytes, bytearray)) else data
         try:  # the C scanner alone: half the time of json.loads (no encoding sniffing)
             obj, end = _SCAN(text, 0)
-        except StopIteration:
-            end = -1
+        except StopIteration:  # not a JSON value at offset 0: leading blanks, or garbage
+            obj, end = json.loads(text), len(text)  # valid after blanks; garbage raises here
         if end != len(text) and not text[end:].isspace():
-            obj = json.loads(text)  # leading blanks are valid JSON; garbage raises here
+            obj = json.loads(text)  # trailing garbage raises here
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise EventDecodeError(f"not JSON: {e}") from None
     return from_dict(obj)
@@ -232,8 +232,11 @@ def decode(data: Union[bytes, str]) -> Event:
 def from_dict(obj: Any) -> Event:
     if not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
-    if obj.get("v") != SCHEMA_VERSION:
-        raise EventDecodeError(f"unsupported schema version {obj.get('v')!r}")
+    v = obj.get("v")
+    if "v" not in obj:
+        raise EventDecodeError("no schema version `v`: not an agent event")
+    if type(v) is not int or v != SCHEMA_VERSION:  # 1.0 == True == 1 in Python, not here
+        raise EventDecodeError(f"unsupported schema version {v!r}")
     kind = obj.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise EventDecodeError(f"unknown event kind {kind!r}")

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.unit.test_events import SAMPLES
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
@@ -54,3 +56,42 @@ def test_listen_prints_what_an_agent_sends(short_tmp):
         _, err = proc.communicate(timeout=10)
     assert "dropped 1 bad datagram(s) so far" in err and "'malformed': 1" in err
     assert not os.path.exists(path)
+
+
+def test_events_lists_the_first_bad_lines_of_a_file_then_a_count(tmp_path, capsys):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(events.encode(SAMPLES[1]).decode() + "\n" + "oops\n" * 50)
+    assert cli.main(["events", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert len(err) == cli.MAX_LINE_PROBLEMS + 1
+    assert err[0].startswith(f"{path}:2: not JSON") and "and 30 more invalid line(s)" in err[-1]
+    assert "1 valid events, 50 invalid lines" in captured.out
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:9464", "http://", "ftp://host:1",
+                                 "http://host:port"])
+def test_status_with_an_invalid_url_says_so(capsys, url):
+    assert cli.main(["status", "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert "is not a URL" in err and "no sidecar" not in err and repr(url) in err
+
+
+def test_status_with_a_valid_url_and_nothing_there_says_no_sidecar(capsys):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a port nobody listens on (bound, not listening: refused)
+    port = s.getsockname()[1]
+    try:
+        assert cli.main(["status", "--url", f"http://127.0.0.1:{port}"]) == 1
+    finally:
+        s.close()
+    assert "no sidecar is running" in capsys.readouterr().err
+
+
+def test_events_reads_the_sidecars_sample_log_skipping_its_own_lines(capsys):
+    path = os.path.join(ROOT, "tests", "fixtures", "h200-seed-oom-samples.jsonl.gz")
+    assert cli.main(["events", path]) == 0
+    out = capsys.readouterr().out
+    assert "3625 valid events, 0 invalid lines (1192 sidecar sample/config lines skipped)" in out

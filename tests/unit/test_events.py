@@ -59,6 +59,14 @@ def _mutated(**changes):
     (b"[1, 2]", "not a JSON object"),
     (_mutated(v=2), "version"),
     (_mutated(v="1"), "version"),
+    (_mutated(v=1.0), "version"),
+    (_mutated(v=True), "version"),
+    (b"hello", "not JSON"),
+    (b"hello\n", "not JSON"),         # a line of text, as read from a file
+    (b"\n", "not JSON"),
+    (b"", "not JSON"),
+    (b"  hello \n", "not JSON"),
+    (b"1 2", "not JSON"),
     (_mutated(kind="explode"), "unknown event kind"),
     (_mutated(kind=None), "unknown event kind"),
     (_mutated(extra=1), "unknown field"),
@@ -112,3 +120,34 @@ def test_clip_bounds_text():
     assert events.clip("short") == "short"
     clipped = events.clip("x" * 5000)
     assert len(clipped) == events.MAX_TEXT_CHARS and clipped.endswith("…")
+
+
+def _numeric_fields() -> list[tuple[events.Event, str]]:
+    """(sample, field) for every field of every kind whose annotation takes a number."""
+    import typing
+
+    out = []
+    for sample in SAMPLES:
+        for name, hint in typing.get_type_hints(type(sample)).items():
+            if name == "kind":
+                continue
+            args = typing.get_args(hint) or (hint,)
+            if int in args or float in args:
+                out.append((sample, name))
+    return out
+
+
+@pytest.mark.parametrize("sample, name", _numeric_fields(),
+                         ids=lambda x: x if isinstance(x, str) else x.kind)
+@pytest.mark.parametrize("value", [True, False])
+def test_a_bool_is_never_a_number(sample, name, value):
+    obj = events.to_dict(sample)
+    obj[name] = value
+    with pytest.raises(EventDecodeError, match="bad value"):
+        events.decode(json.dumps(obj))
+
+
+def test_every_numeric_field_was_checked():
+    fields = {(s.kind, name) for s, name in _numeric_fields()}
+    assert ("heartbeat", "seq") in fields and ("oom", "requested_bytes") in fields
+    assert ("compile", "seconds") in fields and len(fields) >= 30

@@ -27,7 +27,7 @@ def test_seq_default_finds_cudagraph_per_shape_at_the_measured_cost(seq_default)
     causes = [f["cause"] for f in seq_default["findings"]]
     assert "cudagraph_per_shape" in causes
     est = seq_default["estimates"]
-    assert est["mb_per_graph"] == pytest.approx(0.468, rel=0.10)  # FACTS #2
+    assert est["mb_per_graph"] == pytest.approx(0.468, rel=0.10)  # measured on this model
     assert est["mb_per_graph_confidence"] >= 0.8
     assert est["recordings"] == 939 and est["distinct_shapes"] == 1604
     # seq_len is uniform in 32..2048: 2,017 sizes; the plateau is far below an H200
@@ -123,3 +123,53 @@ def test_garbage_lines_are_counted_not_fatal(tmp_path):
                     '{"kind": "req", "shape": "x", "ms": 1, "t": 2.0}\n')
     r = replay([str(path)], Config())
     assert r["replay"]["bad_lines"] == 4 and r["replay"]["observations"] == 1
+
+
+def _text_rows(capsys, *paths: str) -> list[tuple[float, str, str]]:
+    from torch_watchdog.sidecar import cli
+
+    assert cli.main(["replay", *paths]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# ") and "times in seconds from its start" in out[0]
+    json.loads(out[-1])  # the estimates
+    rows = []
+    for line in out[1:-1]:
+        t, what, why = line.lstrip("+").split(None, 2)
+        rows.append((float(t.rstrip("s")), what, why))
+    return rows
+
+
+def test_text_output_counts_from_the_start_of_the_trace(capsys):
+    """The reload of h200-oom300 came 61.8 s into the recording (the crash at 123.0 s), as
+    --json and the report say; not +0.0 s (the time of the first finding, as it was)."""
+    rows = _text_rows(capsys, fixture("h200-oom300.jsonl.gz"))
+    (reload,) = [t for t, what, _ in rows if what == "reload"]
+    assert 61 < reload < 62.5
+    assert min(t for t, *_ in rows) > 50  # the first alert is no "+0.0s"
+    result = replay([fixture("h200-oom300.jsonl.gz")], Config())
+    assert reload == pytest.approx(
+        next(a["t"] for a in result["actions"] if a["action"] == "reload"), abs=0.05)
+
+
+def test_text_output_of_an_epoch_log_counts_from_its_first_line(capsys):
+    """The sidecar's sample log has wall-clock times: counted from its first line."""
+    rows = _text_rows(capsys, fixture("h200-seed-oom-samples.jsonl.gz"))
+    (reload,) = [t for t, what, _ in rows if what == "reload"]
+    first = json.loads(_lines("h200-seed-oom-samples.jsonl.gz")[0])["t"]
+    result = replay([fixture("h200-seed-oom-samples.jsonl.gz")], Config())
+    expected = next(a["t"] for a in result["actions"] if a["action"] == "reload") - first
+    assert 30 < reload < 119 and reload == pytest.approx(expected, abs=0.05)
+
+
+def test_a_file_of_nothing_usable_is_refused_naming_it(tmp_path):
+    from torch_watchdog.jsonl import InputError
+
+    path = tmp_path / "notes.jsonl"
+    path.write_text("hello\n{\"a\": 1}\n")
+    with pytest.raises(InputError, match="notes.jsonl: nothing usable.*line 1: not JSON"):
+        replay([str(path)], Config())
+
+
+def test_trace_kinds_replay_has_no_use_for_are_not_bad_lines():
+    r = replay([fixture("h200-oom300.jsonl.gz")], Config())
+    assert r["replay"]["bad_lines"] == 0  # its `ballast` line is known, not garbage

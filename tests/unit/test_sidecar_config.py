@@ -47,7 +47,7 @@ def _keys_of(problems: list[str]) -> set[str]:
 
 def test_shipped_file_holds_exactly_the_defaults():
     assert load(str(SHIPPED)) == Config()
-    assert check(str(SHIPPED)) == (Config(), [])
+    assert check(str(SHIPPED), host=False) == (Config(), [])
 
 
 def test_every_field_is_documented_in_the_shipped_file():
@@ -63,11 +63,21 @@ def test_every_documented_key_has_a_comment():
             assert "#" in line, f"no comment on {line!r}"
 
 
-@pytest.mark.parametrize("text", ["", "# only comments\n", "{}\n", "server:\n"])
-def test_empty_file_gives_defaults(tmp_path, text):
+@pytest.mark.parametrize("text", ["{}\n", "server:\n", "# a note\n{}\n"])
+def test_an_empty_mapping_gives_defaults(tmp_path, text):
     path = tmp_path / "w.yaml"
     path.write_text(text)
     assert load(str(path)) == Config()
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only comments\n"])
+def test_an_empty_file_is_an_error_so_sighup_keeps_the_old_config(tmp_path, text):
+    """A file caught half-written by an editor must not silently become every default."""
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    config, problems = check(str(path))
+    assert config is None and len(problems) == 1 and "empty config" in problems[0]
+    assert "{}" in problems[0]  # says how to ask for the defaults
 
 
 def test_from_mapping_none_and_empty_give_defaults():
@@ -92,6 +102,13 @@ def test_all_problems_are_listed_at_once():
 
 @pytest.mark.parametrize("data, key", [
     ({"poll_interval_s": 0}, "poll_interval_s"),
+    ({"poll_interval_s": 0.049}, "poll_interval_s"),
+    ({"sample_log_max_bytes": 1000}, "sample_log_max_bytes"),
+    ({"alerts": {"resend_s": 0.5}}, "alerts.resend_s"),
+    ({"alerts": {"timeout_s": 0}}, "alerts.timeout_s"),
+    ({"reload": {"timeout_s": 0}}, "reload.timeout_s"),
+    ({"poll_interval_s": True}, "poll_interval_s"),
+    ({"correlate": {"min_confidence": False}}, "correlate.min_confidence"),
     ({"poll_interval_s": 61}, "poll_interval_s"),
     ({"metrics_port": 0}, "metrics_port"),
     ({"metrics_port": 65536}, "metrics_port"),
@@ -123,7 +140,8 @@ def test_bad_value_is_named_by_its_dotted_key(data, key):
 
 
 @pytest.mark.parametrize("data", [
-    {"poll_interval_s": 60}, {"metrics_port": 1}, {"metrics_port": 65535},
+    {"poll_interval_s": 60}, {"poll_interval_s": 0.05}, {"metrics_port": 1},
+    {"metrics_port": 65535}, {"sample_log_max_bytes": 1 << 20}, {"alerts": {"resend_s": 1}},
     {"correlate": {"min_confidence": 0}}, {"correlate": {"min_confidence": 1}},
     {"policy": {"max_reloads_per_hour": 0}}, {"server": {"unit": "vllm.service"}},
     {"server": {"pidfile": "/run/vllm.pid"}}, {"agent": {"allowed_uids": [0, 1000]}},
@@ -178,8 +196,11 @@ def test_check_reports_a_bad_file_without_raising(tmp_path, text):
 
 def test_check_reports_a_missing_file(tmp_path):
     path = tmp_path / "missing.yaml"
-    config, problems = check(str(path))
-    assert config is None and len(problems) == 1 and str(path) in problems[0]
+    assert check(str(path)) == (None, ["no such file"])  # the caller names the file
+
+
+def test_check_reports_a_directory(tmp_path):
+    assert check(str(tmp_path)) == (None, ["is a directory, not a config file"])
 
 
 def test_check_reports_a_binary_file(tmp_path):
@@ -189,17 +210,135 @@ def test_check_reports_a_binary_file(tmp_path):
     assert config is None and len(problems) == 1
 
 
-def test_check_reports_invalid_yaml_with_the_path(tmp_path):
+def test_check_reports_invalid_yaml_with_its_line_once(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("poll_interval_s: 0.1\na: [unclosed\n")
+    config, problems = check(str(path))
+    assert config is None and len(problems) == 1
+    assert problems[0].startswith("not valid YAML at line 3, column 1: ")
+    assert str(path) not in problems[0]  # check-config prefixes it: once, not twice
+
+
+def test_check_config_names_the_file_once(tmp_path, capsys):
+    from torch_watchdog.sidecar import cli
+
     path = tmp_path / "w.yaml"
     path.write_text("a: [unclosed\n")
-    config, problems = check(str(path))
-    assert config is None and len(problems) == 1 and "not valid YAML" in problems[0]
+    assert cli.main(["check-config", str(path)]) == 2
+    assert capsys.readouterr().err.count(str(path)) == 1
 
 
-def test_check_reports_a_list_as_not_a_mapping(tmp_path):
+@pytest.mark.parametrize("text, kind", [("- 1\n- 2\n", "list"), ("hello\n", "line of text"),
+                                        ("42\n", "int")])
+def test_check_reports_a_file_that_is_not_a_mapping(tmp_path, text, kind):
     path = tmp_path / "w.yaml"
-    path.write_text("- 1\n- 2\n")
-    assert check(str(path)) == (None, ["config: expected a mapping, got list"])
+    path.write_text(text)
+    assert check(str(path)) == (None, [f"not a watchdog config: a YAML {kind}, not a mapping "
+                                       "of keys (key: value)"])
+
+
+def test_a_file_over_1_mib_is_refused_unread(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("# padding\n" * (cfg.MAX_FILE_BYTES // 10 + 1))
+    config, problems = check(str(path))
+    assert config is None and problems == [
+        "larger than 1 MiB: not a watchdog config (the documented one is 7 KB)"]
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [" + ", ".join(['"lol"'] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]"
+              for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\nmetrics_address: *a9\n"  # 10^10 strings, if expanded
+
+
+@pytest.mark.parametrize("text", [_alias_bomb(), "a: &x [1, *x]\n"], ids=["bomb", "recursive"])
+def test_an_alias_bomb_is_refused_quickly(tmp_path, text):
+    import time
+
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    config, problems = check(str(path))
+    assert time.monotonic() - started < 2.0  # expanded, it would never finish
+    assert config is None and len(problems) == 1 and "alias" in problems[0]
+
+
+def test_a_few_aliases_are_fine(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("reload:\n  timeout_s: &t 45.0\n  grace_s: *t\n"
+                    "alerts:\n  timeout_s: *t\n")
+    config, problems = check(str(path), host=False)
+    assert problems == [] and config.reload.grace_s == config.alerts.timeout_s == 45.0
+
+
+def test_deep_nesting_is_refused_not_a_crash(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    config, problems = check(str(path))
+    assert config is None and len(problems) == 1
+
+
+# --- where the sidecar writes: state_dir and the sample log's directory -----------------------
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_state_dir_that_exists_or_can_be_made_is_fine(tmp_path):
+    for state in (tmp_path, tmp_path / "new" / "state"):
+        config, problems = check(_write(tmp_path, f"state_dir: {state}\n"))
+        assert problems == [] and config.state_dir == str(state)
+    assert not (tmp_path / "new").exists()  # checked, not created
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "f", "exists and is not a directory"),
+    (lambda tmp: tmp / "f" / "state", "cannot be created: {tmp}/f is a file"),
+    (lambda tmp: "/proc/torch-watchdog", "under /proc"),
+    (lambda tmp: "/sys/fs/torch-watchdog", "under /sys"),
+])
+def test_a_state_dir_that_cannot_be_a_directory_is_a_problem(tmp_path, make, says):
+    (tmp_path / "f").write_text("a file")
+    config, problems = check(_write(tmp_path, f"state_dir: {make(tmp_path)}\n"))
+    assert config is None and len(problems) == 1
+    assert problems[0].startswith("state_dir: ") and says.format(tmp=tmp_path) in problems[0]
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "nodir" / "s.jsonl", "does not exist"),
+    (lambda tmp: tmp, "is a directory, not a file"),
+    (lambda tmp: tmp / "f" / "s.jsonl", "does not exist"),
+    (lambda tmp: "/proc/s.jsonl", "under /proc"),
+])
+def test_a_sample_log_that_cannot_be_written_is_a_problem(tmp_path, make, says):
+    (tmp_path / "f").write_text("a file")
+    config, problems = check(_write(tmp_path, f"state_dir: {tmp_path}\n"
+                                              f"sample_log: {make(tmp_path)}\n"))
+    assert config is None and len(problems) == 1
+    assert problems[0].startswith("sample_log: ") and says in problems[0]
+
+
+def test_host_problems_are_listed_with_the_others_and_skipped_on_request(tmp_path):
+    path = _write(tmp_path, "poll_interval_s: 0.001\nstate_dir: /proc/x\n")
+    config, problems = check(path)
+    assert _keys_of(problems) == {"poll_interval_s", "state_dir"}
+    # a bad value is reported once: its default is not checked in its place
+    assert _keys_of(check(_write(tmp_path, "state_dir: 3\n"))[1]) == {"state_dir"}
+    # status/replay/report read the values only: another user's directories are not theirs
+    ok = _write(tmp_path, "state_dir: /proc/x\n")
+    assert check(ok, host=False) == (from_mapping({"state_dir": "/proc/x"}), [])
+
+
+def test_the_sidecar_refuses_to_start_where_it_cannot_write(tmp_path, capsys):
+    from torch_watchdog.sidecar import cli
+
+    path = _write(tmp_path, f"state_dir: {tmp_path}/f/state\n")
+    (tmp_path / "f").write_text("a file")
+    assert cli.main(["sidecar", "--config", path]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
 
 
 def test_semantic_checks_see_only_well_typed_values():

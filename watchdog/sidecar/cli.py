@@ -1,4 +1,6 @@
-"""`torch-watchdog`: command-line entry point. Exit codes: 0 ok, 1 runtime failure, 2 bad input.
+"""`torch-watchdog`: command-line entry point. Exit codes: 0 ok, 1 runtime failure, 2 bad input
+(a file that is missing, empty, a directory, binary, truncated or of the wrong kind: one line
+naming it, no traceback), 141 stdout closed early (`| head`: quiet, as SIGPIPE), 130 Ctrl-C.
 
     torch-watchdog listen [--socket PATH] [--json]   print the agent's events as they arrive
     torch-watchdog events FILE...                     check an agent event log, print a summary
@@ -15,13 +17,14 @@ import argparse
 import collections
 import json
 import os
+import re
 import select
 import signal
 import sys
 from typing import Any, Optional, TextIO
 
 from torch_watchdog import __version__, events
-from torch_watchdog.jsonl import open_lines
+from torch_watchdog.jsonl import InputError, problem, read_lines
 from torch_watchdog.sidecar.config import AgentSocketConfig
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
@@ -61,27 +64,54 @@ def listen(path: str, as_json: bool, out: TextIO) -> int:
         receiver.close()
 
 
+# the sidecar's sample log writes its own lines as {"kind":"sample",...} / {"kind":"config",...}
+SIDECAR_LINE = re.compile(r'\s*\{"kind":\s*"(sample|config)"')
+MAX_LINE_PROBLEMS = 20  # per file: past this, a count (a wrong file is one line, not 10,000)
+
+
 def check_events(paths: list[str], out: TextIO) -> int:
+    """Count each file's events by kind; exit 2 naming every file that cannot be read or is
+    not an event log, and every invalid line (the first MAX_LINE_PROBLEMS of a file)."""
     kinds: collections.Counter = collections.Counter()
-    problems = 0
+    invalid = unusable = sidecar_lines = 0
     for path in paths:
+        found: collections.Counter = collections.Counter()
+        bad: list[str] = []
         try:
-            with open_lines(path) as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        kinds[events.decode(line).kind] += 1
-                    except events.EventDecodeError as err:
-                        problems += 1
-                        print(f"{path}:{lineno}: {err}", file=sys.stderr)
-        except OSError as err:
-            print(f"{path}: cannot read: {err.strerror}", file=sys.stderr)
-            return 2
+            for lineno, line in enumerate(read_lines(path), 1):
+                if not line.strip():
+                    continue
+                try:
+                    found[events.decode(line).kind] += 1
+                except events.EventDecodeError as err:
+                    if SIDECAR_LINE.match(line):  # the sample log holds events among these
+                        sidecar_lines += 1
+                    else:
+                        bad.append(f"{lineno}: {err}")
+        except InputError as err:
+            unusable += 1
+            print(f"torch-watchdog events: {err}", file=sys.stderr)
+            continue
+        if not found:  # a wrong file is one line, not one per line
+            unusable += 1
+            print(f"torch-watchdog events: {path}: " + (
+                f"not an agent event log: none of its {len(bad):,} line(s) is an event "
+                f"(line {bad[0]})" if bad else "no lines, only blank space"), file=sys.stderr)
+            continue
+        kinds.update(found)
+        invalid += len(bad)
+        for line in bad[:MAX_LINE_PROBLEMS]:
+            print(f"{path}:{line}", file=sys.stderr)
+        if len(bad) > MAX_LINE_PROBLEMS:
+            print(f"{path}: ... and {len(bad) - MAX_LINE_PROBLEMS:,} more invalid line(s)",
+                  file=sys.stderr)
     for kind, n in sorted(kinds.items()):
         print(f"{kind:18s} {n}", file=out)
-    print(f"{sum(kinds.values())} valid events, {problems} invalid lines", file=out)
-    return 2 if problems else 0
+    print(f"{sum(kinds.values())} valid events, {invalid} invalid lines"
+          + (f", {unusable} unusable file(s)" if unusable else "")
+          + (f" ({sidecar_lines} sidecar sample/config lines skipped)" if sidecar_lines else ""),
+          file=out)
+    return 2 if invalid or unusable else 0
 
 
 def check_config(path: str, out: TextIO) -> int:
@@ -108,12 +138,11 @@ def run_sidecar(config_path: Optional[str]) -> int:
                                     structlog.processors.JSONRenderer()],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger("torch-watchdog")
-    cfg = config.Config()
-    if config_path:
-        cfg, problems = config.check(config_path)
-        if cfg is None:
-            log.error("bad config", path=config_path, problems=problems)
-            return 2
+    cfg, problems = config.check(config_path) if config_path else (
+        config.Config(), config.host_problems(config.Config()))
+    if problems:
+        log.error("bad config", path=config_path, problems=problems)
+        return 2
     daemon = Daemon(cfg, config_path, log)
     try:
         daemon.start()
@@ -125,57 +154,92 @@ def run_sidecar(config_path: Optional[str]) -> int:
     return daemon.run()
 
 
-def load_config(path: Optional[str]) -> Any:
-    """The config in `path` (the defaults without one), or None after printing every problem."""
+def load_config(path: Optional[str], command: str) -> Any:
+    """The config in `path` (the defaults without one), or None after printing every problem.
+    The file's values only: whether its directories are writable here is the sidecar's
+    business (check-config), not that of a command reading recordings or asking for status."""
     from torch_watchdog.sidecar import config
 
     if not path:
         return config.Config()
-    cfg, problems = config.check(path)
+    cfg, problems = config.check(path, host=False)
     for problem in problems:
-        print(f"{path}: {problem}", file=sys.stderr)
+        print(f"torch-watchdog {command}: {path}: {problem}", file=sys.stderr)
     return cfg
 
 
-def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
-    from torch_watchdog.sidecar.offline.replay import replay
+def inputs_readable(paths: list[str], command: str, hint: str = "") -> bool:
+    """Each input file's first problem (missing, a directory, empty, binary), one line each."""
+    bad = [(path, what) for path in paths if (what := problem(path)) is not None]
+    for path, what in bad:
+        print(f"torch-watchdog {command}: {path}: {what}{hint}", file=sys.stderr)
+    return not bad
 
-    cfg = load_config(config_path)
-    if cfg is None:
+
+def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
+    """Exit codes: 0 replayed, 2 a config or an input that cannot be used (one line each)."""
+    from torch_watchdog.sidecar.offline.replay import replay, since_start
+
+    cfg = load_config(config_path, "replay")
+    if cfg is None or not inputs_readable(paths, "replay"):
         return 2
-    for path in paths:
-        if not os.path.isfile(path):
-            print(f"torch-watchdog: {path}: no such file", file=sys.stderr)
-            return 2
-    # without --config, the configs the live sidecar recorded in its sample log apply
-    result = replay(paths, cfg, lambda line: print(line, file=sys.stderr, flush=True),
-                    follow_config=config_path is None)
+    try:
+        # without --config, the configs the live sidecar recorded in its sample log apply
+        result = replay(paths, cfg, lambda line: print(line, file=sys.stderr, flush=True),
+                        follow_config=config_path is None)
+    except InputError as err:  # unreadable part-way (a truncated gzip), or nothing usable
+        print(f"torch-watchdog replay: {err}", file=sys.stderr)
+        return 2
+    info = result["replay"]
+    if info["observations"] == 0:
+        print(f"torch-watchdog replay: nothing in {', '.join(paths)} could be used "
+              f"({info['used_lines']:,} line(s) read, none an observation)", file=sys.stderr)
+        return 2
     if as_json:
         json.dump(result, out, indent=1)
         out.write("\n")
         return 0
     rows = [(f["t"], "finding", f["cause"]) for f in result["findings"]]
     rows += [(a["t"], a["action"], a["reason"]) for a in result["actions"]]
-    start = min((r[0] for r in rows), default=0.0)
-    for t, what, why in sorted(rows):  # times from the first one: agent logs use epoch time
-        print(f"+{t - start:9.1f}s  {what:8s} {why}", file=out)
+    print(f"# {info['observations']:,} observations, {info['bad_lines']:,} bad line(s), "
+          f"{info['trace_seconds']:,.1f} s of recording; times in seconds from its start",
+          file=out)
+    for t, what, why in sorted(rows):
+        print(f"+{since_start(t, info['first_t']):9.1f}s  {what:8s} {why}", file=out)
     print(json.dumps(result["estimates"]), file=out)
     return 0
 
 
+def valid_url(url: str) -> bool:
+    """http(s)://HOST[:PORT][/...]: what `--url` must look like."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
                out: TextIO) -> int:
-    """Print a running sidecar's /status.json; 1 when none answers at that address."""
+    """Print a running sidecar's /status.json; 1 when none answers at that address, 2 for a
+    bad --url or --config."""
     import time
 
     from torch_watchdog.sidecar.present.status import format_terminal
     from torch_watchdog.sidecar.present.web import local_url, read_status
 
     if url is None:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, "status")
         if cfg is None:
             return 2
         url = local_url(cfg.metrics_address, cfg.metrics_port)
+    elif not valid_url(url):
+        print(f"torch-watchdog status: --url {url!r} is not a URL: give the sidecar's address "
+              "as http://HOST:PORT, e.g. http://127.0.0.1:9464", file=sys.stderr)
+        return 2
     try:
         data = read_status(url)
     except (OSError, ValueError) as err:
@@ -234,14 +298,32 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="auto: cuda if torch sees a GPU, else cpu")
     args = p.parse_args(argv)
     try:
+        code = _run(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then one more case below
+        return code
+    except BrokenPipeError:
+        # the reader of stdout went away (`... | head`): stop quietly with the status a tool
+        # killed by SIGPIPE has (128 + 13), as `seq 100000 | head` does; later writes and the
+        # flush at exit go to /dev/null instead of printing a second error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         if args.command == "listen":
             return listen(args.socket, args.json, sys.stdout)
         if args.command == "replay":
             return run_replay(args.traces, args.config, args.json, sys.stdout)
         if args.command == "report":
             from torch_watchdog.sidecar.offline import report
-            cfg = load_config(args.config)
-            return 2 if cfg is None else report.main(args.files, args.output, cfg, args.json,
+            cfg = load_config(args.config, "report")
+            if cfg is None or not inputs_readable(args.files, "report",
+                                                  f"; {report.USAGE_HINT}"):
+                return 2
+            return report.main(args.files, args.output, cfg, args.json,
                                                      sys.stdout, args.config is None)
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
@@ -253,6 +335,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             from torch_watchdog import demo  # the product's commands never load the demo
             return demo.run(args, sys.stdout)
         return check_events(args.files, sys.stdout)
+    except BrokenPipeError:
+        raise
     except OSError as err:
         print(f"torch-watchdog: {err}", file=sys.stderr)
         return 1

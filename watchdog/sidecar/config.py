@@ -13,6 +13,7 @@ from typing import Any, Optional
 from torch_watchdog.events import DEFAULT_SOCKET
 
 MiB = 1 << 20
+MIN_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ class CorrelateConfig:
 @dataclass(frozen=True)
 class ForecastConfig:
     window_s: float = 60.0                # recent window for rates and the linear trend
-    headroom_bytes: int = 128 * MiB       # budget = device total - headroom (FACTS #9 run:
-                                          # the crash came with 3 MB free)
+    headroom_bytes: int = 128 * MiB       # budget = device total - headroom (the H200 OOM
+                                          # run, h200-oom300: the crash came with 3 MB free)
     process_budget_bytes: Optional[int] = None  # or a fixed budget for the server's memory
 
 
@@ -111,36 +112,210 @@ class ConfigError(ValueError):
 
 def from_mapping(data: Any) -> Config:
     """Build a Config from parsed YAML; raises ConfigError listing every problem."""
-    problems: list[str] = []
-    config = _build(Config, data, "", problems)
-    problems += semantic_problems(config)
+    config, problems = _validate(data)
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def check(path: str) -> tuple[Optional[Config], list[str]]:
+def _validate(data: Any) -> tuple[Config, list[str]]:
+    """The Config (a bad value replaced by its default) and every problem with `data`."""
+    problems: list[str] = []
+    config = _build(Config, data, "", problems)
+    return config, problems + semantic_problems(config)
+
+
+MAX_FILE_BYTES = 1 * MiB  # the shipped file, every key documented, is 7 KB
+# Expanded YAML nodes: the shipped file has ~100. An alias (*name) is not copied by PyYAML but
+# whatever walks the result (type checks, error messages) expands it: 9 levels of 10 aliases,
+# 2 KB of text, are 10^9 nodes (the "billion laughs"). Counted before construction, in time
+# linear in the text.
+MAX_NODES = 10_000
+
+
+def check(path: str, host: bool = True) -> tuple[Optional[Config], list[str]]:
     """(config, []) for a good file, (None, problems) for a bad one; never raises for a bad file
-    (missing, unreadable, not YAML, not a mapping, bad values) — for check-config and SIGHUP."""
+    (missing, unreadable, empty, too large, not YAML, not a mapping, bad values) — for
+    check-config, the sidecar's start and SIGHUP (a bad file keeps the old config). With
+    `host`, also whether this machine lets the sidecar write where the config says
+    (`host_problems`); a command that only reads the config's values passes host=False.
+    Every problem is listed at once; none repeats `path` (the caller names the file once)."""
     try:
-        return load(path), []
+        config, problems = _validate(_mapping(path))
     except ConfigError as e:
         return None, list(e.problems)
+    if host:
+        reported = {p.split(":", 1)[0] for p in problems}  # a bad value's default: not checked
+        problems += [p for p in host_problems(config) if p.split(":", 1)[0] not in reported]
+    return (None, problems) if problems else (config, [])
 
 
 def load(path: str) -> Config:
+    """Parse and validate the file at `path` (its values only); ConfigError lists every
+    problem."""
+    return from_mapping(_mapping(path))
+
+
+def _mapping(path: str) -> dict:
+    """The file's top-level YAML mapping; ConfigError for anything else."""
+    data = _parse_yaml(_read(path))
+    if data is None:
+        raise ConfigError(["empty config (no keys, only blank space or comments): write `{}` "
+                           "to run with every default"])
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "line of text"}.get(type(data), type(data).__name__)
+        raise ConfigError([f"not a watchdog config: a YAML {kind}, not a mapping of "
+                           "keys (key: value)"])
+    return data
+
+
+def _read(path: str) -> str:
+    try:
+        if os.path.isdir(path):
+            raise ConfigError(["is a directory, not a config file"])
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(["no such file"]) from None
+    except OSError as e:
+        raise ConfigError([f"cannot read: {e.strerror or e}"]) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([f"larger than {MAX_FILE_BYTES // MiB} MiB: not a watchdog config "
+                           "(the documented one is 7 KB)"])
+    if data[:2] == b"\x1f\x8b":
+        raise ConfigError(["gzip-compressed, not a YAML config"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"not UTF-8 text (byte {e.start}): not a YAML config"]) from None
+
+
+def _parse_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing a document that expands to more than MAX_NODES nodes."""
     import yaml  # the sidecar's dependency; replay with defaults needs no YAML
 
+    loader = yaml.SafeLoader(text)
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except OSError as e:
-        raise ConfigError([f"{path}: cannot read: {e.strerror}"]) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError([f"{path}: not UTF-8 text: {e.reason} at byte {e.start}"]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([f"{path}: not valid YAML: {e}"]) from None
-    return from_mapping(data)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        nodes = _expanded_nodes(node)
+        if nodes > MAX_NODES:
+            raise ConfigError([f"refused: its aliases (*name) expand to more than {MAX_NODES:,} "
+                               "values (a YAML alias bomb?); a watchdog config has ~100"])
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = "; ".join(str(x) for x in (e.context, e.problem) if x)
+        raise ConfigError([f"not valid YAML{where}: {what}"]) from None
+    except yaml.YAMLError as e:  # a reader error: a control character, for instance
+        raise ConfigError([f"not valid YAML: {e}"]) from None
+    except RecursionError:
+        raise ConfigError(["not a watchdog config: nested too deeply"]) from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(root: Any) -> int:
+    """How many nodes the YAML tree under `root` has once every alias is expanded (capped
+    just past MAX_NODES); a recursive alias counts as too many."""
+    import yaml
+
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in active:  # &a [*a]: infinite once expanded
+            return MAX_NODES + 1
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [x for pair in node.value for x in pair]
+        else:
+            children = []
+        for child in children:
+            total = min(total + size(child), MAX_NODES + 1)
+        active.discard(key)
+        memo[key] = total
+        return total
+
+    return size(root)
+
+
+# --- where the sidecar writes: checked on the host at check-config, start and SIGHUP ---------
+
+PSEUDO_FS = ("/proc", "/sys")  # kernel interfaces: nothing of ours may be written there
+
+
+def host_problems(config: Config) -> list[str]:
+    """Whether this host, as this user, lets the sidecar keep its state in `state_dir` and
+    write `sample_log` (I/O: stat and access, nothing is created)."""
+    problems = []
+    what = _dir_problem(config.state_dir)
+    if what:
+        problems.append(f"state_dir: {what}")
+    if config.sample_log is not None:
+        what = _file_problem(config.sample_log)
+        if what:
+            problems.append(f"sample_log: {what}")
+    return problems
+
+
+def _pseudo(path: str) -> Optional[str]:
+    real = os.path.realpath(path)
+    for top in PSEUDO_FS:
+        if real == top or real.startswith(top + "/"):
+            return f"{path} is under {top}, a kernel interface, not a place for files"
+    return None
+
+
+def _who() -> str:
+    return f"this user (uid {os.geteuid()})"
+
+
+def _dir_problem(path: str) -> Optional[str]:
+    """None when `path` is a writable directory, or can be created as one."""
+    pseudo = _pseudo(path)
+    if pseudo:
+        return pseudo
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{path} is a directory not writable by {_who()}"
+        return None
+    if os.path.lexists(path):
+        return f"{path} exists and is not a directory"
+    parent = path
+    while not os.path.lexists(parent):  # the nearest existing ancestor would hold it
+        parent = os.path.dirname(parent.rstrip("/")) or "/"
+    if not os.path.isdir(parent):
+        return f"{path} cannot be created: {parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} does not exist and cannot be created: {parent} is not writable by {_who()}"
+    return None
+
+
+def _file_problem(path: str) -> Optional[str]:
+    """None when the file at `path` can be appended to, or created (its directory exists:
+    the sidecar creates the log, not its directory)."""
+    pseudo = _pseudo(path)
+    if pseudo:
+        return pseudo
+    if os.path.isdir(path):
+        return f"{path} is a directory, not a file"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else f"{path} is not writable by {_who()}"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"its directory {directory} does not exist (the sidecar does not create it)"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"its directory {directory} is not writable by {_who()}"
+    return None
 
 
 def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
@@ -239,7 +414,12 @@ def _not_negative(v: float) -> bool:
 # (dotted key, rule, what is wrong when the rule fails). Values that failed the type check were
 # replaced by their (valid) default, so each bad value is reported once.
 _RULES: tuple[tuple[str, Any, str], ...] = (
-    ("poll_interval_s", lambda v: 0 < v <= 60, "must be > 0 and <= 60 seconds"),
+    # a tiny value is a busy loop: at 0.001 s the daemon's fixed ~0.3 ms of work per poll
+    # alone is a third of a core, plus NVML's 20-100 ms queries back to back
+    ("poll_interval_s", lambda v: MIN_POLL_S <= v <= 60,
+     f"must be >= {MIN_POLL_S} and <= 60 seconds"),
+    # a tiny one rotates (an open and a rename) at every write, 10 times a second
+    ("sample_log_max_bytes", lambda v: v >= MiB, f"must be >= {MiB} (1 MiB)"),
     ("metrics_address", lambda v: bool(v.strip()), "must not be empty"),
     ("metrics_port", lambda v: 1 <= v <= 65535, "must be a TCP port 1..65535"),
     ("state_dir", os.path.isabs, "must be an absolute path"),
@@ -254,6 +434,11 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("policy.max_concurrent_reloads", _at_least_one, "must be >= 1"),
     ("correlate.max_clock_skew_s", _positive, "must be > 0 seconds"),
     ("policy.max_reloads_per_hour", _not_negative, "must be >= 0"),
+    # a firing alert is re-sent when resend_s has passed, checked every poll: 0 would POST
+    # every alert to every Alertmanager 10 times a second
+    ("alerts.resend_s", lambda v: v >= 1, "must be >= 1 second"),
+    ("alerts.timeout_s", _positive, "must be > 0 seconds"),   # 0: every POST fails at once
+    ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
 )
 
 

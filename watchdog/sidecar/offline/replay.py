@@ -67,12 +67,30 @@ def run(observations: Iterable[Observation], config: Config,
     return r
 
 
+EPOCH_T = 1e9  # agent and sample logs count epoch seconds (> 2001); recorded traces from 0
+
+
+def time_base(t: float) -> str:
+    """"epoch" (agent logs, the sidecar's sample log) or "trace" (a recorded trace's own
+    seconds since its process started)."""
+    return "epoch" if t >= EPOCH_T else "trace"
+
+
 def replay(paths: list[str], config: Config,
            progress: Optional[Callable[[str], None]] = None,
            follow_config: bool = True) -> dict[str, Any]:
+    """Raises jsonl.InputError (naming the file) for a file that cannot be read or of which
+    no line can be used."""
     started = time.perf_counter()
     readers = [Reader(p) for p in paths]
-    r = run(read_all(readers, progress, "replay"), config, follow_config=follow_config)
+    first_t: dict[str, float] = {}  # per time base: where "the start of the trace" is
+
+    def timed(observations: Iterable[Observation]) -> Iterable[Observation]:
+        for obs in observations:
+            first_t.setdefault(time_base(obs.t), obs.t)
+            yield obs
+
+    r = run(timed(read_all(readers, progress, "replay")), config, follow_config=follow_config)
     wall = time.perf_counter() - started
     state = r.state
     span = (state.now - state.first_t) if state.first_t is not None else 0.0
@@ -80,6 +98,16 @@ def replay(paths: list[str], config: Config,
         **r.outcome(r.config),
         "replay": {"files": paths, "observations": r.observations,
                    "bad_lines": sum(rd.bad_lines for rd in readers),
+                   "used_lines": sum(rd.used_lines for rd in readers),
+                   "first_t": first_t,
                    "trace_seconds": round(span, 3), "wall_seconds": round(wall, 3),
                    "speed": round(span / wall, 1) if wall > 0 else None},
     }
+
+
+def since_start(t: float, first_t: dict[str, float]) -> float:
+    """`t` as seconds from the start of its recording: a recorded trace's `t` already counts
+    from its process's start (as `--json` prints it); an epoch time counts from the first
+    observation in that time base."""
+    base = time_base(t)
+    return t - first_t.get(base, t) if base == "epoch" else t

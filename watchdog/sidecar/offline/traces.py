@@ -4,21 +4,24 @@ Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the agent's event log (schema v1, lines with `"v"`), decoded strictly;
 - the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received,
   and a `"kind": "config"` line at start and after each SIGHUP);
-- the recorded-trace format of FACTS.md (`start`, `req`, `compile_start`/`compile_end`,
-  `nvml`, `crash`, …): translated into what the agent and the sidecar's sources would have
+- the recorded-trace format of tests/fixtures/README.md (`start`, `req`,
+  `compile_start`/`compile_end`, `nvml`, `crash`, …): translated into what the agent and the
+  sidecar's sources would have
   produced (NewShape/Stall/Calls from `req`, Compile/Recompile/CudagraphRecord from the
   callbacks, a Sample from `nvml`), so replay runs the very same fold as the live daemon.
-Several files are merged by time. Bad lines are counted, never fatal.
+Several files are merged by time. Bad lines are counted, never fatal; a file that cannot be
+read, or of which no line can be used, is (InputError, naming the file).
 """
 from __future__ import annotations
 
 import heapq
 import json
+import math
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from torch_watchdog import events
-from torch_watchdog.jsonl import open_lines
+from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, \
     ReloadOutcome, Sample, outcome_from_dict, sample_from_dict
@@ -42,7 +45,7 @@ class TraceAdapter:
         self.compiling_since: Optional[float] = None
 
     def feed(self, line: dict[str, Any]) -> list[Observation]:
-        kind, t = line.get("kind"), float(line["t"])
+        kind, t = line.get("kind"), _time(line)
         handler = getattr(self, f"_on_{kind}", None)
         return handler(line, t) if handler else []
 
@@ -116,43 +119,89 @@ class TraceAdapter:
                        processes=(process,), query_s=None if query is None else query / 1e6)]
 
     def _on_crash(self, line: dict, t: float) -> list[Observation]:
-        # what watch() reports when the CUDA error leaves the model call (FACTS #9)
+        # what watch() reports when the CUDA error leaves the model call: the crash on a GPU
+        # bypasses the allocator, so its OOM observer never fires (h200-oom300)
         return [events.Oom(t=t, pid=TRACE_PID, source="exception", device=None,
                            requested_bytes=None, limit_bytes=None, free_bytes=None,
                            message=events.clip(str(line.get("error", "")), 500))]
 
 
 class Reader:
-    """One file's observations, in file order; `bad_lines` counts what could not be used."""
+    """One file's observations, in file order; `bad_lines` counts what could not be used.
+    A file that cannot be read (`jsonl.read_lines`), or none of whose lines can be used,
+    raises InputError naming it: a wrong file is said so, not replayed as an empty one."""
 
     def __init__(self, path: str):
         self.path = path
         self.bad_lines = 0
+        self.used_lines = 0      # lines that were events, samples, configs or trace lines
+        self.first_bad: Optional[tuple[int, str]] = None  # (line number, what is wrong)
+        self.ignored: set = set()  # recorded-trace kinds replay has no use for ("ballast")
         self.adapter = TraceAdapter()
 
     def __iter__(self) -> Iterator[Observation]:
-        with open_lines(self.path) as fh:
-            for line in fh:
-                if line.strip():
-                    yield from self._parse(line)
+        lines = 0
+        for lineno, line in enumerate(read_lines(self.path), 1):
+            if line.strip():
+                lines += 1
+                yield from self._parse(line, lineno)
+        if self.used_lines == 0:
+            raise InputError(self.path, self._nothing_usable(lines))
 
-    def _parse(self, line: str) -> list[Observation]:
+    def _nothing_usable(self, lines: int) -> str:
+        if lines == 0:
+            return "no lines, only blank space"
+        if self.first_bad is not None:
+            lineno, why = self.first_bad
+            return (f"nothing usable: {self.bad_lines:,} unreadable line(s), none an agent "
+                    f"event, a sidecar sample or a recorded-trace line (line {lineno}: {why})")
+        return f"nothing usable: only trace lines of kind(s) {sorted(self.ignored)}"
+
+    def _parse(self, line: str, lineno: int = 0) -> list[Observation]:
         try:
             obj = json.loads(line)
-            if isinstance(obj, dict) and "v" in obj:
-                return [events.from_dict(obj)]
-            if isinstance(obj, dict) and obj.get("kind") == "sample":  # the sidecar's own log
-                return [sample_from_dict(obj)]
-            if isinstance(obj, dict) and obj.get("kind") == "reload_outcome":  # ... outcomes
-                return [outcome_from_dict(obj)]
-            if isinstance(obj, dict) and obj.get("kind") == "config":  # ... and its config
-                return [ConfigChange(float(obj["t"]), from_mapping(obj["config"]))]
-            if isinstance(obj, dict) and isinstance(obj.get("t"), (int, float)):
-                return self.adapter.feed(obj)
-        except (ValueError, KeyError, TypeError, events.EventDecodeError):
-            pass
+        except (ValueError, RecursionError):
+            return self._bad(lineno, "not JSON")
+        if not isinstance(obj, dict):
+            return self._bad(lineno, f"a JSON {type(obj).__name__}, not an object")
+        try:
+            if "v" in obj:
+                out: list[Observation] = [events.from_dict(obj)]
+            elif obj.get("kind") == "sample":  # the sidecar's own log
+                out = [sample_from_dict(obj)]
+            elif obj.get("kind") == "reload_outcome":  # ... the reloads' outcomes
+                out = [outcome_from_dict(obj)]
+            elif obj.get("kind") == "config":  # ... and its config
+                out = [ConfigChange(_time(obj), from_mapping(obj["config"]))]
+            elif "t" in obj:
+                _time(obj)
+                if not hasattr(self.adapter, f"_on_{obj.get('kind')}"):
+                    self.ignored.add(str(obj.get("kind")))
+                    return []
+                out = self.adapter.feed(obj)
+            else:
+                return self._bad(lineno, "a JSON object without `v` (event) or `t` (trace)")
+        except events.EventDecodeError as e:
+            return self._bad(lineno, str(e))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return self._bad(lineno, f"bad {obj.get('kind')!s:.40} line ({type(e).__name__}: "
+                                     f"{e!s:.80})")
+        self.used_lines += 1
+        return out
+
+    def _bad(self, lineno: int, why: str) -> list[Observation]:
         self.bad_lines += 1
+        if self.first_bad is None:
+            self.first_bad = (lineno, why)
         return []
+
+
+def _time(obj: dict) -> float:
+    """A line's `t`: a finite number of seconds, never a bool."""
+    t = obj["t"]
+    if type(t) not in (int, float) or not math.isfinite(t):
+        raise ValueError(f"t is {t!r:.40}, not a number of seconds")
+    return float(t)
 
 
 PROGRESS_S = 5.0  # a long read says how far it got this often
