@@ -196,12 +196,28 @@ def save(tmp: str, name: str, evidence: dict) -> None:
     dest = os.path.join(out, name)
     os.makedirs(dest, exist_ok=True)
     with open(os.path.join(dest, "evidence.json"), "w") as fh:
-        json.dump(evidence, fh, indent=1)
-    for f in os.listdir(tmp):
-        if f.endswith(".jsonl") or f.endswith(".log"):
+        json.dump(_thinned(evidence), fh, indent=1)
+    for f in os.listdir(tmp):  # the device tool returns 8 files: the sidecar's two logs
+        if f in ("samples.jsonl", "sidecar.log"):
             with open(os.path.join(tmp, f), "rb") as src, \
                     gzip.open(os.path.join(dest, f + ".gz"), "wb") as dst:
                 shutil.copyfileobj(src, dst)
+
+
+def _thinned(evidence: dict) -> dict:
+    """Progress kept whole but for `served` lines (a bucketed server writes thousands)."""
+    def thin(run: list) -> list:
+        served = [p for p in run if p["kind"] == "served"]
+        keep = {id(p) for p in served[::max(1, len(served) // 200)]} | \
+            {id(served[-1])} if served else set()
+        return [p for p in run if p["kind"] != "served" or id(p) in keep]
+
+    progress = evidence.get("progress")
+    if isinstance(progress, dict):
+        progress = {t: [thin(r) for r in runs] for t, runs in progress.items()}
+    elif isinstance(progress, list):
+        progress = [thin(r) for r in progress]
+    return {**evidence, "progress": progress}
 
 
 def epoch(ts: str) -> float:

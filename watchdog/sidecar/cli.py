@@ -64,8 +64,8 @@ def listen(path: str, as_json: bool, out: TextIO) -> int:
         receiver.close()
 
 
-# the sidecar's sample log writes its own lines as {"kind":"sample",...} / {"kind":"config",...}
-SIDECAR_LINE = re.compile(r'\s*\{"kind":\s*"(sample|config)"')
+# the sidecar's sample log writes its own lines as {"kind":"sample"|"config"|"reload_outcome",...}
+SIDECAR_LINE = re.compile(r'\s*\{"kind":\s*"(sample|config|reload_outcome)"')
 MAX_LINE_PROBLEMS = 20  # per file: past this, a count (a wrong file is one line, not 10,000)
 
 
