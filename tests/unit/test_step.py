@@ -190,3 +190,15 @@ def test_configured_pids_are_owned_by_their_server_whatever_the_agent_says():
     h.feed(hello(h.t + 2, 101, "pgid:55", [A]))
     assert h.host.owner[101] == "llm.service"
     assert 101 not in h.host.servers["replica-a"].pids
+
+
+def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_hello():
+    host = Host()
+    s = sample(1000.0, {A: (3 * GB, 10 * GB), B: (3 * GB, 10 * GB)}, {})
+    assert step(host, s, CFG) == [] and host.servers == {}
+    assert host.focus().name == "default" and host.servers == {}  # shown, not kept
+    step(host, calls(1000.5, 101, 5, 2), CFG)  # heard before its hello (a sidecar restart)
+    assert list(host.servers) == ["default"]
+    step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
+    assert list(host.servers) == ["replica-a"]
+    assert host.servers["replica-a"].state.requests == 5

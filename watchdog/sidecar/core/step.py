@@ -71,9 +71,10 @@ class Host:
         return s
 
     def focus(self) -> Server:
-        """The server nearest to OOM (the one a single-server view shows)."""
+        """The server nearest to OOM (the one a single-server view shows); before any server
+        is known, an empty one that is not kept (a server exists only with a process)."""
         if not self.servers:
-            return self.server(DEFAULT_SERVER)
+            return Server(DEFAULT_SERVER)
         return min(self.servers.values(), key=lambda s: (s.forecast.seconds,
                                                          s.name != DEFAULT_SERVER, s.name))
 
@@ -101,6 +102,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
         e = dataclasses.replace(e, t=host.now)
     name = _owner(host, e)
     actions: list[policy.Action] = []
+    _adopt(host, e, name)
     server = host.server(name)
     if e.kind == "hello" and e.pid not in server.pids and _all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
@@ -133,6 +135,17 @@ def _owner(host: Host, e: events.Event) -> str:
     return host.owner.get(e.pid, DEFAULT_SERVER)
 
 
+def _adopt(host: Host, e: events.Event, name: str) -> None:
+    """A pid heard before its hello went to the default server; when its hello names another
+    server and the default one holds nothing else, that state is the named server's start."""
+    old = host.servers.get(DEFAULT_SERVER)
+    if e.kind != "hello" or name == DEFAULT_SERVER or old is None or name in host.servers:
+        return
+    if e.pid in old.pids and set(old.pids) == {e.pid}:
+        old.name = name
+        host.servers[name] = host.servers.pop(DEFAULT_SERVER)
+
+
 def _all_gone(host: Host, server: Server) -> bool:
     """Every pid the server had is dead in the last sample (and there was one)."""
     return bool(server.pids) and all(host.alive.get(pid) is False for pid in server.pids)
@@ -149,8 +162,6 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
         host.owner[pid] = name
         host.server(name).pids.setdefault(pid, s.t)
     _forget_silent(host, s.t)
-    if not host.servers:  # nothing announced yet: still fold the devices (the status page)
-        host.server(DEFAULT_SERVER)
     actions: list[policy.Action] = []
     for server in list(host.servers.values()):
         actions += _poll_server(host, server, s, cfg)
@@ -173,8 +184,9 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[pol
                                cfg.correlate.jump_bytes)
     actions = _recheck(server, s.t, cfg)
     others_busy = sum(o.busy for o in host.servers.values() if o is not server)
-    actions += _decide(host, server, cfg,
-                       allow_reload=others_busy < cfg.policy.max_concurrent_reloads)
+    # a server whose processes are all forgotten has nothing to reload
+    actions += _decide(host, server, cfg, allow_reload=bool(server.pids) and
+                       others_busy < cfg.policy.max_concurrent_reloads)
     server.firing = _firing(server, cfg)
     return actions
 
