@@ -92,19 +92,25 @@ class Agent:
         self.emitter.stop()
 
     def after_fork(self) -> None:
-        """In a forked child (at-fork hook): this agent becomes the child's. Assignments only,
-        no torch call (a child of a CUDA parent must not touch CUDA; torch marks it a bad fork,
-        so the OOM observer and GPU UUIDs come only from a child that initialises CUDA itself,
-        which tick() picks up). The new sender thread's first tick sends the child's hello."""
+        """In a forked child (at-fork hook): this agent becomes the child's. Plain assignments
+        and, for the hello, reads of torch's compile config; no CUDA call (a child of a CUDA
+        parent must not touch CUDA; torch marks it a bad fork, so the OOM observer and GPU
+        UUIDs come only from a child that initialises CUDA itself, which tick() picks up). The
+        child's hello is queued first, before its sender thread starts: a worker that exits at
+        once still says who it is."""
         now = time.monotonic()
         self.errors = self._seq = 0
         self.started = self._calls_at = now
-        self._next_heartbeat = self._next_hello = 0.0
+        self._next_heartbeat = 0.0
+        self._next_hello = now + self.config.hello_every_s
         self._devices = []
         self.hooks.pid = os.getpid()  # the hooks' events name the child, not the master
         for w in list(watched):
             w.take_window()  # calls made before the fork are the master's to report
-        self.emitter.after_fork()
+        running = self.emitter.after_fork()
+        self.emitter.emit(self.hello())
+        if running:
+            self.emitter.start(hand_back=True)
 
     def on_error(self, exc: BaseException) -> None:
         self.errors += 1
