@@ -173,3 +173,30 @@ def test_a_file_of_nothing_usable_is_refused_naming_it(tmp_path):
 def test_trace_kinds_replay_has_no_use_for_are_not_bad_lines():
     r = replay([fixture("h200-oom300.jsonl.gz")], Config())
     assert r["replay"]["bad_lines"] == 0  # its `ballast` line is known, not garbage
+
+
+def test_two_replicas_on_two_gpus_replay_reloads_only_the_growing_one_as_live():
+    """The sidecar's sample log of the two-GPU run (tests/gpu/test_gpu_host.py): replica-a
+    (variable seq_len, GPU 0) was reloaded, replica-b (bucketed, GPU 1) never touched. The
+    replay takes the live sidecar's actions: same times, same server, pids and GPU."""
+    r = replay([fixture("h200x2-two-replicas-samples.jsonl.gz")], Config())
+    gpu0 = "GPU-045eeb97-b7f7-321a-48ee-7b1f8855995a"
+    live = [(1796055006.342, "reload"), (1796055006.442, "execute"),
+            (1796055009.042, "reload_ok")]  # the live sidecar's log, to the poll
+    acted = [(a["t"], a["action"]) for a in r["actions"] if a["action"] != "alert"]
+    assert acted == live
+    assert {(a["server"], tuple(a["pids"]), tuple(a["gpus"])) for a in r["actions"]} == {
+        ("replica-a", (708,), (gpu0,))}
+    assert sorted(r["servers"]) == ["replica-a", "replica-b"]
+    assert r["servers"]["replica-b"]["seconds_to_oom"] is None
+
+
+def test_a_leak_under_bucketed_traffic_replays_to_a_reload_75_s_before_the_oom():
+    """The dry run of the leak (6 MiB/s kept alive by the server's code, 9 buckets): decided
+    as memory_growth_unexplained; the server's OOM came 75 s later (the agent's oom event)."""
+    r = replay([fixture("h200-leak-bucketed-samples.jsonl.gz")], Config())
+    (decided,) = [a for a in r["actions"] if a["action"] == "reload"]
+    assert decided["cause"] == "memory_growth_unexplained" and decided["dry_run"] is True
+    oom = 1796055187.158  # the agent's `oom` event (allocator) in the same log
+    assert 60 <= oom - decided["t"] <= 90
+    assert list(r["servers"]) == [decided["server"]]  # no phantom server
