@@ -220,7 +220,7 @@ def test_hostile_shapes_do_not_become_remembered_shapes(runtime):
     f = watch(lambda *a, **k: None, name="mem")
     for args, kwargs in _combinations():
         f(*args, **kwargs)
-    for key in f._h.seen:  # only tuples of ints (and None), nothing the GC tracks
+    for key in f._h.keys():  # only tuples of ints (and None), nothing the GC tracks
         stack = [key]
         while stack:
             item = stack.pop()

@@ -166,9 +166,9 @@ def test_remembered_shapes_are_nothing_for_the_gc_to_track(emitted):
     # before it could reach the oldest generation)
     for _ in range(3):
         gc.collect()
-    assert len(f._h.seen) == 3 * 199
-    assert not [k for k in f._h.seen if gc.is_tracked(k)]
-    assert f(torch.empty(0, 5)) == 0 and len(f._h.seen) == 3 * 199  # a torch.Size finds its key
+    assert len(f._h.keys()) == 3 * 199
+    assert not [k for k in f._h.keys() if gc.is_tracked(k)]
+    assert f(torch.empty(0, 5)) == 0 and f.take_window()[4] == 3 * 199  # a Size finds its key
 
 
 def test_new_shape_events_are_rationed_but_every_shape_is_counted(emitted, monkeypatch):
@@ -229,7 +229,7 @@ def _crash(x):
 def test_crash_on_a_nearly_full_gpu_is_reported_as_an_oom(emitted, monkeypatch, free, broken,
                                                            reported):
     fake = _FakeCuda(free, 1000, broken)
-    monkeypatch.setattr(torch, "cuda", fake)
+    monkeypatch.setattr(timing, "_cuda", lambda: fake)
     f = watch(_crash, name="attn")
     with pytest.raises(RuntimeError, match="mha_graph"):
         f(torch.ones(2))
@@ -249,3 +249,16 @@ def test_crash_check_never_initialises_cuda(emitted):
         watch(_crash)(torch.ones(2))
     assert not torch.cuda.is_initialized()
     assert not [e for e in emitted if e.kind == "oom"]  # no GPU of ours was full
+
+
+def test_shapes_past_the_hot_set_are_remembered_once(emitted, monkeypatch):
+    monkeypatch.setattr(timing, "HOT_SHAPES", 4)
+    monkeypatch.setattr(timing, "COLD_SHARD_SHAPES", 3)
+    timing.configure(max_shapes=20)
+    f = watch(lambda x: x, name="cold")
+    for _ in range(3):  # every shape again: each reported once
+        for n in range(1, 31):
+            f(torch.empty(0, n))
+    new = [e for e in emitted if e.kind == "new_shape"]
+    assert [e.shape for e in new] == [[[0, n]] for n in range(1, 21)]  # capped at 20
+    assert len(f._h.cold) > 1 and f.take_window()[4] == 20

@@ -4,6 +4,11 @@ The hot path reads tensor `.shape` (host metadata, no device access), two `perf_
 calls and a set lookup; events are built only on the slow path — a shape seen for the first
 time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
 CPU-visible (FACTS #4), so wall time around the call is enough.
+
+Nothing the bookkeeping meets (hostile arguments, unreadable or unhashable shapes, a failing
+emit) reaches the caller: a watched call returns what the model returned and raises only what
+the model raised, the same object. A call that fails with a CUDA/cuDNN/cuBLAS error while its
+GPU is nearly full is reported as an `oom` event of source "crash" (`crash_is_oom`).
 """
 from __future__ import annotations
 
@@ -89,6 +94,14 @@ MAX_NESTED = 64
 # stall on one still says new_shape. (The emitter's 10,000-event queue dropped them anyway.)
 NEW_SHAPE_BURST = 1000
 NEW_SHAPE_PER_S = 1000
+# No set of shapes grows past HOT_SHAPES either: a set's table is reallocated and rehashed as
+# it grows, and the step at 19,661 entries (to 131,072 slots, 2 MB) took 1.9 ms of CPU inside
+# the call that added the shape (0.48 ms at 4,916; 0.12 ms at 1,229; the worst bare call of
+# the benchmark's 500,000 is ~0.12 ms of CPU). The first HOT_SHAPES shapes stay in the one set
+# every call looks in; later ones go to cold sets of ~COLD_SHARD_SHAPES each, picked by hash,
+# looked in only when the hot set misses. A 2,048-slot table holds up to 1,228 entries.
+HOT_SHAPES = 1228
+COLD_SHARD_SHAPES = 1024
 
 
 def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
@@ -177,47 +190,61 @@ def as_shape(sig: Any) -> events.Shape:
     return out
 
 
+_NO_ARG = object()  # "no first positional argument" for the hot path's signature
+
+
 def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     """The hot path of one watched callable, and a reader of its running totals (calls, total
-    ns): one exact-type check, `.shape`, two clock reads, one set lookup, two counters. The
-    counters are closure variables (~30 ns a call less than attributes of an object); try
-    blocks cost nothing until they catch (Python 3.11+)."""
+    ns): one exact-type check, `.shape`, two clock reads, one set lookup, two counters.
+
+    Measured choices (benchmarks/agent_overhead.py): a call with one tensor binds it to a
+    positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less);
+    the counters are closure variables (~30 ns less than attributes of an object); keyword
+    calls read their shapes inline (~300 ns less than a helper with two comprehensions). Try
+    blocks cost nothing until they catch (Python 3.11+).
+    """
     fn, tensor, seen, current = h.fn, h.tensor, h.seen, _current
     calls = total_ns = 0
 
     def totals() -> tuple[int, int]:
         return calls, total_ns
 
-    def __call__(self: "Watched", *args: Any, **kwargs: Any) -> Any:
+    def __call__(self: "Watched", x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls, total_ns
         try:
-            if kwargs:  # e.g. model(input_ids=..., attention_mask=...): inlined, ~300 ns less
-                parts = [a.shape if type(a) is tensor else _other(a, tensor)
-                         for a in args] if args else []
-                for a in kwargs.values():
-                    parts.append(a.shape if type(a) is tensor else _other(a, tensor))
-                sig = tuple(parts)
-            elif len(args) == 1 and type(args[0]) is tensor:
-                sig = args[0].shape
-            else:
-                sig = shape_signature(args, kwargs, tensor)
+            if not (args or kwargs) and type(x) is tensor:
+                one = True
+                sig = x.shape
+            else:  # several arguments, keywords, none, or not a tensor
+                one = False
+                if x is not _NO_ARG:
+                    args = (x, *args)
+                if kwargs:  # e.g. model(input_ids=..., attention_mask=...)
+                    parts = [a.shape if type(a) is tensor else _other(a, tensor)
+                             for a in args] if args else []
+                    for a in kwargs.values():
+                        parts.append(a.shape if type(a) is tensor else _other(a, tensor))
+                    sig = tuple(parts)
+                else:
+                    sig = shape_signature(args, kwargs, tensor)
         except Exception:  # a hostile argument, or a torch function mode that hijacks `.shape`
-            sig = shape_signature(args, kwargs, tensor)  # reads each argument on its own
+            sig = None if one else shape_signature(args, kwargs, tensor)  # each on its own
         current.sig = sig
         t0 = perf_counter_ns()
         try:
-            out = (self._route(sig) if route_eager else fn)(*args, **kwargs)
+            call = self._route(sig) if route_eager else fn
+            out = call(x) if one else call(*args, **kwargs)
         except BaseException as e:
             current.sig = None
             calls += 1
-            self._failed(e, sig, t0, args, kwargs)
+            self._failed(e, sig, t0, (x,) if one else args, kwargs)
             raise
         dt = perf_counter_ns() - t0
         current.sig = None
         calls += 1
         total_ns += dt
         try:
-            new = sig not in seen and not h.full
+            new = sig not in seen and not h.full and (not h.cold or _not_in(h.cold, sig))
         except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
             new = False
         if new or dt >= stall_ns:
@@ -227,17 +254,41 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     return __call__, totals
 
 
+def _not_in(cold: list, sig: Any) -> bool:
+    return sig not in cold[hash(sig) % len(cold)]
+
+
 class _Hot:
     """The shape memory of one watched callable (read by the agent's thread; written by the
-    serving threads)."""
+    serving threads): `_key`s, at most max_shapes, HOT_SHAPES of them in `seen`, the rest in
+    the `cold` sets."""
 
-    __slots__ = ("fn", "tensor", "seen", "full")
+    __slots__ = ("fn", "tensor", "seen", "cold", "count", "full")
 
     def __init__(self, fn: Callable, tensor_type: type):
         self.fn = fn
         self.tensor = tensor_type
-        self.seen: set = set()  # of `_key`s, at most max_shapes
+        self.seen: set = set()
+        self.cold: list[set] = []  # made when `seen` is full
+        self.count = 0
         self.full = False
+
+    def unseen(self, sig: Any) -> bool:
+        return sig not in self.seen and (not self.cold or _not_in(self.cold, sig))
+
+    def add(self, key: tuple) -> None:
+        if len(self.seen) < HOT_SHAPES:
+            self.seen.add(key)
+        else:
+            if not self.cold:
+                shards = max(1, (max_shapes - HOT_SHAPES) // COLD_SHARD_SHAPES + 1)
+                self.cold = [set() for _ in range(shards)]
+            self.cold[hash(key) % len(self.cold)].add(key)
+        self.count += 1
+        self.full = self.count >= max_shapes
+
+    def keys(self) -> list:
+        return [*self.seen, *(k for shard in self.cold for k in shard)]
 
 
 class Watched:
@@ -247,10 +298,11 @@ class Watched:
     (the same object): every step of the bookkeeping around it is guarded.
 
     Each instance gets its own subclass whose `__call__` closes over its state. Why: Watched
-    defines `__getattr__` (to pass attributes through to the model), and CPython then skips its
-    specialised attribute loads on Watched instances; the 7 `self.` loads of a call cost ~170 ns
-    there, against ~10 ns for closure variables (one tensor, same run: +990 ns a call with
-    attributes, +800 ns with the closure; main was +920 ns).
+    defines `__getattr__` (to pass attributes through to the model), and CPython 3.11 then
+    skips its specialised attribute loads on Watched instances; the 7 `self.` loads of a call
+    cost ~170 ns there, against ~10 ns for closure variables. Added time per call, same run,
+    this thread's CPU time (a shared 2-core VM): one tensor main +882-914 ns, here +653-673 ns
+    (0.74x); two keyword tensors main +1713-1839 ns, here +1356-1458 ns (0.79x).
     """
 
     __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "stall_calls", "stall_ns",
@@ -285,7 +337,7 @@ class Watched:
     def _route(self, sig: Any) -> Callable:
         """Under an "eager" graph budget, a shape never seen goes to the uncompiled callable."""
         try:
-            if self._eager is not None and sig not in self._h.seen:
+            if self._eager is not None and self._h.unseen(sig):
                 return self._eager
         except Exception:
             pass
@@ -301,15 +353,14 @@ class Watched:
         try:
             h = self._h
             key = _key(sig)  # None: no readable shape (its events say [])
-            new = new and key is not None and key not in h.seen
+            new = new and key is not None and h.unseen(key)
             if new:
-                h.seen.add(key)
-                h.full = len(h.seen) >= max_shapes
+                h.add(key)
             now, pid = time.time(), os.getpid()
             shape = as_shape(sig) if key is not None else []
             if new and self._rationed(t0 + dt):
                 emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
-                                     seconds=dt / 1e9, distinct=len(h.seen)))
+                                     seconds=dt / 1e9, distinct=h.count))
             if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
@@ -355,7 +406,7 @@ class Watched:
         now = (*self._totals(), self.stall_calls, self.stall_ns)
         delta = tuple(a - b for a, b in zip(now, self._taken))
         self._taken = now
-        return (*delta, len(self._h.seen))
+        return (*delta, self._h.count)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -398,13 +449,17 @@ def crash_is_oom(text: str, free: Optional[int], total: Optional[int]) -> bool:
     return free < NEARLY_FULL * total
 
 
+def _cuda() -> Any:
+    """torch.cuda if torch is imported (the server's; never imported here), else None."""
+    return getattr(sys.modules.get("torch"), "cuda", None)
+
+
 def gpu_memory(args: tuple, kwargs: dict, tensor_type: type
                ) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
     """(device, free, total) of the GPU a failed call used: the first CUDA tensor argument's,
     else the current device; free and total None if they cannot be read. None when CUDA is not
     initialised (never initialised by us: that breaks servers that fork later)."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
+    cuda = _cuda()
     if cuda is None or not cuda.is_initialized():
         return None
     device = None
