@@ -162,7 +162,9 @@ class Calls(Event):
 
 @dataclass(frozen=True)
 class Oom(Event):
-    source: str                   # "allocator" (OOM observer) or "exception" (seen by watch())
+    source: str                   # "allocator" (OOM observer), "exception" (an OOM error leaving
+                                  # watch()) or "crash" (a CUDA/cuDNN/cuBLAS error on a nearly
+                                  # full GPU: FACTS #17 saw cuDNN's mha_graph fail, not an OOM)
     device: Optional[int]
     requested_bytes: Optional[int]
     limit_bytes: Optional[int]

@@ -10,6 +10,7 @@ import torch
 import torch._dynamo
 
 import torch_watchdog.agent as agent_mod
+from torch_watchdog import events
 from torch_watchdog.agent import timing
 
 
@@ -274,3 +275,53 @@ def test_capabilities_on_this_torch(agent, collector):
         for name in ("compile_callbacks", "cudagraph_recording_callback", "compilation_metrics",
                      "recompile_reason", "cudagraph_capture_sizes", "set_stance"):
             assert caps[name], name
+
+
+def test_drop_reports_stay_rare_with_a_log_and_no_sidecar(short_tmp):
+    log = os.path.join(short_tmp, "events.jsonl")
+    torch._dynamo.reset()
+    agent_mod.install(socket_path=os.path.join(short_tmp, "nobody.sock"), event_log=log,
+                      tick_s=0.02, heartbeat_s=0.1)
+    try:
+        deadline = time.monotonic() + 10
+
+        def kinds() -> list[str]:
+            with open(log) as f:
+                return [events.decode(line).kind for line in f]
+
+        while (not os.path.exists(log) or kinds().count("heartbeat") < 8) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        agent_mod.uninstall()
+    got = kinds()
+    # every event was lost on the socket, drop reports included; main logged a report per
+    # 0.02 s tick (~40 here), now at most one per heartbeat
+    assert got.count("heartbeat") >= 8
+    assert 1 <= got.count("dropped") <= got.count("heartbeat")
+
+
+def test_a_cudnn_crash_on_a_full_gpu_reaches_the_sidecar_as_an_oom(agent, collector,
+                                                                   monkeypatch):
+    class FullGpu:
+        def is_initialized(self):
+            return True
+
+        def current_device(self):
+            return 0
+
+        def mem_get_info(self, device):
+            return 300 << 20, 141 << 30
+
+    def attention(x):
+        raise RuntimeError("Expected mha_graph.execute(handle, variant_pack, "
+                           "workspace_ptr.get()).is_good() to be true")
+
+    model = timing.watch(attention, name="attn")
+    monkeypatch.setattr(timing, "_cuda", FullGpu)  # torch.cuda as a full GPU leaves it
+    with pytest.raises(RuntimeError, match="mha_graph"):
+        model(torch.ones(1, 8))
+    assert collector.wait(lambda c: len(c.of("oom")) == 1)
+    (oom,) = collector.of("oom")
+    assert (oom.source, oom.device, oom.free_bytes) == ("crash", 0, 300 << 20)
+    assert "mha_graph" in oom.message

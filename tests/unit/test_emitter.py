@@ -29,7 +29,7 @@ def test_absent_sidecar_drops_counts_then_reconnects(short_tmp):
     from tests.conftest import Collector
 
     path = os.path.join(short_tmp, "late.sock")
-    em = Emitter(path, None, tick_s=0.02, reconnect_s=0.05)
+    em = Emitter(path, None, tick_s=0.02, reconnect_s=0.05, drop_report_s=0.1)
     em.start()
     t0 = time.perf_counter()
     for i in range(1000):
@@ -38,18 +38,70 @@ def test_absent_sidecar_drops_counts_then_reconnects(short_tmp):
     deadline = time.monotonic() + 5
     while em.dropped["socket"] < 1000 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert em.dropped["socket"] == 1000
+    assert em.dropped["socket"] >= 1000  # the 1000 events, and the drop report nobody heard
     late = Collector(path)  # the sidecar comes up
     try:
         time.sleep(0.1)
         em.emit(_hb(9999))
         assert late.wait(lambda c: any(e.seq == 9999 for e in c.of("heartbeat")), 5)
-        # the loss is reported once the peer is back, with the running total
-        assert late.wait(lambda c: any(d.total >= 1000 for d in c.of("dropped")), 5)
+        # the loss is reported once the peer is back, with the running total; the reports
+        # that were lost are not losses of the server's events and are not in it
+        assert late.wait(lambda c: any(d.total == 1000 for d in c.of("dropped")), 5)
         assert all(d.reason == "socket" for d in late.of("dropped"))
+        assert sum(d.count for d in late.of("dropped")) == 1000
     finally:
         em.stop()
         late.close()
+
+
+def _dropped_lines(log: str) -> list[events.Dropped]:
+    with open(log) as f:
+        return [e for e in map(events.decode, f) if e.kind == "dropped"]
+
+
+def test_drop_reports_never_sustain_themselves(short_tmp):
+    """Only an event log, and no sidecar at the default socket: the socket drops every event,
+    drop reports included. Main wrote a `dropped` line every tick, forever."""
+    log = os.path.join(short_tmp, "events.jsonl")
+    ticks = []
+    em = Emitter(os.path.join(short_tmp, "nobody.sock"), log, tick_s=0.01, reconnect_s=0.01,
+                 drop_report_s=0.05, on_tick=lambda: ticks.append(1))
+    em.start()
+    em.emit(_hb(1))
+    deadline = time.monotonic() + 10
+    while len(ticks) < 60 and time.monotonic() < deadline:  # >= 12 report periods
+        time.sleep(0.01)
+    em.stop()
+    assert len(ticks) >= 60
+    (report,) = _dropped_lines(log)  # the heartbeat's loss, once
+    assert (report.reason, report.count, report.total) == ("socket", 1, 1)
+
+
+def test_drop_reports_come_only_for_new_drops_at_most_once_a_period(short_tmp):
+    log = os.path.join(short_tmp, "events.jsonl")
+    dead = os.path.join(short_tmp, "nobody.sock")
+    em = Emitter(dead, log, drop_report_s=0.0)  # not started: each round is called by hand
+    em.emit(_hb(1))
+    em.drain()
+    for _ in range(20):
+        em._report_drops()
+        em.drain()
+    assert [(d.count, d.total) for d in _dropped_lines(log)] == [(1, 1)]
+    em.emit(_hb(2))  # one new loss: one new report
+    em.drain()
+    for _ in range(20):
+        em._report_drops()
+    assert [(d.count, d.total) for d in _dropped_lines(log)] == [(1, 1), (1, 2)]
+    em.stop()
+
+    em = Emitter(dead, os.path.join(short_tmp, "b.jsonl"), drop_report_s=3600)
+    for i in range(10):  # new losses every round, but one report per period
+        em.emit(_hb(i))
+        em.drain()
+        em._report_drops()
+    assert [(d.count, d.total) for d in _dropped_lines(os.path.join(short_tmp, "b.jsonl"))
+            ] == [(1, 1)]
+    em.stop()
 
 
 def test_full_receiver_buffer_never_blocks(short_tmp):

@@ -151,3 +151,114 @@ def test_unwatched_runtime_emits_nothing():
     f(torch.ones(3))  # no agent installed: runs, records, sends nowhere
     assert f.calls == 1
     assert timing.emit is timing._discard
+
+
+def test_remembered_shapes_are_nothing_for_the_gc_to_track(emitted):
+    import gc
+
+    f = watch(lambda *a, **k: 0, name="gc")
+    for n in range(1, 200):
+        f(torch.empty(0, n))
+        f(torch.empty(0, n), mask=torch.empty(n))
+        f([torch.empty(n), torch.empty(1, n)])
+    # a collection untracks a tuple once its items are untracked (torch.Size: never); a nested
+    # key may need a pass per level (the young collections of a server give it those long
+    # before it could reach the oldest generation)
+    for _ in range(3):
+        gc.collect()
+    assert len(f._h.keys()) == 3 * 199
+    assert not [k for k in f._h.keys() if gc.is_tracked(k)]
+    assert f(torch.empty(0, 5)) == 0 and f.take_window()[4] == 3 * 199  # a Size finds its key
+
+
+def test_new_shape_events_are_rationed_but_every_shape_is_counted(emitted, monkeypatch):
+    monkeypatch.setattr(timing, "NEW_SHAPE_BURST", 5)
+    monkeypatch.setattr(timing, "NEW_SHAPE_PER_S", 0)
+    f = watch(lambda x: x, name="burst")
+    for n in range(1, 21):
+        f(torch.empty(0, n))
+    new = [e for e in emitted if e.kind == "new_shape"]
+    assert [e.distinct for e in new] == [1, 2, 3, 4, 5]
+    assert f.take_window()[4] == 20  # the calls event still counts all 20
+
+
+def test_crash_on_a_nearly_full_gpu_is_an_oom_decision():
+    cudnn = "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true"
+    gib = 1 << 30
+    assert timing.crash_is_oom(cudnn, free=2 * gib, total=141 * gib)  # 1.4 % free
+    assert not timing.crash_is_oom(cudnn, free=40 * gib, total=141 * gib)
+    assert timing.crash_is_oom(cudnn, free=None, total=None)  # the query failed: unknown
+    for text in ("RuntimeError: CUDA error: an illegal memory access was encountered",
+                 "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx",
+                 "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+                 "AcceleratorError: CUDA error: unspecified launch failure",
+                 "RuntimeError: cudaErrorLaunchFailure"):
+        assert timing.crash_is_oom(text, free=0, total=141 * gib), text
+    for text in ("RuntimeError: shape '[2, 3]' is invalid for input of size 5",
+                 "ValueError: bad prompt", "KeyError: 'cuda'"):
+        assert not timing.crash_is_oom(text, free=0, total=141 * gib), text
+        assert not timing.crash_is_oom(text, free=None, total=None), text
+
+
+class _FakeCuda:
+    """torch.cuda as the failed call leaves it: initialised, `free` of `total` bytes free."""
+
+    def __init__(self, free, total, broken=False):
+        self.free, self.total, self.broken, self.asked = free, total, broken, []
+
+    def is_initialized(self):
+        return True
+
+    def current_device(self):
+        return 0
+
+    def mem_get_info(self, device):
+        self.asked.append(device)
+        if self.broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.free, self.total
+
+
+def _crash(x):
+    raise RuntimeError("Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get())"
+                       ".is_good() to be true")
+
+
+@pytest.mark.parametrize("free, broken, reported", [(10, False, True), (900, False, False),
+                                                    (None, True, True)])
+def test_crash_on_a_nearly_full_gpu_is_reported_as_an_oom(emitted, monkeypatch, free, broken,
+                                                           reported):
+    fake = _FakeCuda(free, 1000, broken)
+    monkeypatch.setattr(timing, "_cuda", lambda: fake)
+    f = watch(_crash, name="attn")
+    with pytest.raises(RuntimeError, match="mha_graph"):
+        f(torch.ones(2))
+    ooms = [e for e in emitted if e.kind == "oom"]
+    assert fake.asked == [0]
+    if reported:
+        (oom,) = ooms
+        assert oom.source == "crash" and "mha_graph" in oom.message and oom.device == 0
+        assert (oom.free_bytes, oom.limit_bytes) == ((10, 1000) if not broken else (None, None))
+    else:
+        assert ooms == []
+
+
+def test_crash_check_never_initialises_cuda(emitted):
+    assert not torch.cuda.is_initialized()
+    with pytest.raises(RuntimeError, match="mha_graph"):
+        watch(_crash)(torch.ones(2))
+    assert not torch.cuda.is_initialized()
+    assert not [e for e in emitted if e.kind == "oom"]  # no GPU of ours was full
+
+
+def test_shapes_past_the_hot_set_are_remembered_once(emitted, monkeypatch):
+    monkeypatch.setattr(timing, "HOT_SHAPES", 4)
+    monkeypatch.setattr(timing, "COLD_SHARD_SHAPES", 3)
+    timing.configure(max_shapes=20)
+    f = watch(lambda x: x, name="cold")
+    for _ in range(3):  # every shape again: each reported once
+        for n in range(1, 31):
+            f(torch.empty(0, n))
+    new = [e for e in emitted if e.kind == "new_shape"]
+    assert [e.shape for e in new] == [[[0, n]] for n in range(1, 21)]  # capped at 20
+    assert len(f._h.cold) > 1 and f.take_window()[4] == 20

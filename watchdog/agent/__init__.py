@@ -67,7 +67,7 @@ class Agent:
         self.emitter = Emitter(config.socket_path, config.event_log, queue_size=config.queue_size,
                                tick_s=config.tick_s, reconnect_s=config.reconnect_s,
                                log_max_bytes=config.event_log_max_bytes, on_tick=self.tick,
-                               on_error=self.on_error)
+                               on_error=self.on_error, drop_report_s=config.heartbeat_s)
         emit = self.emitter.emit
         self.budget = GraphBudget(torch, config.graph_budget, config.graph_budget_mode, emit)
         self.guard = RecompileGuard(torch, config.recompile_guard_after, emit)

@@ -33,7 +33,8 @@ class Emitter:
     def __init__(self, socket_path: Optional[str], log_path: Optional[str], *,
                  queue_size: int = 10_000, tick_s: float = 0.1, reconnect_s: float = 1.0,
                  log_max_bytes: int = 64 << 20, on_tick: Optional[Callable[[], None]] = None,
-                 on_error: Callable[[BaseException], None] = lambda e: None):
+                 on_error: Callable[[BaseException], None] = lambda e: None,
+                 drop_report_s: float = 2.0):
         # every argument, first thing (nothing else is local yet): after_fork() builds the
         # child's emitter from them, whatever state __init__ comes to hold
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -47,8 +48,14 @@ class Emitter:
         self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
         self._log = (JsonLines(log_path_for(log_path, os.getpid()), reconnect_s, log_max_bytes)
                      if log_path else None)
-        self.dropped = dict.fromkeys(DROP_REASONS, 0)
-        self._reported = dict.fromkeys(DROP_REASONS, 0)
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)  # every lost event, drop reports too
+        # drop reports: see _report_drops
+        self._report_every = drop_report_s
+        self._next_report = 0.0
+        self._lost_reports = dict.fromkeys(DROP_REASONS, 0)  # drop reports no sink took
+        self._reported = dict.fromkeys(DROP_REASONS, 0)  # drops a delivered report told of
+        self._noted = dict.fromkeys(DROP_REASONS, 0)  # drops seen by the last report round
+        self._sent_at_loss: Optional[int] = None  # `sent` when a report was last lost
         self.sent = 0
         self._parked: Optional[bytes] = None  # a datagram the receiver had no room for
         self._parked_at = 0.0
@@ -188,13 +195,53 @@ class Emitter:
         return True
 
     def _report_drops(self) -> None:
+        """At most one round of `dropped` events per `drop_report_s` (the heartbeat period),
+        and none unless events other than drop reports were lost since the last round.
+
+        Drop reports never sustain themselves: with a log and no sidecar listening, each report
+        used to be dropped by the socket, counted, and reported at the next 0.1 s tick, forever.
+        So a report is sent here, not queued, and a report that no sink took is counted apart
+        (`_lost_reports`, in `dropped` too) and never makes a report itself; its count is told
+        again by the next report, sent once new drops come or once a sink took something since
+        (the sidecar is back).
+        """
+        now = time.monotonic()
+        if now < self._next_report:
+            return
+        recovered = self._sent_at_loss is not None and self.sent > self._sent_at_loss
+        due = []
         for reason in DROP_REASONS:
-            total = self.dropped[reason]
-            count = total - self._reported[reason]
-            if count > 0:
-                self._reported[reason] = total
-                self.emit(events.Dropped(t=time.time(), pid=os.getpid(), reason=reason,
-                                         count=count, total=total))
+            lost = self.dropped[reason] - self._lost_reports[reason]  # not counting reports
+            count = lost - self._reported[reason]
+            if count > 0 and (lost > self._noted[reason] or recovered):
+                due.append(events.Dropped(t=time.time(), pid=os.getpid(), reason=reason,
+                                          count=count, total=lost))
+            self._noted[reason] = lost
+        if not due:
+            return
+        self._next_report = now + self._report_every
+        self._sent_at_loss = None
+        for report in due:
+            if self._deliver(report):
+                self._reported[report.reason] = report.total
+            else:
+                self._sent_at_loss = self.sent
+
+    def _deliver(self, report: events.Dropped) -> bool:
+        """Log and send one drop report now; False if no sink took it (it is counted in
+        `dropped` and `_lost_reports` under the reason it was lost for)."""
+        data = events.encode(report)
+        logged = self._log is not None and self._log.write(data)
+        sent = self._socket is not None and self._socket.send(data) == SENT
+        if self._log is not None and not logged:
+            self.dropped["log"] += 1
+            self._lost_reports["log"] += 1
+        if self._socket is not None and not sent:
+            self.dropped["socket"] += 1
+            self._lost_reports["socket"] += 1
+        if logged or sent:
+            self.sent += 1
+        return logged or sent
 
 
 def log_path_for(template: str, pid: int) -> str:

@@ -74,11 +74,26 @@ class LogTap(logging.Filter):
         self.set_level = self.logger.level
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Everything here is guarded: logging calls filters inside the app's (and torch's)
+        own logging calls, so an exception here would raise there. The answer is always what
+        the record would have got without us."""
         try:
             self.fn(record)
         except Exception as e:
-            self.on_error(e)
-        return record.levelno >= self.pass_level
+            try:
+                self.on_error(e)
+            except Exception:
+                pass
+        return self.passes(record)
+
+    def passes(self, record: Any) -> bool:
+        """Would `record` have reached this logger's handlers without our lowered level? A
+        record whose level cannot be compared (a hand-made one passed to `logger.handle()`)
+        passes, as it would with no filter of ours."""
+        try:
+            return bool(record.levelno >= self.pass_level)
+        except Exception:
+            return True
 
 
 def _key_list(key: Any) -> Optional[list[int]]:

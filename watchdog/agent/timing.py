@@ -4,10 +4,17 @@ The hot path reads tensor `.shape` (host metadata, no device access), two `perf_
 calls and a set lookup; events are built only on the slow path — a shape seen for the first
 time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
 CPU-visible (FACTS #4), so wall time around the call is enough.
+
+Nothing the bookkeeping meets (hostile arguments, unreadable or unhashable shapes, a failing
+emit) reaches the caller: a watched call returns what the model returned and raises only what
+the model raised, the same object. A call that fails with a CUDA/cuDNN/cuBLAS error while its
+GPU is nearly full is reported as an `oom` event of source "crash" (`crash_is_oom`).
 """
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -21,13 +28,19 @@ from torch_watchdog import events
 tls = threading.local()
 
 # The shape signature of the watched call in progress (None between calls), for hooks.py to
-# tag cudagraph events. A plain global, not thread-local: it is written twice per call and a
-# thread-local costs ~50 ns a write. With several serving threads the tag is best effort.
-current_sig: Any = None
+# tag cudagraph events. One shared slot, not thread-local: it is written twice per call and a
+# thread-local costs ~50 ns a write (a module global ~20 ns, a slot ~5 ns). With several
+# serving threads the tag is best effort.
+class _Current:
+    __slots__ = ("sig",)
+
+
+_current = _Current()
+_current.sig = None
 
 
 def current_shape() -> Any:
-    return current_sig
+    return _current.sig
 
 
 # What the installed agent tells every watched callable. Module globals, not attributes of an
@@ -59,24 +72,109 @@ def reset() -> None:
 watched: "weakref.WeakSet[Watched]" = weakref.WeakSet()
 
 
+# Nested containers (a list of tensors, a BatchEncoding) are read up to this many items: a
+# signature must cost the same whatever the caller passes (a list of 10,000 tensors would add
+# ~2 ms a call).
+MAX_NESTED = 64
+
+# Signatures remembered as new shapes are stored as plain tuples of ints (`_key`), never as the
+# torch.Size objects the calls produce. Why: a torch.Size is a tuple *subclass*, which the GC
+# never untracks, so 65,536 remembered shapes were 65,536 more tracked objects in the oldest
+# generation; their promotion set off a full collection of the whole heap (torch alone is
+# ~165,000 tracked objects) inside a watched call: 115-141 ms, against 1.5-6 ms for the worst
+# bare call in the same loop (benchmarks/agent_overhead.py, "gc"). An exact tuple of ints is
+# untracked by the first young collection it meets, so the set adds nothing for the GC to walk
+# or count, and a torch.Size still finds its tuple (same hash, equal), so lookups convert nothing.
+# The same burst also queued one NewShape event per shape (an event and 1 + n lists, all
+# tracked); held until the sender's next tick they reached the oldest generation too (108,000
+# lists and 54,000 events per 131,000 calls) and set off the 216-354 ms full collections seen
+# with the agent installed. So new_shape events are rationed per watched callable: a burst of
+# NEW_SHAPE_BURST, then NEW_SHAPE_PER_S; shapes past the ration are still remembered and
+# counted (`distinct` of the next new_shape, `distinct_shapes` of every calls event), and a
+# stall on one still says new_shape. (The emitter's 10,000-event queue dropped them anyway.)
+NEW_SHAPE_BURST = 1000
+NEW_SHAPE_PER_S = 1000
+# No set of shapes grows past HOT_SHAPES either: a set's table is reallocated and rehashed as
+# it grows, and the step at 19,661 entries (to 131,072 slots, 2 MB) took 1.9 ms of CPU inside
+# the call that added the shape (0.48 ms at 4,916; 0.12 ms at 1,229; the worst bare call of
+# the benchmark's 500,000 is ~0.12 ms of CPU). The first HOT_SHAPES shapes stay in the one set
+# every call looks in; later ones go to cold sets of ~COLD_SHARD_SHAPES each, picked by hash,
+# looked in only when the hot set misses. A 2,048-slot table holds up to 1,228 entries.
+HOT_SHAPES = 1228
+COLD_SHARD_SHAPES = 1024
+
+
 def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
     """One entry per argument, positional then keyword in call order: a tensor's shape, a tuple
-    of shapes for a list/tuple/dict of tensors (e.g. a tokenizer's BatchEncoding), else None."""
-    parts = []
-    for group in (args, kwargs.values()):
-        for a in group:
-            parts.append(a.shape if type(a) is tensor_type else _other(a, tensor_type))
-    return tuple(parts)
+    of shapes for a list/tuple/dict of tensors (e.g. a tokenizer's BatchEncoding), else None.
+    Never raises: an argument that cannot be read is None."""
+    try:
+        parts = [a.shape if type(a) is tensor_type else _other(a, tensor_type) for a in args]
+        if kwargs:
+            parts += [a.shape if type(a) is tensor_type else _other(a, tensor_type)
+                      for a in kwargs.values()]
+        return tuple(parts)
+    except Exception:  # a hostile argument: read each one on its own
+        return tuple([_entry(a, tensor_type) for a in _values(args, kwargs)])
+
+
+def _values(args: tuple, kwargs: dict) -> list:
+    try:
+        return [*args, *kwargs.values()]
+    except Exception:
+        return list(args)
+
+
+def _entry(a: Any, tensor_type: type) -> Any:
+    try:
+        return a.shape if type(a) is tensor_type else _other(a, tensor_type)
+    except Exception:
+        return None
 
 
 def _other(a: Any, tensor_type: type) -> Any:
     if isinstance(a, tensor_type):
         return a.shape
     if isinstance(a, dict):
-        a = a.values()
-    elif not isinstance(a, (list, tuple)):
+        a = list(itertools.islice(a.values(), MAX_NESTED))
+    elif isinstance(a, (list, tuple)):
+        a = a[:MAX_NESTED]
+    else:
+        return None  # never iterate anything else: a generator would be consumed
+    return tuple([x.shape for x in a if isinstance(x, tensor_type)]) or None
+
+
+def _dims(shape: Any) -> Optional[tuple]:
+    """A shape as an exact tuple of ints (GC-untracked), or None if it is not one."""
+    if not isinstance(shape, tuple):
         return None
-    return tuple(x.shape for x in a if isinstance(x, tensor_type)) or None
+    dims = tuple(shape)
+    for d in dims:
+        if type(d) is not int:
+            return None  # SymInt, a hijacked `.shape`: not a shape to remember
+    return dims
+
+
+def _key(sig: Any) -> Optional[tuple]:
+    """The signature to remember: equal to `sig` and of the same hash, made of exact tuples,
+    ints and None only (nothing the GC tracks); None if `sig` is not a signature."""
+    if type(sig) is not tuple:  # a torch.Size, from the one-tensor path
+        return _dims(sig)
+    out = []
+    for entry in sig:
+        if entry is None:
+            out.append(None)
+        elif type(entry) is tuple:  # the shapes inside one list/tuple/dict argument
+            inner = [_dims(s) for s in entry]
+            if None in inner:
+                return None
+            out.append(tuple(inner))
+        else:
+            dims = _dims(entry)
+            if dims is None:
+                return None
+            out.append(dims)
+    return tuple(out)  # exact tuples of ints and None: young collections untrack it
 
 
 def as_shape(sig: Any) -> events.Shape:
@@ -92,108 +190,223 @@ def as_shape(sig: Any) -> events.Shape:
     return out
 
 
-class Watched:
-    """Calls `fn` unchanged; other attributes are the wrapped object's."""
+_NO_ARG = object()  # "no first positional argument" for the hot path's signature
 
-    __slots__ = ("__wrapped__", "name", "_fn", "_eager", "_tensor", "_seen", "_full",
-                 "calls", "total_ns", "stall_calls", "stall_ns", "_taken", "__weakref__")
+
+def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
+    """The hot path of one watched callable, and a reader of its running totals (calls, total
+    ns): one exact-type check, `.shape`, two clock reads, one set lookup, two counters.
+
+    Measured choices (benchmarks/agent_overhead.py): a call with one tensor binds it to a
+    positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less);
+    the counters are closure variables (~30 ns less than attributes of an object); keyword
+    calls read their shapes inline (~300 ns less than a helper with two comprehensions). Try
+    blocks cost nothing until they catch (Python 3.11+).
+    """
+    fn, tensor, seen, current = h.fn, h.tensor, h.seen, _current
+    calls = total_ns = 0
+
+    def totals() -> tuple[int, int]:
+        return calls, total_ns
+
+    def __call__(self: "Watched", x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls, total_ns
+        try:
+            if not (args or kwargs) and type(x) is tensor:
+                one = True
+                sig = x.shape
+            else:  # several arguments, keywords, none, or not a tensor
+                one = False
+                if x is not _NO_ARG:
+                    args = (x, *args)
+                if kwargs:  # e.g. model(input_ids=..., attention_mask=...)
+                    parts = [a.shape if type(a) is tensor else _other(a, tensor)
+                             for a in args] if args else []
+                    for a in kwargs.values():
+                        parts.append(a.shape if type(a) is tensor else _other(a, tensor))
+                    sig = tuple(parts)
+                else:
+                    sig = shape_signature(args, kwargs, tensor)
+        except Exception:  # a hostile argument, or a torch function mode that hijacks `.shape`
+            sig = None if one else shape_signature(args, kwargs, tensor)  # each on its own
+        current.sig = sig
+        t0 = perf_counter_ns()
+        try:
+            call = self._route(sig) if route_eager else fn
+            out = call(x) if one else call(*args, **kwargs)
+        except BaseException as e:
+            current.sig = None
+            calls += 1
+            self._failed(e, sig, t0, (x,) if one else args, kwargs)
+            raise
+        dt = perf_counter_ns() - t0
+        current.sig = None
+        calls += 1
+        total_ns += dt
+        try:
+            new = sig not in seen and not h.full and (not h.cold or _not_in(h.cold, sig))
+        except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
+            new = False
+        if new or dt >= stall_ns:
+            self._slow(sig, dt, t0, new)
+        return out
+
+    return __call__, totals
+
+
+def _not_in(cold: list, sig: Any) -> bool:
+    return sig not in cold[hash(sig) % len(cold)]
+
+
+class _Hot:
+    """The shape memory of one watched callable (read by the agent's thread; written by the
+    serving threads): `_key`s, at most max_shapes, HOT_SHAPES of them in `seen`, the rest in
+    the `cold` sets."""
+
+    __slots__ = ("fn", "tensor", "seen", "cold", "count", "full")
+
+    def __init__(self, fn: Callable, tensor_type: type):
+        self.fn = fn
+        self.tensor = tensor_type
+        self.seen: set = set()
+        self.cold: list[set] = []  # made when `seen` is full
+        self.count = 0
+        self.full = False
+
+    def unseen(self, sig: Any) -> bool:
+        return sig not in self.seen and (not self.cold or _not_in(self.cold, sig))
+
+    def add(self, key: tuple) -> None:
+        if len(self.seen) < HOT_SHAPES:
+            self.seen.add(key)
+        else:
+            if not self.cold:
+                shards = max(1, (max_shapes - HOT_SHAPES) // COLD_SHARD_SHAPES + 1)
+                self.cold = [set() for _ in range(shards)]
+            self.cold[hash(key) % len(self.cold)].add(key)
+        self.count += 1
+        self.full = self.count >= max_shapes
+
+    def keys(self) -> list:
+        return [*self.seen, *(k for shard in self.cold for k in shard)]
+
+
+class Watched:
+    """Calls `fn` unchanged; other attributes are the wrapped object's.
+
+    Whatever the arguments, a call returns what `fn` returned and raises only what `fn` raised
+    (the same object): every step of the bookkeeping around it is guarded.
+
+    Each instance gets its own subclass whose `__call__` closes over its state. Why: Watched
+    defines `__getattr__` (to pass attributes through to the model), and CPython 3.11 then
+    skips its specialised attribute loads on Watched instances; the 7 `self.` loads of a call
+    cost ~170 ns there, against ~10 ns for closure variables. Added time per call, same run,
+    this thread's CPU time (a shared 2-core VM): one tensor main +882-914 ns, here +653-673 ns
+    (0.74x); two keyword tensors main +1713-1839 ns, here +1356-1458 ns (0.79x).
+    """
+
+    __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "stall_calls", "stall_ns",
+                 "_taken", "_ration", "_ration_ns", "__weakref__")
 
     def __init__(self, fn: Callable, name: str, tensor_type: type):
         self.__wrapped__ = fn
         self.name = name
-        self._fn = fn
+        self._h = _Hot(fn, tensor_type)
         # the uncompiled callable, for routing novel shapes to eager under a graph budget
         self._eager = getattr(fn, "_orig_mod", None)
         if self._eager is None:
             self._eager = getattr(fn, "_torchdynamo_orig_callable", None)
-        self._tensor = tensor_type
-        self._seen: set = set()
-        self._full = False
         # running totals, only ever incremented by serving threads; the agent's thread
         # subtracts its previous reading (`_taken`) instead of resetting them
-        self.calls = self.total_ns = self.stall_calls = self.stall_ns = 0
+        self.stall_calls = self.stall_ns = 0
         self._taken = (0, 0, 0, 0)
+        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
+        call, self._totals = _make_call(self._h)
+        self.__class__ = type("Watched", (Watched,), {
+            "__slots__": (), "__call__": call, "__module__": __name__,
+            "__qualname__": "Watched", "__doc__": Watched.__doc__})
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != 1:
-            sig = shape_signature(args, kwargs, self._tensor)
-        else:
-            try:
-                sig = args[0].shape  # a tensor: torch.Size (zero-cost try on 3.11+)
-            except AttributeError:
-                sig = ()
-        fn = self._fn
-        if route_eager and self._eager is not None and self._unseen(sig):
-            fn = self._eager
-        global current_sig
-        current_sig = sig
-        t0 = perf_counter_ns()
-        try:
-            out = fn(*args, **kwargs)
-        except BaseException as e:
-            current_sig = None
-            self._failed(e, sig, t0)
-            raise
-        dt = perf_counter_ns() - t0
-        current_sig = None
-        self.calls += 1
-        self.total_ns += dt
-        try:
-            slow = dt >= stall_ns or (sig not in self._seen and not self._full)
-        except TypeError:  # an argument whose `.shape` is unhashable: not a tensor
-            sig, slow = (), dt >= stall_ns
-        if slow:
-            self._slow(sig, dt, t0)
-        return out
+    # the running totals of the hot path, and the wrapped callable, under their old names
+    calls = property(lambda self: self._totals()[0])
+    total_ns = property(lambda self: self._totals()[1])
+    _fn = property(lambda self: self._h.fn)
 
-    def _unseen(self, sig: Any) -> bool:
-        try:
-            return sig not in self._seen
-        except TypeError:
-            return False
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance, see above
+        raise TypeError("a Watched made without __init__; use watch()")
 
-    def __getattr__(self, name: str) -> Any:  # only reached for names not in __slots__
-        return getattr(self._fn, name)
+    def _route(self, sig: Any) -> Callable:
+        """Under an "eager" graph budget, a shape never seen goes to the uncompiled callable."""
+        try:
+            if self._eager is not None and self._h.unseen(sig):
+                return self._eager
+        except Exception:
+            pass
+        return self._h.fn
+
+    def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
+        return getattr(self._h.fn, name)
 
     def __repr__(self) -> str:
-        return f"<watched {self.name!r}: {self._fn!r}>"
+        return f"<watched {self.name!r}: {self._h.fn!r}>"
 
-    def _slow(self, sig: Any, dt: int, t0: int) -> None:
+    def _slow(self, sig: Any, dt: int, t0: int, new: bool) -> None:
         try:
-            new = sig not in self._seen and not self._full
+            h = self._h
+            key = _key(sig)  # None: no readable shape (its events say [])
+            new = new and key is not None and h.unseen(key)
             if new:
-                self._seen.add(sig)
-                self._full = len(self._seen) >= max_shapes
-            now, pid, shape = time.time(), os.getpid(), as_shape(sig)
-            if new:
+                h.add(key)
+            now, pid = time.time(), os.getpid()
+            shape = as_shape(sig) if key is not None else []
+            if new and self._rationed(t0 + dt):
                 emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
-                                             seconds=dt / 1e9, distinct=len(self._seen)))
+                                     seconds=dt / 1e9, distinct=h.count))
             if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
                 emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
-                                          seconds=dt / 1e9, new_shape=new, cause=cause))
+                                  seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
 
-    def _failed(self, exc: BaseException, sig: Any, t0: int) -> None:
+    def _rationed(self, now_ns: int) -> bool:
+        """Take one new_shape event from the ration, if one is left."""
+        ration = min(float(NEW_SHAPE_BURST),
+                     self._ration + (now_ns - self._ration_ns) * NEW_SHAPE_PER_S / 1e9)
+        self._ration_ns = now_ns
+        self._ration = ration - 1 if ration >= 1 else ration
+        return ration >= 1
+
+    def _failed(self, exc: BaseException, sig: Any, t0: int, args: tuple, kwargs: dict) -> None:
         try:
-            self.calls += 1
-            if not is_oom(exc) or getattr(tls, "oom_ns", -1) >= t0:
-                return  # not an OOM, or the allocator's observer already reported it
-            emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
-                                    device=None, requested_bytes=None, limit_bytes=None,
-                                    free_bytes=None, message=events.clip(str(exc), 500)))
+            if getattr(tls, "oom_ns", -1) >= t0:
+                return  # the allocator's observer already reported this call's OOM
+            if is_oom(exc):
+                emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
+                                device=None, requested_bytes=None, limit_bytes=None,
+                                free_bytes=None, message=events.clip(str(exc), 500)))
+                return
+            text = crash_text(exc)
+            if not is_gpu_crash(text):
+                return
+            memory = gpu_memory(args, kwargs, self._h.tensor)
+            if memory is None:
+                return  # CUDA not initialised: not a GPU this process filled
+            device, free, total = memory
+            if crash_is_oom(text, free, total):
+                emit(events.Oom(t=time.time(), pid=os.getpid(), source="crash",
+                                device=device, requested_bytes=None, limit_bytes=total,
+                                free_bytes=free, message=events.clip(text, 500)))
         except Exception:
             pass
 
     def take_window(self) -> tuple[int, int, int, int, int]:
         """(calls, total_ns, stall_calls, stall_ns, distinct_shapes) since the last take."""
-        now = (self.calls, self.total_ns, self.stall_calls, self.stall_ns)
+        now = (*self._totals(), self.stall_calls, self.stall_ns)
         delta = tuple(a - b for a, b in zip(now, self._taken))
         self._taken = now
-        return (*delta, len(self._seen))
+        return (*delta, self._h.count)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -204,6 +417,66 @@ def is_oom(exc: BaseException) -> bool:
         text = str(exc)[:2000]
         return "cudaErrorMemoryAllocation" in text or "out of memory" in text
     return False
+
+
+# A crash is a crash (issue 10 item 9): on a nearly full H200 the first failure was cuDNN
+# attention's `RuntimeError: Expected mha_graph.execute(...) is_good() to be true`, not an OOM
+# error; cuBLAS and CUDA errors do the same when a workspace cannot be allocated. Such an error
+# on a GPU with under NEARLY_FULL of its memory free (or whose free memory cannot be read any
+# more, as after a sticky CUDA error) is reported as an `oom` of source "crash".
+GPU_CRASH_MARKERS = ("CUDA error", "cudaError", "CUDA driver error", "CUBLAS_STATUS",
+                     "CUDNN", "cuDNN", "mha_graph", "AcceleratorError", "CUFFT_", "CUSOLVER_",
+                     "CUSPARSE_STATUS", "NCCL error")
+NEARLY_FULL = 0.05
+
+
+def crash_text(exc: BaseException) -> str:
+    """The exception's class name and message, as the markers are looked for in."""
+    return f"{type(exc).__name__}: {str(exc)[:2000]}"
+
+
+def is_gpu_crash(text: str) -> bool:
+    return any(marker in text for marker in GPU_CRASH_MARKERS)
+
+
+def crash_is_oom(text: str, free: Optional[int], total: Optional[int]) -> bool:
+    """Report a failed call as an OOM? A CUDA/cuDNN/cuBLAS error while its GPU had less than
+    NEARLY_FULL of its memory free, or while free memory was unknown."""
+    if not is_gpu_crash(text):
+        return False
+    if free is None or not total or total <= 0:
+        return True
+    return free < NEARLY_FULL * total
+
+
+def _cuda() -> Any:
+    """torch.cuda if torch is imported (the server's; never imported here), else None."""
+    return getattr(sys.modules.get("torch"), "cuda", None)
+
+
+def gpu_memory(args: tuple, kwargs: dict, tensor_type: type
+               ) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
+    """(device, free, total) of the GPU a failed call used: the first CUDA tensor argument's,
+    else the current device; free and total None if they cannot be read. None when CUDA is not
+    initialised (never initialised by us: that breaks servers that fork later)."""
+    cuda = _cuda()
+    if cuda is None or not cuda.is_initialized():
+        return None
+    device = None
+    for a in _values(args, kwargs)[:MAX_NESTED]:
+        try:
+            if isinstance(a, tensor_type) and a.is_cuda:
+                device = a.device.index
+                break
+        except Exception:
+            continue
+    try:
+        if device is None:
+            device = cuda.current_device()
+        free, total = cuda.mem_get_info(device)
+        return device, int(free), int(total)
+    except Exception:  # the context may be broken by the very error we are looking at
+        return device, None, None
 
 
 def watch(fn: Callable, name: Optional[str] = None) -> Watched:
