@@ -130,3 +130,12 @@ def collector(short_tmp):
     c = Collector(os.path.join(short_tmp, "events.sock"))
     yield c
     c.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults():
+    """`torch-watchdog sidecar` run in-process configures structlog for its stderr, which
+    pytest closes after that test: later tests' daemons would log to a closed file."""
+    yield
+    import structlog
+    structlog.reset_defaults()
