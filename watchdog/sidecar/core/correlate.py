@@ -189,7 +189,7 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
 
 
 def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
-         watched: Optional[set] = None, evaluate: bool = True) -> State:
+         watched: Optional[set] = None) -> State:
     """Update `state` with each observation in order, then evaluate the causes (a finding's
     `t` is the time of the batch's last observation; replay folds one observation at a time)."""
     for obs in observations:
@@ -200,9 +200,17 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             _sample(state, obs, cfg, watched)
         else:
             _event(state, obs, cfg)
-    if evaluate:  # the step evaluates at each poll's sample (and per event without samples)
-        _evaluate(state, cfg)
+    evaluate_causes(state, cfg)  # once per batch (the step: once per poll's sample)
     return state
+
+
+def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
+    """One agent event, without evaluating the causes (the step evaluates once per poll)."""
+    if state.first_t is None:
+        state.first_t = e.t
+    if e.t > state.now:
+        state.now = e.t
+    _event(state, e, cfg)
 
 
 # -- events -------------------------------------------------------------------------------
@@ -390,7 +398,7 @@ def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> Non
         state.findings.append(finding)
 
 
-def _evaluate(state: State, cfg: CorrelateConfig) -> None:
+def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
     t = state.now
     while state.recompile_times and state.recompile_times[0] < t - cfg.storm_window_s:
         state.recompile_times.popleft()

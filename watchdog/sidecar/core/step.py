@@ -95,31 +95,41 @@ def step(host: Host, obs: Observation, cfg: Config) -> list[policy.Action]:
 
 # -- events -------------------------------------------------------------------------------
 def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
-    if host.now is not None and abs(e.t - host.now) > cfg.correlate.max_clock_skew_s:
+    now = host.now
+    if now is not None and abs(e.t - now) > cfg.correlate.max_clock_skew_s:
         # one forged or broken clock must not move the state's clock: every real sample
         # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
         host.skewed_events += 1
-        e = dataclasses.replace(e, t=host.now)
-    name = _owner(host, e)
+        e = dataclasses.replace(e, t=now)
     actions: list[policy.Action] = []
+    if e.kind == "hello":
+        server = _on_hello(host, e, actions)
+    else:  # the common path (thousands a second): the owner is known
+        name = host.configured.get(e.pid) or host.owner.get(e.pid, DEFAULT_SERVER)
+        server = host.servers.get(name) or host.server(name)
+    if e.pid in host.configured or cfg.server.trust_agent_pids:
+        server.pids[e.pid] = e.t  # a pid the server may be reloaded through
+        host.owner[e.pid] = server.name
+    correlate.fold_event(server.state, e, cfg.correlate)
+    if now is None:  # an agent log without samples: its causes are still alerted
+        correlate.evaluate_causes(server.state, cfg.correlate)
+        actions += _decide(host, server, cfg, allow_reload=False)
+    return actions
+
+
+def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
+    name = _owner(host, e)
     _adopt(host, e, name)
     server = host.server(name)
-    if e.kind == "hello" and e.pid not in server.pids and _all_gone(host, server):
+    if e.pid not in server.pids and _all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
         # baseline; folding it into the old state calls its model load "unexplained growth"
         actions.append(_action(e.t, "restart", "server_restarted", server,
                                {"old_pids": sorted(server.pids), "new_pid": e.pid}))
         _reset(host, server)
         server.restarts += 1
-    if e.pid in host.configured or cfg.server.trust_agent_pids:
-        server.pids[e.pid] = e.t  # a pid the server may be reloaded through
-        host.owner[e.pid] = name
-    if e.kind == "hello":
-        server.gpus.update(e.devices)
-    correlate.fold(server.state, (e,), cfg.correlate, evaluate=host.now is None)
-    if host.now is None:  # an agent log without samples: its causes are still alerted
-        actions += _decide(host, server, cfg, allow_reload=False)
-    return actions
+    server.gpus.update(e.devices)
+    return server
 
 
 def _owner(host: Host, e: events.Event) -> str:

@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from typing import Optional
 
 from torch_watchdog import events
@@ -54,10 +55,16 @@ class Receiver:
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def receive(self) -> list[tuple[events.Event, int]]:
-        """Drain up to `max_batch` pending datagrams; return the good events with sender pids."""
+    def receive(self, max_events: Optional[int] = None,
+                deadline: Optional[float] = None) -> list[tuple[events.Event, int]]:
+        """Drain up to `max_batch` pending datagrams, fewer once `max_events` good events are in
+        or time.monotonic() passes `deadline` (a datagram is taken whole: at most 64 KB);
+        return the good events with sender pids."""
         good: list[tuple[events.Event, int]] = []
         for _ in range(self.max_batch):
+            if (max_events is not None and len(good) >= max_events) or \
+                    (deadline is not None and time.monotonic() >= deadline):
+                break
             try:
                 # A buffer of exactly MAX_EVENT_BYTES: anything longer comes back with MSG_TRUNC.
                 data, ancdata, flags, _ = self._sock.recvmsg(events.MAX_EVENT_BYTES,
