@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.core.trend import Trend
 from torch_watchdog.sidecar.sources.samples import Sample
 
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
@@ -117,7 +118,7 @@ class State:
     # into one budget let a replica crash with no forecast)
     gpus: dict = field(default_factory=dict)
     gpu_down: bool = False                               # NVML down or late at the last poll
-    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=36_000))
+    samples: Trend = field(default_factory=Trend)  # (t, memory, recordings) of each poll
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
     compile_jump_bytes: int = 0
@@ -358,6 +359,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
     state.mem_bytes, state.records_at_last_sample = mem, state.records
+    state.samples.jump_bytes = cfg.jump_bytes
     state.samples.append((s.t, mem, state.records, state.device_used if s.devices
                           else state.host_used, state.device_total))
     if _settling(state, s.t) and state.records == 0:

@@ -84,8 +84,7 @@ class _View:
     share: float
 
 
-def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
-             jump_bytes: int = 16 << 20) -> Forecast:
+def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Forecast:
     """The nearest time to OOM over the server's budgets (each GPU on its own)."""
     if state.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
         return Forecast(None, None)
@@ -93,8 +92,8 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
     if not views:
         level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
-    slope = _trend(state, cfg.window_s, jump_bytes)
-    leak = _leak_rate(state, cfg.window_s, jump_bytes)
+    since = state.now - cfg.window_s
+    slope, leak = state.samples.rate(since), state.samples.leak_rate(since)
     model = _discovery(state, cfg, min_records)
     best: Optional[Forecast] = None
     for view in views:
@@ -182,74 +181,6 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
     if state.host_used is not None and state.host_total is not None:  # host-memory mode
         return state.host_used, state.host_total - cfg.headroom_bytes
     return None, None
-
-
-# a recording's memory shows in NVML up to a few polls from its event (seen: 1.4 s in the H200
-# bucketed run's sample log); growth that close to a recording is the recording's
-RECORD_SETTLE_S = 2.0
-LEAK_MIN_POINTS = 10      # intervals without recordings needed to measure growth outside them
-LEAK_MIN_FRACTION = 0.2   # … covering at least this part of the window
-
-
-def _leak_rate(state: State, window_s: float, jump_bytes: int) -> Optional[float]:
-    """Growth outside recordings that goes on: the lower of its rate over the window and over
-    the window's recent half (a warm-up's growth that stopped is not a leak)."""
-    points = _window(state, window_s)
-    if len(points) < 3:
-        return None
-    first, last = points[0][0], points[-1][0]
-    rates = []
-    for part in (1.0, 0.5, 0.25):  # the window, its recent half and its recent quarter
-        since = last - part * (last - first)
-        rate = _rate([p for p in points if p[0] >= since], jump_bytes, outside_recordings=True)
-        if rate is None:
-            return None
-        rates.append(rate)
-    return min(rates)
-
-
-def _trend(state: State, window_s: float, jump_bytes: int,
-           outside_recordings: bool = False) -> Optional[float]:
-    """Growth rate (bytes/s) of the server's memory over the last window, steps left out: one
-    poll's jump (a model loaded, a ballast, a compile's workspace) says nothing about the rate.
-    `outside_recordings`: only intervals ending more than RECORD_SETTLE_S after the last
-    recording: growth recordings do not explain, at its own rate; None when such intervals are
-    too few to tell."""
-    return _rate(_window(state, window_s), jump_bytes, outside_recordings)
-
-
-def _window(state: State, window_s: float) -> list[tuple[float, int, int]]:
-    """(t, the server's memory, recordings so far) of the samples in the last window."""
-    points = []
-    for t, mem, records, _, _ in reversed(state.samples):  # newest first: stop at the window
-        if t < state.now - window_s:
-            break
-        if mem is not None:
-            points.append((t, mem, records))
-    points.reverse()
-    return points
-
-
-def _rate(points: list, jump_bytes: int, outside_recordings: bool) -> Optional[float]:
-    if len(points) < 3 or points[-1][0] <= points[0][0]:
-        return None
-    growth, span, used, changed = 0.0, 0.0, 0, -math.inf
-    for i in range(1, len(points)):
-        (t0, a, r0), (t1, b, r1) = points[i - 1], points[i]
-        if r1 != r0:
-            changed = t1
-        if outside_recordings and t1 <= changed + RECORD_SETTLE_S:
-            continue
-        span += t1 - t0
-        used += 1
-        if abs(b - a) <= jump_bytes:
-            growth += b - a
-    if not outside_recordings:
-        return growth / (points[-1][0] - points[0][0])
-    whole = points[-1][0] - points[0][0]
-    if used < LEAK_MIN_POINTS or span < LEAK_MIN_FRACTION * whole or span <= 0:
-        return None
-    return growth / span
 
 
 def _request_rate(state: State, window_s: float) -> Optional[float]:

@@ -190,8 +190,7 @@ def _forget_silent(host: Host, now: float) -> None:
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[policy.Action]:
     mine = _view(server, s)
     correlate.fold(server.state, (mine,), cfg.correlate, set(server.pids) or None)
-    server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records,
-                               cfg.correlate.jump_bytes)
+    server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     others_busy = sum(o.busy for o in host.servers.values() if o is not server)
     # a server whose processes are all forgotten has nothing to reload

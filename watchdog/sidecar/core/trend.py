@@ -1,0 +1,99 @@
+"""Running sums over a server's memory samples: the growth rates of any recent window in
+O(log n) per poll (pure).
+
+The forecast needs the trend of the last `window_s` (60 s at 10 Hz: 600 samples) and the
+rate of growth outside recordings over that window, its recent half and its recent quarter.
+Scanning the window four times a poll was two thirds of an idle poll's CPU; prefix sums make
+each rate two lookups. One poll's step above `jump_bytes` (a model load, a ballast, a
+compile's workspace) is left out of both rates; an interval ending within `SETTLE_S` of a
+recording is left out of the growth outside recordings (a recording's memory shows in NVML up
+to a few polls from its event: 1.4 s in the H200 bucketed run's sample log).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Optional
+
+SETTLE_S = 2.0
+LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
+LEAK_MIN_FRACTION = 0.2   # … covering at least this part of the window
+
+
+class Trend:
+    def __init__(self, jump_bytes: int = 16 << 20, maxlen: int = 36_000):
+        self.jump_bytes = jump_bytes
+        self.maxlen = maxlen
+        self._t: list[float] = []
+        # per sample, summed from the first: growth (steps out), and outside recordings:
+        # growth, seconds and intervals
+        self._sums: list[tuple[float, float, float, int]] = []
+        self._last: Optional[tuple[float, int, int]] = None   # t, memory, recordings
+        self._changed = -math.inf                            # when recordings last changed
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def append(self, sample: tuple) -> None:
+        """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
+        t, mem, records = sample[0], sample[1], sample[2]
+        if mem is None:
+            return
+        g, lg, ls, ln = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0)
+        if self._last is not None:
+            t0, m0, r0 = self._last
+            if records != r0:
+                self._changed = t
+            step = mem - m0
+            kept = step if abs(step) <= self.jump_bytes else 0.0
+            g += kept
+            if t > self._changed + SETTLE_S:
+                lg, ls, ln = lg + kept, ls + (t - t0), ln + 1
+        self._last = (t, mem, records)
+        self._t.append(t)
+        self._sums.append((g, lg, ls, ln))
+        if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
+            del self._t[:-self.maxlen]
+            del self._sums[:-self.maxlen]
+
+    def rate(self, since: float) -> Optional[float]:
+        """Growth rate (bytes/s) over the samples from `since` on; None with < 3 of them."""
+        i, j = self._span(since)
+        if i is None:
+            return None
+        return (self._sums[j][0] - self._sums[i][0]) / (self._t[j] - self._t[i])
+
+    def leak_rate(self, since: float) -> Optional[float]:
+        """Growth outside recordings that goes on: the lowest of its rates over the samples
+        from `since` on, their recent half and their recent quarter (a warm-up's growth that
+        stopped is not a leak); None when such intervals are too few to tell."""
+        i, j = self._span(since)
+        if i is None:
+            return None
+        first, last = self._t[i], self._t[j]
+        rates = []
+        for part in (1.0, 0.5, 0.25):
+            k = bisect.bisect_left(self._t, last - part * (last - first))
+            rate = self._outside(k, j)
+            if rate is None:
+                return None
+            rates.append(rate)
+        return min(rates)
+
+    def _outside(self, i: int, j: int) -> Optional[float]:
+        if j - i < 2:
+            return None
+        growth = self._sums[j][1] - self._sums[i][1]
+        span = self._sums[j][2] - self._sums[i][2]
+        used = self._sums[j][3] - self._sums[i][3]
+        whole = self._t[j] - self._t[i]
+        if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * whole:
+            return None
+        return growth / span
+
+    def _span(self, since: float) -> tuple[Optional[int], int]:
+        j = len(self._t) - 1
+        i = bisect.bisect_left(self._t, since)
+        if j - i < 2 or self._t[j] <= self._t[i]:
+            return None, j
+        return i, j
