@@ -418,3 +418,29 @@ def test_a_replay_of_the_sample_log_takes_the_same_actions_as_the_live_daemon(sh
     replayed = replay([log], Config())
     assert replayed["replay"]["bad_lines"] == 0
     assert replayed["actions"] == live
+
+
+def test_configured_servers_each_get_their_own_pids_state_and_metrics(rig, short_tmp):
+    """`servers:` lists replicas by pidfile (or unit): each is a server of its own, with its
+    pid and its children, whatever the agents say."""
+    import subprocess
+
+    from torch_watchdog.sidecar.config import ServerEntry
+    d, *_ = rig
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        files = {}
+        for name, pid in (("a", os.getpid()), ("b", child.pid)):
+            files[name] = os.path.join(short_tmp, f"{name}.pid")
+            with open(files[name], "w") as fh:
+                fh.write(f"{pid}\n")
+        d.cfg = Config(agent=d.cfg.agent, state_dir=d.cfg.state_dir,
+                       servers=[ServerEntry(name=n, pidfile=f) for n, f in files.items()])
+        snap = d.tick()
+        assert snap.servers["a"]["pids"][0] == os.getpid()
+        assert snap.servers["b"]["pids"] == [child.pid]
+        assert 'torch_watchdog_cause_active{cause="recompile_storm",server="b"} 0.0' in \
+            render(d.registry).decode()
+    finally:
+        child.kill()
+        child.wait()

@@ -345,3 +345,22 @@ def test_semantic_checks_see_only_well_typed_values():
     # a value that fails its type check is not also reported by a range check
     assert _problems({"metrics_port": "http"}) == ["metrics_port: expected an integer, got 'http'"]
     assert cfg.semantic_problems(Config()) == []
+
+
+def test_servers_list_is_checked_entry_by_entry(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("servers:\n  - {unit: llm@0.service}\n  - {name: b, pidfile: /run/b.pid}\n"
+                    "  - {pidfile: rel.pid}\n  - {unit: x.service, pidfile: /run/x.pid}\n"
+                    "  - {name: b, unit: y.service}\n  - 7\n")
+    cfg_, problems = cfg.check(str(path))
+    assert cfg_ is None
+    text = "\n".join(problems)
+    assert "servers[2]: a server found by its pidfile needs a name" in text
+    assert "servers[2].pidfile: must be an absolute path" in text
+    assert "servers[3]: set exactly one of unit and pidfile" in text
+    assert "servers: names must differ" in text
+    assert "servers[5]: expected a mapping" in text
+    good = tmp_path / "g.yaml"
+    good.write_text("servers:\n  - {unit: llm@0.service}\n  - {name: b, pidfile: /run/b.pid}\n")
+    loaded = cfg.load(str(good))
+    assert [n for n, _, _ in cfg.server_sources(loaded)] == ["llm@0.service", "b"]

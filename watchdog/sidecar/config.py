@@ -25,6 +25,14 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ServerEntry:
+    """One more server on this host (a replica): its name, and how its processes are found."""
+    name: Optional[str] = None            # default: the unit's name
+    unit: Optional[str] = None            # systemd unit whose MainPID (and children) it is
+    pidfile: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class AgentSocketConfig:
     socket_path: str = DEFAULT_SOCKET
     allowed_uids: Optional[list[int]] = None   # None: any local uid may send events
@@ -96,6 +104,7 @@ class Config:
     sample_log: Optional[str] = None      # every poll and agent event, for replay after an incident
     sample_log_max_bytes: int = 256 * MiB # then rotated once to <sample_log>.1
     server: ServerConfig = field(default_factory=ServerConfig)
+    servers: list[ServerEntry] = field(default_factory=list)  # more servers: replicas
     agent: AgentSocketConfig = field(default_factory=AgentSocketConfig)
     correlate: CorrelateConfig = field(default_factory=CorrelateConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
@@ -335,6 +344,14 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         if dataclasses.is_dataclass(hint):
             values[name] = _build(hint, raw, f"{prefix}{name}.", problems)
             continue
+        item = (typing.get_args(hint) or (None,))[0]
+        if typing.get_origin(hint) is list and dataclasses.is_dataclass(item):
+            if not isinstance(raw, list):
+                problems.append(f"{prefix}{name}: expected a list, got {type(raw).__name__}")
+                continue
+            values[name] = [_build(item, x, f"{prefix}{name}[{i}].", problems)
+                            for i, x in enumerate(raw)]
+            continue
         value, problem = _check(_COERCE.get(prefix + name, _same)(raw), hint)
         if problem:
             problems.append(f"{prefix}{name}: {problem}")
@@ -452,7 +469,33 @@ def semantic_problems(config: Config) -> list[str]:
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
-    return problems + _reload_problems(config)
+    return problems + _servers_problems(config) + _reload_problems(config)
+
+
+def server_sources(config: Config) -> list[tuple[str, Optional[str], Optional[str]]]:
+    """(name, unit, pidfile) of every configured server: `server` (named by its unit, else
+    "default") and each of `servers`."""
+    out = []
+    if config.server.unit or config.server.pidfile:
+        out.append((config.server.unit or "default", config.server.unit, config.server.pidfile))
+    out += [(e.name or e.unit, e.unit, e.pidfile) for e in config.servers]
+    return out
+
+
+def _servers_problems(config: Config) -> list[str]:
+    problems, names = [], []
+    for i, e in enumerate(config.servers):
+        where = f"servers[{i}]"
+        if (e.unit is None) == (e.pidfile is None):
+            problems.append(f"{where}: set exactly one of unit and pidfile")
+        if e.name is None and e.unit is None:
+            problems.append(f"{where}: a server found by its pidfile needs a name")
+        if e.pidfile is not None and not os.path.isabs(e.pidfile):
+            problems.append(f"{where}.pidfile: must be an absolute path, got {e.pidfile!r}")
+    names = [name for name, _, _ in server_sources(config) if name]
+    if len(set(names)) != len(names):
+        problems.append(f"servers: names must differ, got {names}")
+    return problems
 
 
 RELOAD_METHODS = ("none", "signal", "systemd", "http", "command")
@@ -462,7 +505,8 @@ def _reload_problems(config: Config) -> list[str]:
     r = config.reload
     if r.method not in RELOAD_METHODS:
         return [f"reload.method: one of {', '.join(RELOAD_METHODS)}, got {r.method!r}"]
-    needs = {"systemd": (r.unit or config.server.unit, "reload.unit (or server.unit)"),
+    needs = {"systemd": (r.unit or config.server.unit or any(e.unit for e in config.servers),
+                         "reload.unit (or server.unit, or units in servers)"),
              "http": (r.url, "reload.url"), "command": (r.command, "reload.command")}
     if r.method in needs and not needs[r.method][0]:
         return [f"reload.method {r.method} needs {needs[r.method][1]}"]

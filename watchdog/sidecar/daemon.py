@@ -28,8 +28,8 @@ from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
-from torch_watchdog.sidecar.sources.process import read_host_memory, read_pidfile, read_processes, \
-    unit_main_pid
+from torch_watchdog.sidecar.sources.process import children_of, read_host_memory, read_pidfile, \
+    read_processes, unit_main_pid
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
@@ -67,8 +67,7 @@ class Daemon:
         self.published_t = -1e18
         self.serve_metrics = serve_metrics
         self.signals: collections.deque = collections.deque()
-        self.unit_pid: Optional[int] = None
-        self._unit_checked = -1e18
+        self._configured: dict = {}   # (unit, pidfile) -> (when looked up, pids)
         self.actions_total: collections.Counter = collections.Counter()
         self.findings_logged: dict[str, int] = {}  # per server
         self.receiver: Optional[Receiver] = None
@@ -299,20 +298,23 @@ class Daemon:
         return [event for event, _pid in got]
 
     def configured_pids(self) -> dict[str, tuple[int, ...]]:
-        """The configured server's pids (a pidfile's, a unit's MainPID), by server name."""
-        pids = set()
-        server = self.cfg.server
-        if server.pidfile:
-            pid = read_pidfile(server.pidfile)
-            if pid:
-                pids.add(pid)
-        if server.unit:
-            if time.monotonic() - self._unit_checked >= UNIT_LOOKUP_S:
-                self._unit_checked = time.monotonic()
-                self.unit_pid = unit_main_pid(server.unit)
-            if self.unit_pid:
-                pids.add(self.unit_pid)
-        return {server.unit or step.DEFAULT_SERVER: tuple(sorted(pids))} if pids else {}
+        """Each configured server's pids: its unit's MainPID or its pidfile's pid, and their
+        children (looked up every UNIT_LOOKUP_S: systemctl and /proc walks are not free)."""
+        out = {}
+        for name, unit, pidfile in config_mod.server_sources(self.cfg):
+            key = (unit, pidfile)
+            checked, pids = self._configured.get(key, (-1e18, ()))
+            if time.monotonic() - checked >= UNIT_LOOKUP_S:
+                main = unit_main_pid(unit) if unit else read_pidfile(pidfile)
+                pids = tuple(sorted({main, *children_of(main)})) if main else ()
+                self._configured[key] = (time.monotonic(), pids)
+            if pids:
+                out[name] = pids
+        return out
+
+    def _unit_of(self, server: Optional[str]) -> Optional[str]:
+        return next((unit for name, unit, _ in config_mod.server_sources(self.cfg)
+                     if name == server and unit), self.cfg.server.unit)
 
     # -- actions ------------------------------------------------------------------------------
     def _act(self, action: policy.Action) -> None:
@@ -332,7 +334,7 @@ class Daemon:
             self._record(action.detail["decided_t"], reload.Outcome(False, reload.CANCELLED,
                                                                     0.0), action)
         elif action.action == "execute":
-            run = reload.executor(self.cfg.reload, self.cfg.server.unit)
+            run = reload.executor(self.cfg.reload, self._unit_of(action.server))
             if run is None:
                 return
             self.log.warning("reloading the server", server=action.server,

@@ -82,3 +82,12 @@ def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess"] =
     except ValueError:
         return None
     return pid if pid > 0 else None  # 0: the unit is inactive
+
+
+def children_of(pid: int) -> list[int]:
+    """A server's worker processes (a pidfile's or a unit's main pid forks them); [] when the
+    pid is gone or not ours to see."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except (psutil.Error, ValueError):
+        return []
