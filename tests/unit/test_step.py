@@ -202,3 +202,22 @@ def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_h
     step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
     assert list(host.servers) == ["replica-a"]
     assert host.servers["replica-a"].state.requests == 5
+
+
+def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloaded():
+    """Two servers on one GPU, NVML without per-process memory (a container, MIG): the
+    device grows, but nothing pins it on either: an alert, no reload."""
+    h = Host2()
+    used = 3 * GB
+    for pid, server in ((101, "replica-a"), (202, "replica-b")):
+        h.feed(hello(h.t, pid, server, [A]))
+    for i in range(800):
+        h.t += 0.25
+        used += 10 * MB if i > 10 else 0
+        h.feed(Sample(t=h.t, devices=(DeviceSample(A, used, 10 * GB, 10 * GB - used),),
+                      processes=(ProcessSample(101, True, GB, {A: None}),
+                                 ProcessSample(202, True, GB, {A: None}))))
+        if used > 9 * GB:
+            break
+    assert [a.reason for a in h.of("alert") if a.reason == "oom_forecast"]
+    assert not h.of("reload") and not h.of("execute")

@@ -193,11 +193,22 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[pol
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     others_busy = sum(o.busy for o in host.servers.values() if o is not server)
-    # a server whose processes are all forgotten has nothing to reload
+    # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
+    # shares, with no per-process numbers to pin it on this server, is alerted, not reloaded
     actions += _decide(host, server, cfg, allow_reload=bool(server.pids) and
-                       others_busy < cfg.policy.max_concurrent_reloads)
+                       others_busy < cfg.policy.max_concurrent_reloads and
+                       _attributable(host, server))
     server.firing = _firing(server, cfg)
     return actions
+
+
+def _attributable(host: Host, server: Server) -> bool:
+    """Its memory is its own processes' (NVML per process), or no other server shares its
+    GPUs: only then can a forecast OOM be pinned on it."""
+    if server.state.mem_source != "device":
+        return True
+    mine = set(server.state.gpus)
+    return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
 
 
 def _view(server: Server, s: Sample) -> Sample:
