@@ -345,3 +345,26 @@ def test_semantic_checks_see_only_well_typed_values():
     # a value that fails its type check is not also reported by a range check
     assert _problems({"metrics_port": "http"}) == ["metrics_port: expected an integer, got 'http'"]
     assert cfg.semantic_problems(Config()) == []
+
+
+SIGNAL_GUARD = ("any local process able to write to the socket could get processes killed: "
+                "set server.unit, server.pidfile or agent.allowed_uids")
+
+
+def test_signal_reloads_with_pids_from_anyone_on_the_socket_are_refused(tmp_path):
+    # the pids come from the agents' hellos only, and any local uid may send one
+    problems = _problems({"reload": {"method": "signal"}})
+    assert len(problems) == 1 and problems[0].startswith("reload.method: ")
+    assert SIGNAL_GUARD in problems[0]
+    path = tmp_path / "w.yaml"
+    path.write_text("reload: {method: signal}\n")  # check-config says the same
+    config, problems = check(str(path), host=False)
+    assert config is None and any(SIGNAL_GUARD in p for p in problems)
+
+
+@pytest.mark.parametrize("narrowed", [
+    {"server": {"unit": "vllm.service"}}, {"server": {"pidfile": "/run/vllm.pid"}},
+    {"agent": {"allowed_uids": [1000]}}, {"agent": {"allowed_uids": []}},
+])
+def test_signal_reloads_are_fine_once_the_pids_or_senders_are_narrowed(narrowed):
+    assert from_mapping({"reload": {"method": "signal"}, **narrowed}).reload.method == "signal"
