@@ -180,6 +180,7 @@ NOT_CARRIED_OUT = "not carried out: the sidecar stopped before acting"
 OUTCOME_UNKNOWN = "outcome unknown: the sidecar stopped while acting"
 FUTURE_SLACK_S = 60.0       # a decision time further ahead of the clock than this is clamped
 MAX_FILE_BYTES = 1 << 20    # 100 entries are ~20 KiB; a bigger file is not ours
+TEMP_PREFIX = ".reloads."     # a write in progress: <state_dir>/.reloads.XXXXXXXX
 BLOCK_ENTRIES = 100         # stand-ins when the caller does not say its max_reloads_per_hour
 
 
@@ -214,6 +215,7 @@ class ReloadLog:
         self.repairs: list[str] = []             # what was changed in it at start
         self._blocks = BLOCK_ENTRIES if max_per_hour is None else max(max_per_hour, 0)
         self.entries: list[dict] = []
+        self._remove_torn_writes()
         try:
             self.entries = self._read()
         except _Unreadable as e:
@@ -225,6 +227,20 @@ class ReloadLog:
         self._repair()
 
     # -- reading ------------------------------------------------------------------------------
+    def _remove_torn_writes(self) -> None:
+        """A sidecar killed between the temporary file's creation and its rename leaves it
+        behind (the record itself is whole): one per kill, so remove them at start."""
+        directory = os.path.dirname(self.path) or "."
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(TEMP_PREFIX)]
+        except OSError:
+            return
+        for name in names:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
     def _read(self) -> list[dict]:
         try:
             with open(self.path, "rb") as fh:
@@ -322,7 +338,7 @@ class ReloadLog:
         never a truncated one (the rename is made durable by the directory's fsync)."""
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".reloads.")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX)
         try:
             with os.fdopen(fd, "w") as fh:
                 json.dump({"reloads": self.entries}, fh, indent=1, allow_nan=False)
