@@ -243,8 +243,10 @@ CORRUPT = {  # name: (how the file is made, what the error says)
     "t a string": (lambda p: p.write_text(_entry(t=str(START))), "reloads[2]: t must be a finite"),
     "t NaN": (lambda p: p.write_text(_entry(t=float("nan"))), "reloads[2]: t must be a finite"),
     "t a bool": (lambda p: p.write_text(_entry(t=True)), "reloads[2]: t must be a finite"),
-    "server a number": (lambda p: p.write_text(_entry(server=7)), "reloads[2]: server must be a string"),
-    "ok a string": (lambda p: p.write_text(_entry(ok="yes")), "reloads[2]: ok must be true, false or null"),
+    "server a number": (lambda p: p.write_text(_entry(server=7)),
+                        "reloads[2]: server must be a string"),
+    "ok a string": (lambda p: p.write_text(_entry(ok="yes")),
+                    "reloads[2]: ok must be true, false or null"),
     "a directory": (lambda p: p.mkdir(), "cannot read it (Is a directory)"),
     "no permission": (_unreadable, "cannot read it (Permission denied)"),
 }
