@@ -130,7 +130,7 @@ def run_scenario(tmp: str, name: str, *, dry_run: bool, until, limit_s: float,
         fh.write(f"""metrics_port: {port}
 state_dir: {state}
 sample_log: {tmp}/samples.jsonl
-agent: {{socket_path: {sock}}}
+agent: {{socket_path: {sock}, allowed_uids: [{os.getuid()}]}}
 policy: {{dry_run: {str(dry_run).lower()}}}
 reload: {{method: signal, grace_s: 60}}
 alerts: {{urls: ["http://127.0.0.1:{am_port}"], resend_s: 5, timeout_s: 2, service: seed-llm}}

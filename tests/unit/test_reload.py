@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -10,8 +12,15 @@ import time
 import psutil
 import pytest
 
-from torch_watchdog.sidecar.actions.reload import (Outcome, Reloader, ReloadLog, post_hook, run_command,
-                                     signal_processes)
+from torch_watchdog.sidecar.actions.reload import (NOT_CARRIED_OUT, Outcome, Reloader, ReloadLog,
+                                                   post_hook, process_start_time, refusal,
+                                                   run_command, signal_processes)
+from torch_watchdog.sidecar.config import PolicyConfig
+from torch_watchdog.sidecar.core import policy, step
+from torch_watchdog.sidecar.core.correlate import State
+from torch_watchdog.sidecar.core.forecast import Forecast
+
+GB = 1 << 30
 
 GRACEFUL = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n" \
            "print('up', flush=True)\ntime.sleep(60)"
@@ -42,6 +51,75 @@ def test_server_ignoring_sigterm_is_killed_after_the_grace_period():
 
 def test_no_process_is_a_failed_reload():
     assert not signal_processes({2 ** 22 + 12345}, grace_s=1).ok
+
+
+ECHO = ("import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('TERM', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\n"
+        "for line in sys.stdin:\n    print('pong', flush=True)\n")
+
+
+def echo_child() -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", ECHO], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def answers(p: subprocess.Popen) -> str:
+    """What the child says to a ping: "pong", or "TERM" if a SIGTERM reached it first (a
+    signal sent before the ping is handled before the child reads it)."""
+    p.stdin.write("ping\n")
+    p.stdin.flush()
+    return p.stdout.readline().strip()
+
+
+def test_a_pid_reused_after_the_decision_is_not_signalled():
+    decided_t = time.time()
+    deadline = time.monotonic() + 5
+    while time.time() < decided_t + 0.05 and time.monotonic() < deadline:
+        time.sleep(0.01)  # past a clock tick (10 ms) of the start-time reading
+    p = echo_child()      # the server exited; an unrelated process got its pid
+    try:
+        out = signal_processes({p.pid}, grace_s=1, decided_t=decided_t)
+        assert not out.ok and "no server process to signal" in out.detail
+        assert f"pid {p.pid}: started" in out.detail and "after the reload decision: pid " \
+            "reused" in out.detail
+        assert answers(p) == "pong"  # alive, never signalled
+    finally:
+        p.kill()
+        p.wait(5)
+
+
+def test_the_process_seen_before_the_decision_is_signalled():
+    p = echo_child()
+    seen = process_start_time(p.pid)
+    assert abs(seen - time.time()) < 5
+    out = signal_processes({p.pid}, grace_s=5, decided_t=time.time(),
+                           expected_start={p.pid: seen})
+    assert out.ok and out.detail == "exited after SIGTERM"
+    assert p.stdout.readline().strip() == "TERM" and p.wait(5) == 0
+
+
+def test_a_pid_that_started_at_another_time_than_the_one_seen_is_refused():
+    p = echo_child()
+    try:
+        out = signal_processes({p.pid}, grace_s=1,
+                               expected_start={p.pid: process_start_time(p.pid) - 30})
+        assert not out.ok and "not the server seen" in out.detail
+        assert answers(p) == "pong"
+    finally:
+        p.kill()
+        p.wait(5)
+
+
+@pytest.mark.parametrize("pid, says", [(0, "never signalled"), (1, "never signalled"),
+                                       (-1, "never signalled"),
+                                       (os.getpid(), "the sidecar itself"),
+                                       (os.getppid(), "the sidecar's parent")])
+def test_init_the_sidecar_and_its_parent_are_never_signalled(pid, says):
+    assert refusal(pid) == f"pid {pid}: {says}"
+    assert refusal(pid, decided_t=time.time() + 3600) == f"pid {pid}: {says}"
 
 
 def test_commands():
@@ -84,19 +162,167 @@ def test_reload_log_survives_a_restart(tmp_path):
     path = str(tmp_path / "state" / "reloads.json")
     log = ReloadLog(path)
     log.record(100.0, None, "oom_forecast")  # the decision, before acting
-    assert ReloadLog(path).times() == [100.0]  # a sidecar restarting now sees it
+    log.executing(100.0, None)               # carrying it out
+    assert ReloadLog(path, now=200.0).times() == [100.0]  # a sidecar restarting now counts it
     log.record(100.0, Outcome(True, "exited after SIGTERM", 2.5), "oom_forecast")
-    (entry,) = ReloadLog(path).entries
+    (entry,) = ReloadLog(path, now=200.0).entries
     assert entry["ok"] is True and entry["seconds"] == 2.5
 
 
-def test_reload_log_tolerates_garbage_and_unwritable_paths(tmp_path):
-    bad = tmp_path / "reloads.json"
-    bad.write_text("{not json")
-    assert ReloadLog(str(bad)).times() == []
+def test_an_unwritable_record_is_kept_in_memory_and_reported():
     log = ReloadLog("/proc/forbidden/reloads.json")
     log.record(1.0, None, "oom_forecast")
-    assert log.error and log.times() == [1.0]
+    assert log.error and log.error.startswith("/proc/forbidden/reloads.json: ") \
+        and log.times() == [1.0]
+
+
+def test_a_failed_write_leaves_the_old_record_whole(tmp_path, monkeypatch):
+    path = tmp_path / "reloads.json"
+    log = ReloadLog(str(path))
+    log.record(100.0, None, "oom_forecast", "a")
+    before = path.read_bytes()
+
+    def crash(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", crash)
+    log.record(100.0, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast", "a")
+    assert log.error.endswith("No space left on device")
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["reloads.json"]
+
+
+# --- a record that cannot be trusted: loud, and no reload for an hour ----------------------
+
+START = 1_000_000.0
+POLICY = PolicyConfig(hold_polls=1, warmup_s=0, cooldown_s=600, max_reloads_per_hour=3)
+THREE_IN_THE_HOUR = [{"t": START - d, "reason": "oom_forecast", "server": "a", "ok": True,
+                      "detail": "exited after SIGTERM", "seconds": 3.0}
+                     for d in (1800.0, 1200.0, 600.0)]
+
+
+def reload_times(log: ReloadLog, until_s: float, server: str = "a") -> list[float]:
+    """When the policy, seeded from `log` as the daemon seeds it, reloads `server` under a
+    forecast that calls for a reload every poll (one poll every 10 s from START)."""
+    host = step.Host()
+    host.history = log.decisions()
+    ps = host.server(server).policy
+    fc = Forecast(budget_bytes=GB, level_bytes=GB, seconds_linear=10.0)
+    out = []
+    now = START
+    while now < START + until_s:
+        if any(a.action == "reload" for a in policy.decide(State(first_t=0.0, now=now), fc,
+                                                           ps, POLICY)):
+            out.append(now)
+        now += 10.0
+    return out
+
+
+def _good() -> str:
+    return json.dumps({"reloads": THREE_IN_THE_HOUR})
+
+
+def _entry(**change) -> str:
+    return json.dumps({"reloads": THREE_IN_THE_HOUR[:2] + [{**THREE_IN_THE_HOUR[2], **change}]})
+
+
+def _unreadable(path):
+    path.write_text(_good())
+    path.chmod(0)
+
+
+CORRUPT = {  # name: (how the file is made, what the error says)
+    "truncated JSON": (lambda p: p.write_text(_good()[:len(_good()) // 2]), "not JSON"),
+    "garbage bytes": (lambda p: p.write_bytes(b"\x00\xff\xfe\x81garbage\x9c" * 10),
+                      "not JSON"),
+    "empty file": (lambda p: p.write_bytes(b""), "empty"),
+    "list at top level": (lambda p: p.write_text(json.dumps(THREE_IN_THE_HOUR)),
+                          'not {"reloads": [...]}'),
+    "reloads not a list": (lambda p: p.write_text(json.dumps({"reloads": {"t": START}})),
+                           'not {"reloads": [...]}'),
+    "an entry not an object": (lambda p: p.write_text(json.dumps({"reloads": [START]})),
+                               "reloads[0]: not an object"),
+    "t a string": (lambda p: p.write_text(_entry(t=str(START))), "reloads[2]: t must be a finite"),
+    "t NaN": (lambda p: p.write_text(_entry(t=float("nan"))), "reloads[2]: t must be a finite"),
+    "t a bool": (lambda p: p.write_text(_entry(t=True)), "reloads[2]: t must be a finite"),
+    "server a number": (lambda p: p.write_text(_entry(server=7)),
+                        "reloads[2]: server must be a string"),
+    "ok a string": (lambda p: p.write_text(_entry(ok="yes")),
+                    "reloads[2]: ok must be true, false or null"),
+    "a directory": (lambda p: p.mkdir(), "cannot read it (Is a directory)"),
+    "no permission": (_unreadable, "cannot read it (Permission denied)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+def test_a_corrupt_record_is_loud_and_allows_no_4th_reload_inside_the_hour(tmp_path, name):
+    make, says = CORRUPT[name]
+    path = tmp_path / "reloads.json"
+    make(path)
+    if name == "no permission" and os.access(path, os.R_OK):
+        pytest.skip("root reads the file anyway")
+    log = ReloadLog(str(path), now=START, max_per_hour=POLICY.max_reloads_per_hour)
+    assert log.unreadable == log.error
+    assert log.unreadable.startswith(f"{path}: {says}")
+    assert "reloads are suspended for an hour" in log.unreadable
+    assert "remove the file and restart the sidecar" in log.unreadable
+    # 3 reloads in the last hour, then the record broke: the 4th waits a full hour from the
+    # start (on main: a reload at once), and reloads resume after it
+    assert reload_times(log, 3600 + 120)[0] >= START + 3600
+    assert reload_times(log, 3600 + 120, server="b")[0] >= START + 3600  # every server
+
+
+def test_the_corrupt_file_is_kept_aside_when_the_record_is_next_written(tmp_path):
+    path = tmp_path / "reloads.json"
+    path.write_text("{garbage")
+    log = ReloadLog(str(path), now=START, max_per_hour=3)
+    log.record(START + 3700, None, "oom_forecast", "a")
+    assert (tmp_path / "reloads.json.unreadable").read_text() == "{garbage"
+    assert ReloadLog(str(path), now=START + 3701).unreadable is None
+
+
+def test_a_good_record_counts_what_it_holds(tmp_path):
+    path = tmp_path / "reloads.json"
+    path.write_text(_good())
+    log = ReloadLog(str(path), now=START, max_per_hour=3)
+    assert log.unreadable is None and log.error is None and log.repairs == []
+    # the oldest of the three leaves the hour at START + 1800
+    assert reload_times(log, 3600)[0] == START + 1800
+    assert reload_times(log, 60, server="b") == [START]  # another server's reloads are its own
+
+
+def test_a_decision_time_in_the_future_is_clamped_not_blocking_for_good(tmp_path):
+    path = tmp_path / "reloads.json"
+    ahead = START + 30 * 86400  # a clock set back a month, or a hand edit
+    path.write_text(json.dumps({"reloads": [{**THREE_IN_THE_HOUR[0], "t": ahead}]}))
+    log = ReloadLog(str(path), now=START, max_per_hour=3)
+    assert log.unreadable is None
+    (repair,) = log.repairs
+    assert "in the future: clamped to now" in repair
+    assert log.times() == [START]
+    assert reload_times(log, 3600)[0] == START + POLICY.cooldown_s  # a cooldown, not a month
+    assert json.loads(path.read_text())["reloads"][0]["t"] == START  # written back
+
+
+def test_a_decision_never_carried_out_does_not_hold_the_next_reload(tmp_path):
+    # the sidecar was killed between recording its decision and acting on it
+    path = tmp_path / "reloads.json"
+    ReloadLog(str(path)).record(START - 30, None, "oom_forecast", "a")
+    log = ReloadLog(str(path), now=START, max_per_hour=3)
+    (repair,) = log.repairs
+    assert "never carried out: not counted" in repair
+    assert reload_times(log, 60) == [START]  # at once, not after the cooldown
+    (entry,) = json.loads(path.read_text())["reloads"]
+    assert entry["ok"] is False and entry["detail"] == NOT_CARRIED_OUT
+    assert ReloadLog(str(path), now=START + 1).repairs == []  # resolved once
+
+
+def test_a_decision_being_carried_out_when_the_sidecar_stopped_still_counts(tmp_path):
+    path = tmp_path / "reloads.json"
+    first = ReloadLog(str(path))
+    first.record(START - 30, None, "oom_forecast", "a")
+    first.executing(START - 30, "a")  # SIGTERM may have gone out
+    log = ReloadLog(str(path), now=START, max_per_hour=3)
+    assert "stopped while carrying it out: counted" in log.repairs[0]
+    assert reload_times(log, 3600)[0] == START - 30 + POLICY.cooldown_s
 
 
 def test_reloader_runs_one_at_a_time_off_the_loop():

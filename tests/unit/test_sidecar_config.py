@@ -364,3 +364,26 @@ def test_servers_list_is_checked_entry_by_entry(tmp_path):
     good.write_text("servers:\n  - {unit: llm@0.service}\n  - {name: b, pidfile: /run/b.pid}\n")
     loaded = cfg.load(str(good))
     assert [n for n, _, _ in cfg.server_sources(loaded)] == ["llm@0.service", "b"]
+
+
+SIGNAL_GUARD = ("any local process able to write to the socket could get processes killed: "
+                "set server.unit, server.pidfile, servers or agent.allowed_uids")
+
+
+def test_signal_reloads_with_pids_from_anyone_on_the_socket_are_refused(tmp_path):
+    # the pids come from the agents' hellos only, and any local uid may send one
+    problems = _problems({"reload": {"method": "signal"}})
+    assert len(problems) == 1 and problems[0].startswith("reload.method: ")
+    assert SIGNAL_GUARD in problems[0]
+    path = tmp_path / "w.yaml"
+    path.write_text("reload: {method: signal}\n")  # check-config says the same
+    config, problems = check(str(path), host=False)
+    assert config is None and any(SIGNAL_GUARD in p for p in problems)
+
+
+@pytest.mark.parametrize("narrowed", [
+    {"server": {"unit": "vllm.service"}}, {"server": {"pidfile": "/run/vllm.pid"}},
+    {"agent": {"allowed_uids": [1000]}}, {"agent": {"allowed_uids": []}},
+])
+def test_signal_reloads_are_fine_once_the_pids_or_senders_are_narrowed(narrowed):
+    assert from_mapping({"reload": {"method": "signal"}, **narrowed}).reload.method == "signal"

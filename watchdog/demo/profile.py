@@ -7,6 +7,7 @@ instead of minutes.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -58,6 +59,7 @@ server:
   trust_agent_pids: true
 agent:
   socket_path: "{socket_path}"
+  allowed_uids: [{os.getuid()}]   # the demo's server runs as you (signal reloads need it)
 correlate:
   storm_recompiles: 3             # the demo's limit of 4 allows 3 recompiles
   storm_window_s: 120.0

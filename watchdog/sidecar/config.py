@@ -469,6 +469,15 @@ def semantic_problems(config: Config) -> list[str]:
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
+    if (config.reload.method == "signal" and config.server.unit is None
+            and config.server.pidfile is None and not config.servers
+            and config.agent.allowed_uids is None):
+        # the pids to signal then come only from the agents' hellos, on a socket any local
+        # uid may write to (a 0660 socket narrows it to a group, not to the server)
+        problems.append("reload.method: signal, with the pids from the agents alone: any "
+                        "local process able to write to the socket could get processes "
+                        "killed: set server.unit, server.pidfile, servers or "
+                        "agent.allowed_uids")
     return problems + _servers_problems(config) + _reload_problems(config)
 
 

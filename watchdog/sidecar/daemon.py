@@ -75,8 +75,12 @@ class Daemon:
         self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
                            if cfg.sample_log else None)
         self.book = alerts.AlertBook(cfg.alerts.resend_s, cfg.alerts.resolved_retention_s)
-        self.reload_log = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"))
+        self.reload_log = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"),
+                                           now=self.clock(),
+                                           max_per_hour=cfg.policy.max_reloads_per_hour)
         self.host.history = self.reload_log.decisions()  # cooldowns survive a restart
+        self.decided_wall: dict[Optional[str], float] = {}  # when a reload was decided, by the
+        # machine's clock (a reused pid started after it is never signalled)
         self.reloaders: dict[str, reload.Reloader] = {}   # per server, while one runs
         self.reloading: dict[str, policy.Action] = {}
         self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
@@ -107,6 +111,10 @@ class Daemon:
             self.sender.start()
         self.running = True
         self._log_config()
+        if self.reload_log.unreadable:  # fails closed: no reload for an hour, said loudly
+            self.log.error("reload record unreadable", detail=self.reload_log.unreadable)
+        for repair in self.reload_log.repairs:
+            self.log.warning("reload record repaired", detail=repair)
         self.log.info("started", socket=agent.socket_path, metrics_port=self.cfg.metrics_port,
                       config=self.config_path, poll_interval_s=self.cfg.poll_interval_s)
         self.notifier.ready("watching")
@@ -323,6 +331,7 @@ class Daemon:
         log = self.log.info if action.action in ("restart", "reload_ok") else self.log.warning
         log("action", **action.as_dict())
         if action.action == "reload":
+            self.decided_wall[action.server] = time.time()
             self._record(action.t, None, action)
             if action.detail.get("dry_run") or self.cfg.reload.method == "none":
                 why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
@@ -334,9 +343,11 @@ class Daemon:
             self._record(action.detail["decided_t"], reload.Outcome(False, reload.CANCELLED,
                                                                     0.0), action)
         elif action.action == "execute":
-            run = reload.executor(self.cfg.reload, self._unit_of(action.server))
+            run = reload.executor(self.cfg.reload, self._unit_of(action.server),
+                                  decided_t=self.decided_wall.pop(action.server, None))
             if run is None:
                 return
+            self.reload_log.executing(action.detail["decided_t"], action.server)
             self.log.warning("reloading the server", server=action.server,
                              method=self.cfg.reload.method, pids=list(action.pids))
             self.reloaders[action.server] = reload.Reloader(run)
@@ -380,6 +391,9 @@ class Daemon:
                 labels["gpu_uuid"] = uuid
             firing.update(alerts.build(server.firing, server.state.estimates(self.cfg.correlate),
                                        server.forecast.as_dict(), labels))
+        if self.reload_log.unreadable:
+            firing.update(alerts.build({"reload_record_unreadable": {
+                "detail": self.reload_log.unreadable}}, {}, {}, base))
         self.book.update(firing, now)
         self.sender.submit(self.book.due(now))
 
@@ -434,6 +448,7 @@ class Daemon:
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=self.accepted,
             source_errors_total={("nvml", reason): n for reason, n in self.nvml.errors.items()},
+            reload_record_unreadable=self.reload_log.unreadable is not None,
             events_dropped_total={**(receiver.dropped if receiver else {}),
                                   "backlog": self.backlog_dropped},
             agent_events_lost_total=sum(v.state.agent_dropped

@@ -33,6 +33,8 @@ FIXES = {
                     "if reloads are enabled.",
     "reload": "The sidecar restarted the server to avoid an OOM; fix the cause above or it "
               "will happen again.",
+    "reload_record_unreadable": "<state_dir>/reloads.json could not be read: no reload for an "
+                                "hour. Look at it, remove it and restart the sidecar.",
 }
 
 
@@ -64,6 +66,8 @@ def describe(cause: str, detail: dict[str, Any], estimates: dict[str, Any],
                      + (f" in {detail['function']}" if detail.get("function") else ""))
     if cause == "reload":
         parts.append(f"reload ({detail.get('method')}): {detail.get('outcome')}")
+    if cause == "reload_record_unreadable":
+        parts.append(str(detail.get("detail")))
     if cause == "memory_growth_unexplained":
         parts.append(f"{detail.get('unexplained_mb', 0):,.0f} MB of growth unexplained")
     seconds, plateau = forecast.get("seconds_to_oom"), forecast.get("plateau_bytes")

@@ -196,6 +196,9 @@ SPECS: tuple[Spec, ...] = (
          "Duration of the last poll.", _one(lambda s: s.poll_seconds), True),
     Spec("torch_watchdog_nvml_query_seconds", GAUGE, (),
          "Duration of the last poll's NVML queries.", _one(lambda s: s.nvml_query_seconds), True),
+    Spec("torch_watchdog_reload_record_unreadable", GAUGE, (),
+         "1 when <state_dir>/reloads.json could not be read at start: no reload for an hour.",
+         _one(lambda s: int(s.reload_record_unreadable)), True),
     Spec("torch_watchdog_source_errors_total", COUNTER, ("source", "reason"),
          "Failed or late reads of a source, by reason (NVML: the error's class, late, init).",
          lambda s: [((src, reason), n) for (src, reason), n in
