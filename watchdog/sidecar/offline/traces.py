@@ -172,7 +172,7 @@ class Reader:
             elif obj.get("kind") == "reload_outcome":  # ... the reloads' outcomes
                 out = [outcome_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
-                out = [ConfigChange(_time(obj), from_mapping(obj["config"]))]
+                out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:
                 _time(obj)
                 if not hasattr(self.adapter, f"_on_{obj.get('kind')}"):
