@@ -269,15 +269,18 @@ def _num(v: float) -> str:
 
 
 def human_bytes(n: Optional[float]) -> str:
-    """1.5 GiB, 480 MiB, 0.98 GiB (never "1.01e+03 MiB": a unit is left at 1,000 of it);
+    """1.5 GiB, 480 MiB, 0.986 GiB (never "1.01e+03 MiB": past 999 of a unit, the next one);
     "—" for None."""
     if n is None:
         return "—"
-    for name, div in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 1024)):
-        if abs(n) >= 1000 * div / 1024 or (name == "TiB" and abs(n) >= div):
-            value = n / div
+    units = (("B", 1), ("KiB", 1024), ("MiB", 2 ** 20), ("GiB", 2 ** 30), ("TiB", 2 ** 40))
+    for name, div in units:
+        value = n / div
+        if abs(float(f"{value:.3g}")) < 1000 or name == "TiB":
+            if name == "B":
+                return f"{n:.0f} B"
             return f"{value:,.0f} {name}" if abs(value) >= 1000 else f"{value:.3g} {name}"
-    return f"{n:.0f} B"
+    return f"{n:.0f} B"  # unreachable: TiB takes every larger value
 
 
 def human_duration(s: Optional[float]) -> str:
