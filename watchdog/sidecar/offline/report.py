@@ -311,7 +311,9 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
         "span_s": round(col.span, 3),
         "memory_start_bytes": series.first if series else None,
         "memory_peak_bytes": series.peak if series else None,
-        "memory_end_bytes": last.mem_bytes, "memory_source": source,
+        # the charted meter's last point (the last state may have switched meters)
+        "memory_end_bytes": series.points[-1][1] if series else last.mem_bytes,
+        "memory_source": source,
         "recordings": total("records"), "compiles": total("compiles"),
         "recompiles": total("recompiles"), "recompile_limit_hits": total("limit_hits"),
         # one source for each number: the shapes the histogram counts

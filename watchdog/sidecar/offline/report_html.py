@@ -309,8 +309,10 @@ def _shapes_html(sh: dict, level: int) -> str:
                 "<code>torch_watchdog.agent.watch()</code>; recorded traces carry each "
                 "request's shape.)</p>" + plot.histogram({}))
     best = sh["recommended"]
-    head = (f"<{h}>Input shapes</{h}><p>{sh['total']:,} {_e(sh['basis'])}, {sh['distinct']:,} "
-            f"distinct; sizes along dimension {sh['dimension']} (of {sh['rank']}).</p>")
+    counted = f"{sh['total']:,} {_e(sh['basis'])}" + (
+        f", {sh['distinct']:,} distinct" if sh["total"] != sh["distinct"] else "")
+    head = (f"<{h}>Input shapes</{h}><p>{counted}; sizes along dimension {sh['dimension']} "
+            f"(of {sh['rank']}).</p>")
     hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"], unit=sh["basis"],
                           title=f"{sh['basis']} per size, {best['max_buckets']} suggested "
                                 "buckets")

@@ -173,7 +173,8 @@ def _servers(status: dict[str, Any]) -> str:
     rows = [(str(v.get("server")),
              f"pids {_e(', '.join(map(str, v.get('pids') or [])) or '—')} · GPUs "
              f"{_e(', '.join(v.get('gpus') or []) or '—')} · "
-             f"{_e(fmt_bytes(v.get('memory_bytes')))} · {_e(v.get('recordings'))} graphs · "
+             f"memory {_e('—' if v.get('memory_bytes') is None else fmt_bytes(v['memory_bytes']))}"
+             f" · {_e(v.get('recordings'))} graphs · "
              f"{_e(v.get('forecast_summary'))}"
              + (f" · {_e(', '.join(v.get('active_causes')))}" if v.get("active_causes") else ""))
             for v in servers]

@@ -236,6 +236,9 @@ def scope_text(scope: dict[str, Any]) -> str:
         who += f" (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))})"
     since = scope.get("since")
     when = fmt_clock(scope.get("since_t"))
+    if since in ("reload", "restart") and not pids:
+        return (f"counts of {who} since the {since} at {when}: no process of it has started "
+                "since, so they are 0; the chart and the actions cover the whole run")
     if since in ("reload", "restart"):
         return (f"counts of {who}: its new process, since the {since} at {when}; the chart and "
                 "the actions cover the whole run")
