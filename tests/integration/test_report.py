@@ -165,7 +165,8 @@ def test_static_trace_marks_the_recompiles_and_the_limit(tmp_path_factory):
         first_t = json.loads(fh.readline())["t"]  # report times count from the first line
     assert limit_t == pytest.approx(80.25 - first_t, abs=0.5)  # the 8th compile ended at 80.25 s
     assert "new input sizes now run eager" in page
-    assert rep["summary"]["recompile_limit"] == "yes (inferred)"
+    assert rep["summary"]["recompile_limit_hit"] == "inferred"
+    assert rep["summary"]["recompile_limit"] == 8 and "8, hit (inferred)" in page
 
 
 def test_agent_log_merged_with_its_trace_lines_up(tmp_path_factory):
@@ -245,6 +246,124 @@ def test_agent_event_log_with_watched_shapes(tmp_path):
     sh = rep["shapes"]
     assert sh["basis"] == "distinct shapes" and sh["total"] == 96 and sh["rank"] == 4
     assert dict(sh["counts"]) == {n: 1 for n in range(16, 400, 4)}
-    assert rep["summary"]["recompile_limit"] == "yes" and rep["summary"]["span_s"] == 200
+    assert rep["summary"]["recompile_limit_hit"] == "agent" and rep["summary"]["span_s"] == 200
+    assert rep["summary"]["recompile_limit"] == 8
+    assert [r["max_buckets"] for r in sh["advisor"]] == [4, 8]  # never more than the limit
     assert [c["cause"] for c in rep["causes"]][-1] == "recompile_limit_eager_fallback"
     assert "no memory samples yet" in (tmp_path / "r.html").read_text()
+
+
+# -- what a user reading the report sees (issue 9) -------------------------------------------
+def page_text(page: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+
+
+def test_the_forecast_shown_is_the_one_the_sidecar_reloaded_on(tmp_path_factory):
+    """Not "no forecast" next to an oom_forecast alert and a reload: the forecast in force at
+    the decision, with the OOM that followed."""
+    rep, page = make(tmp_path_factory, "h200-seed-oom-samples.jsonl.gz")
+    (decision,) = [a for a in rep["actions"] if a["action"] == "reload"]
+    fc = rep["summary"]["forecast"]
+    assert fc["basis"] == "reload decision" and fc["t"] == decision["t"]
+    assert fc["seconds_to_oom"] == decision["seconds_to_oom"] is not None
+    text = page_text(page)
+    assert f"forecast at the reload decision (+{plot.human_duration(decision['t'])})" in text
+    assert f"OOM in {plot.human_duration(decision['seconds_to_oom'])}" in text
+    assert "then it ran out of memory at +" in text and "no forecast" not in text
+
+
+def test_numbers_are_in_human_units_and_the_advisor_says_what_it_saves(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-seed-oom-samples.jsonl.gz")
+    text = page_text(page)
+    assert not re.search(r"\de[+-]\d", text)              # no "1.01e+03 MiB"
+    assert not re.search(r"\d{7,}", text)                 # no raw bytes, no epoch seconds
+    assert "budget 140 GiB" in text
+    rows = rep["shapes"]["advisor"]
+    per_graph = rep["summary"]["mb_per_graph"] * 1e6
+    assert all(r["memory_saved_bytes"] == pytest.approx((r["graphs_before"] - r["graphs_after"])
+                                                        * per_graph, rel=1e-6) for r in rows)
+    assert "memory saved" in text and plot.human_bytes(rows[0]["memory_saved_bytes"]) in text
+
+
+def test_one_source_for_each_count_and_the_histogram_says_what_it_counts(tmp_path_factory):
+    rep, page = make(tmp_path_factory, "h200-seed-oom-samples.jsonl.gz")
+    s, sh = rep["summary"], rep["shapes"]
+    assert sh["basis"] == "distinct shapes" and s["distinct_shapes"] == sh["distinct"] == 1056
+    hist = svgs(page)[-1]
+    labels = "".join(hist.itertext())
+    assert "distinct shapes per size" in labels and "requests" not in labels
+
+
+def test_two_replicas_are_two_servers_each_with_its_own_story(tmp_path_factory):
+    """The two-replica run: replica-a was reloaded (its outcome in the log), replica-b kept
+    its pid. Each server has its own section, pids, GPU, counts and forecast; the replay
+    raises no cause the live sidecar did not (no unexplained growth after the reload)."""
+    rep, page = make(tmp_path_factory, "h200x2-two-replicas-samples.jsonl.gz")
+    servers = {s["name"]: s for s in rep["servers"]}
+    assert set(servers) == {"replica-a", "replica-b"} and rep["focus"] == "replica-a"
+    a, b = servers["replica-a"], servers["replica-b"]
+    assert len(a["gpus"]) == len(b["gpus"]) == 1 and a["gpus"] != b["gpus"]
+    assert len(a["processes"]) == 2 and len(b["processes"]) == 1  # a's reload: a new process
+    assert [c["cause"] for c in rep["causes"]] == ["cudagraph_per_shape"]
+    assert {c["server"] for c in rep["causes"]} == {"replica-a"}
+    assert [x["action"] for x in rep["actions"] if x["server"] == "replica-a"][-3:] == \
+        ["reload", "execute", "reload_ok"]
+    assert not [x for x in rep["actions"] if x["server"] == "replica-b"]
+    assert a["summary"]["forecast"]["basis"] == "reload decision"
+    assert b["summary"]["forecast"]["basis"] == "end"
+    # the bucketed replica's 9 sizes are its own, not mixed with replica-a's
+    assert b["shapes"]["distinct"] == 9 and a["shapes"]["distinct"] > 300
+    assert a["summary"]["recordings"] + b["summary"]["recordings"] == \
+        rep["chart"]["mark_counts"]["record"] + b["chart"]["mark_counts"].get("record", 0)
+    text = page_text(page)
+    assert "Server replica-a" in text and "Server replica-b" in text
+    assert len(svgs(page)) >= 4   # a memory chart and a histogram per server
+
+
+def test_budget_is_drawn_from_when_it_applied(tmp_path):
+    """The demo's budget comes with a SIGHUP at 55 s: the line starts there, in MiB."""
+    from torch_watchdog import events as ev
+    from torch_watchdog.sidecar.config import ForecastConfig
+    from torch_watchdog.sidecar.sources.samples import ConfigChange, ProcessSample, Sample
+    import dataclasses
+    t0, mib = 1.8e9, 2 ** 20
+    later = dataclasses.replace(Config(), forecast=dataclasses.replace(
+        ForecastConfig(), process_budget_bytes=1010 * mib))
+    obs = [ev.Hello(t=t0, pid=7, torch="2.13", agent="x", devices=[], config={},
+                    capabilities={}, watched=["m"], argv="")]
+    for i in range(1, 90):
+        if i == 55:
+            obs.append(ConfigChange(t0 + i, later))
+        obs.append(Sample(t=t0 + i, processes=(ProcessSample(7, True, rss_bytes=(400 + i) * mib),),
+                          host_total_bytes=64 * 2 ** 30, host_available_bytes=32 * 2 ** 30))
+    rep = report.build_report(obs, Config())
+    line = rep["chart"]["budget"]
+    assert line and line[0][0] == pytest.approx(55, abs=1) and line[-1][1] == 1010 * mib
+    page = report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}})
+    (budget,) = with_class(svgs(page)[0], "budget")
+    assert budget.tag.endswith("path")
+    assert "budget 0.986 GiB" in page_text(page) and "e+03" not in page
+
+
+def test_the_advisor_never_proposes_more_buckets_than_the_recompile_limit(tmp_path):
+    """dynamic=False compiles per size: with a limit of 4, a fifth bucket runs eager."""
+    from torch_watchdog import events as ev
+    t, log = 1.8e9, [ev.Hello(t=1.8e9, pid=9, torch="2.13", agent="x", devices=[],
+                              config={"recompile_limit": 4}, capabilities={}, watched=["m"],
+                              argv="")]
+    log.append(ev.Compile(t=t, pid=9, compile_id="0/0", function="forward", seconds=2.0))
+    for i in range(1, 4):
+        log.append(ev.Recompile(t=t + i, pid=9, compile_id=f"0/{i}", function="forward",
+                                seconds=1.0, reason="size mismatch at index 1"))
+    log.append(ev.RecompileLimit(t=t + 5, pid=9, function="forward", limit=4, reason="x",
+                                 compile_id="0/3"))
+    for i, n in enumerate(range(16, 400, 4)):
+        log.append(ev.NewShape(t=t + 10 + i, pid=9, name="m", shape=[[1, n]], seconds=0.2,
+                               distinct=i + 1))
+    rep = report.build_report(log, Config())
+    rows = rep["shapes"]["advisor"]
+    assert [r["max_buckets"] for r in rows] == [4]
+    assert rep["shapes"]["recommended"]["graphs_after"] <= 4
+    page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
+    assert "4, hit (reported by the agent)" in page and "recompile limit of 4" in page
+    assert "this server's limit is 4" in page

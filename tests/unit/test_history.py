@@ -108,7 +108,8 @@ def test_actions_keep_the_last_twenty_with_reload_outcomes():
     assert len(actions) == 20
     assert actions[0]["reason"] == "cause11"
     assert actions[-1] == {"t": 31.0, "action": "reload_not_done", "reason": "oom_forecast",
-                           "detail": {"outcome": "not carried out: dry run"}}
+                           "detail": {"outcome": "not carried out: dry run"},
+                           "server": None, "pids": []}
     # a reload outcome is an action, not a new mark (the decision was marked)
     assert h.view(snap(31.0)).marks == ()
 

@@ -110,7 +110,7 @@ def test_thinned_marks_are_said_so():
 
 
 def has_budget_line(doc: str) -> bool:
-    return any(t == "line" and a.get("class") == "budget" for t, a in parse(doc).tags)
+    return any(t in ("line", "path") and a.get("class") == "budget" for t, a in parse(doc).tags)
 
 
 def test_budget_line_on_the_plotted_scale_or_left_off():
@@ -124,3 +124,40 @@ def test_budget_line_on_the_plotted_scale_or_left_off():
     doc = rendered(a_view())
     assert not has_budget_line(doc)
     assert "budget (79 GiB) left off the chart: the memory plotted is under 10% of it" in doc
+
+
+def text_of(doc: str) -> str:
+    return re.sub(r"\s+", " ", "".join(parse(doc).text))
+
+
+def test_a_cpu_only_host_shows_host_memory_mode_not_a_red_nvml():
+    cpu = a_view(devices=(), server_gpu_bytes={}, server_rss_bytes=700 << 20,
+                 sources_up={"nvml": False, "process": True, "agent": True})
+    doc = rendered(cpu)
+    assert "nvmlnot used: no GPU here (host-memory mode" in text_of(doc)
+    assert '<span class="bad">down</span>' not in doc
+    # on a GPU host, NVML down is still said in red
+    gpu = rendered(a_view(sources_up={"nvml": False, "process": True, "agent": True}))
+    assert '<th>nvml</th><td><span class="bad">down</span>' in gpu
+
+
+def test_over_budget_says_so_not_a_zero_countdown():
+    over = a_view(forecast={**FORECAST, "seconds_to_oom": 0.0, "level_bytes": 80 * GIB})
+    text = text_of(rendered(over))
+    assert "over budget now" in text and "~0.0 s" not in text and "~0 s" not in text
+    assert "over budget: 80 GiB of the 79 GiB budget" in text
+
+
+def test_after_a_reload_the_counts_say_which_process_they_belong_to():
+    from torch_watchdog.sidecar.core.policy import Action
+    servers = {"a": {"estimates": None, "forecast": FORECAST, "pids": [4242], "gpus": ["GPU-a"]}}
+    view = a_view(servers=servers)
+    servers["a"]["estimates"] = view.snapshot.estimates   # the focus: the same dict
+    h = History()
+    h.update(view.snapshot, [], [Action(T - 5, "reload_ok", "oom_forecast", {"outcome": "ok"},
+                                        server="a", pids=(17,))])
+    doc = rendered(h.view(view.snapshot))
+    assert re.search(r"counts of server a \(pid 4242\): its new process, since the reload at "
+                     r"\d\d:\d\d:\d\d; the chart and the actions cover the whole run",
+                     text_of(doc))
+    assert "when the sidecar started watching" in text_of(rendered(a_view()))

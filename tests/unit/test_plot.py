@@ -97,3 +97,28 @@ def test_histogram_bins_wide_ranges_into_at_most_about_100_bars():
     assert 50 <= len(bars) <= 100
     total = sum(int(b.find(f"{NS}title").text.split(": ")[1].split()[0]) for b in bars)
     assert total == 20_000  # binning loses no request
+
+
+def test_human_units_never_print_an_exponent():
+    from torch_watchdog.sidecar.present.plot import human_bytes, human_duration
+    assert human_bytes(1010 * 2 ** 20) == "0.986 GiB" and human_bytes(941236224) == "898 MiB"
+    assert human_duration(200_000) == "2.31 d" and human_duration(75_580) == "21 h"
+    for n in (999.6 * 2 ** 20, 1023.9 * 2 ** 30, 3e15, 1e9 * 86400):
+        assert "e+" not in human_bytes(n) + human_duration(n)
+
+
+def test_budget_steps_start_when_the_budget_applied():
+    mib = 2 ** 20
+    points = [(float(t), (400 + t) * mib) for t in range(100)]
+    root = parse(plot.memory_chart(points, budget=[(55.0, 1010 * mib)]))
+    (line,) = by_class(root, "budget")
+    start_x = float(line.get("d")[1:].split(",")[0])
+    (memory,) = by_class(root, "memory-line")
+    xs = [float(p.split(",")[0]) for p in memory.get("points").split()]
+    assert start_x == pytest.approx(xs[55], abs=0.5)   # not from the left edge
+    assert "budget 0.986 GiB" in texts(root)
+
+
+def test_histogram_axis_names_what_it_counts():
+    root = parse(plot.histogram({8: 1, 16: 2}, unit="distinct shapes"))
+    assert "distinct shapes per size" in texts(root) and "requests" not in texts(root)

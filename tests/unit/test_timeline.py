@@ -63,6 +63,9 @@ def test_the_limit_is_shown_then_the_fallback_cost_once_enough_calls_ran_after_i
                          "function": "forward (server.py:92)", "limit": 4,
                          "reason": "0/3: …", "compile_id": "0/4"})
     assert "RECOMPILE LIMIT 4 hit in forward" in limit and "eager" in limit
+    # true to what the server's log shows: torch's warning, no error (never "silently")
+    assert "no error, only torch's `hit config.recompile_limit` warning" in limit
+    assert "silent" not in limit
     assert tl.facts.limit_hit
     assert tl.agent(calls(T0 + 3, 10, 0.03)) == []           # began before the limit: neither
     assert tl.agent(calls(T0 + 4, 20, 0.06)) == []           # 20 calls after: not enough yet

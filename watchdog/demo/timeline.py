@@ -136,7 +136,8 @@ class Timeline:
         self.facts.limit_hit = True
         self.calls.setdefault(e["pid"], _Calls()).limit_t = e.get("t")
         return (f"RECOMPILE LIMIT {e.get('limit')} hit in {function_name(e.get('function'))}: "
-                "new lengths now run eager, silently (no error, no log line of the server's)")
+                "new lengths now run eager: no error, only torch's `hit config.recompile_limit` "
+                "warning in the server's log")
 
     def _agent_stall(self, e: dict) -> Optional[str]:
         self.stalls += 1

@@ -1,13 +1,16 @@
 """`torch-watchdog report`: a self-contained HTML post-mortem of recorded event logs and traces.
 
 The agent's event log, the sidecar's sample log and recorded traces (any mix) run through the
-very pipeline `replay` runs (fold → forecast → decide, `replay.run`); `build_report` turns what
-it saw into numbers (pure), `report_html.render_html` into one self-contained HTML page, and
-`write_report` does the reading and writing.
+very step the daemon and `replay` run (core/step.py), with every server of the host in view:
+each server's every process (a reload or a restart starts a new one), its memory, its budget
+from when it applied, and the forecast in force when the sidecar decided. `build_report`
+turns what it saw into numbers (pure), `report_html.render_html` into one self-contained HTML
+page, and `write_report` does the reading and writing.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -21,15 +24,18 @@ from torch_watchdog.sidecar.offline.buckets import advise, size_counts, varying_
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.present.history import Thinned, higher
 from torch_watchdog.sidecar.present.plot import human_duration
-from torch_watchdog.sidecar.offline.replay import run
+from torch_watchdog.sidecar.core import step
+from torch_watchdog.sidecar.core.forecast import FOREVER
+from torch_watchdog.sidecar.core.step import Host
 from torch_watchdog.sidecar.offline.report_html import render_html
-from torch_watchdog.sidecar.sources.samples import Sample
+from torch_watchdog.sidecar.sources.samples import ConfigChange, Sample
 from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
 
 BUCKET_CHOICES = (4, 8, 16, 32)
 GOOD_PADDING = 0.10      # the advisor recommends the fewest buckets padding at most this much
 MAX_POINTS = 2000        # memory points kept for the chart (peaks kept when thinning)
 EPOCH_T = 1e9            # agent logs use epoch seconds (> 2001); recorded traces count from 0
+OFF_SCALE = 3.0          # a budget above 3x the server's peak is left off its chart
 USAGE_HINT = ("pass the agent's event log (TORCH_WATCHDOG_EVENT_LOG), the sidecar's sample log "
               "(sample_log in watchdog.yaml) or a recorded trace (.jsonl or .jsonl.gz)")
 MARK_KINDS = {"compile", "recompile", "recompile_limit", "oom"}  # events drawn as they are
@@ -37,7 +43,7 @@ CAUSE_TEXT = {
     "cudagraph_per_shape": "memory grows with each CUDA graph recorded for a new input size",
     "recompile_storm": "Dynamo recompiles again and again (a guard fails on new input sizes)",
     "recompile_limit_eager_fallback": "the recompile limit was hit: new input sizes now run "
-                                      "eager, silently slower",
+                                      "eager (no error; torch logs one warning), slower",
     "memory_growth_unexplained": "memory grew more than recordings and compiles explain",
 }
 
@@ -86,22 +92,82 @@ class _Series:
         return self.thinned.view()
 
 
+class _Steps:
+    """A value that changes now and then (the budget): (t, value) at each change only."""
+
+    def __init__(self, limit: int = MAX_POINTS):
+        self.thinned = Thinned(limit, lambda a, b: a)
+        self.last: Optional[float] = None
+
+    def add(self, t: float, v: float) -> None:
+        # the budget line moves with other processes' memory: a change under 0.2 % is noise
+        if self.last is None or abs(v - self.last) > max(2 ** 20, 0.002 * abs(v)):
+            self.thinned.add((t, v))
+            self.last = v
+
+    @property
+    def points(self) -> tuple:
+        return self.thinned.view()
+
+
+class _ServerLog:
+    """One server over the whole run. A reload or a restart gives it a new process and the
+    step a new correlation state: every state it had is kept, so counts cover the whole run
+    (the live sidecar's counters start again at each new process)."""
+
+    def __init__(self, server: Any):
+        self.server = server                   # the step's Server (adoption may rename it)
+        self.states: list = []                 # (first seen t, correlate.State), in order
+        self.state_pids: dict = {}             # id(state) -> the pids the server had then
+        self.series: dict[str, _Series] = {}   # meter -> the server's memory
+        self.budget: dict[str, _Steps] = {}    # meter -> the budget on that meter's scale
+        self.marks: list[tuple[float, str]] = []
+        self.new_shapes: Counter = Counter()   # shape -> 1 (agent's new_shape events)
+        self.graph_sizes: Counter = Counter()  # CUDA-graph shape or key -> 1 (warm-ups)
+        self.nearest: Optional[tuple[float, dict]] = None  # (t, forecast) nearest to OOM
+        self.pids: set = set()
+        self.gpus: set = set()
+        self.agent_limit = False
+
+    def track(self, t: float) -> None:
+        s = self.server
+        if not self.states or self.states[-1][1] is not s.state:
+            self.states.append((t, s.state))
+        self.state_pids.setdefault(id(s.state), set()).update(s.pids)
+        self.pids |= set(s.pids)
+        self.gpus |= set(s.state.gpus or s.gpus)
+
+    def sample(self, t: float) -> None:
+        s = self.server
+        state, fc = s.state, s.forecast
+        if state.mem_source is None or state.mem_bytes is None or not s.pids:
+            # no process of its own (after a reload, before the new one is known): the step
+            # then folds every process's memory, which is not this server's
+            return
+        self.series.setdefault(state.mem_source, _Series()).add(t, state.mem_bytes)
+        if fc.budget_bytes is not None:
+            # where the server's memory meets the budget with everything else as it is now
+            # (the forecast's level may be the whole GPU's; the chart plots the server's own)
+            other = 0 if fc.level_bytes is None else fc.level_bytes - state.mem_bytes
+            self.budget.setdefault(state.mem_source, _Steps()).add(t, fc.budget_bytes - other)
+        if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
+                "seconds_to_oom"]):
+            self.nearest = (t, fc.as_dict())
+
+
 class _Collector:
     """What the report needs beyond the pipeline's outcome, gathered while it runs."""
 
     def __init__(self) -> None:
-        self.series: dict[str, _Series] = {}
-        self.marks: list[tuple[float, str]] = []
+        self.logs: dict[int, _ServerLog] = {}   # id(step.Server) -> its log
         self.requests: Counter = Counter()     # shape -> requests (recorded traces)
-        self.new_shapes: Counter = Counter()   # shape -> 1 (agent's new_shape events)
-        self.graph_sizes: Counter = Counter()  # CUDA-graph shape or key -> 1 (agent, warm-up)
         self.spans: dict[bool, list[float]] = {}  # epoch time base? -> [first t, last t]
-        self.agent_limit = False
 
     def rel(self, t: float) -> float:
         """Seconds from the first observation of t's time base: agent logs count epoch
         seconds, recorded traces from their process's start; each starts at 0."""
-        return round(t - self.spans[t >= EPOCH_T][0], 3)
+        span = self.spans.get(t >= EPOCH_T)
+        return round(t - span[0], 3) if span else round(t, 3)
 
     @property
     def span(self) -> float:
@@ -116,21 +182,57 @@ class _Collector:
             else:
                 yield obs
 
-    def observe(self, obs: Any, state: Any, decided: list) -> None:
+    def log(self, server: Any) -> _ServerLog:
+        log = self.logs.get(id(server))
+        if log is None:
+            log = self.logs[id(server)] = _ServerLog(server)
+        return log
+
+    def observe(self, host: Host, obs: Any, decided: list) -> None:
+        for server in host.servers.values():
+            self.log(server).track(obs.t)
         if isinstance(obs, Sample):
-            if state.mem_source is not None:
-                self.series.setdefault(state.mem_source, _Series()).add(obs.t, state.mem_bytes)
-        elif isinstance(obs, events.CudagraphRecord):
+            for server in host.servers.values():
+                self.log(server).sample(obs.t)
+        elif isinstance(obs, events.Event):
+            # the step's own routing: the server the event went to
+            server = host.servers.get(step._owner(host, obs))
+            if server is not None:
+                self._event(self.log(server), obs)
+        for a in decided:
+            if a.action == "reload" and a.server in host.servers:
+                self.log(host.servers[a.server]).marks.append((a.t, "reload"))
+
+    @staticmethod
+    def _event(log: _ServerLog, obs: Any) -> None:
+        if isinstance(obs, events.CudagraphRecord):
             if obs.phase == "record":
-                self.marks.append((obs.t, "record"))
+                log.marks.append((obs.t, "record"))
             elif obs.shape or obs.key:  # warm-up: the first call of a new size
-                self.graph_sizes[tuple(map(tuple, obs.shape or [obs.key]))] = 1
+                log.graph_sizes[tuple(map(tuple, obs.shape or [obs.key]))] = 1
         elif isinstance(obs, events.NewShape):
-            self.new_shapes[tuple(tuple(dims) for dims in obs.shape)] = 1
+            log.new_shapes[tuple(tuple(dims) for dims in obs.shape)] = 1
         elif obs.kind in MARK_KINDS:
-            self.agent_limit |= obs.kind == "recompile_limit"
-            self.marks.append((obs.t, obs.kind))
-        self.marks.extend((a.t, "reload") for a in decided if a.action == "reload")
+            log.agent_limit |= obs.kind == "recompile_limit"
+            log.marks.append((obs.t, obs.kind))
+
+
+def _run(col: _Collector, observations: Iterable[Any], config: Config,
+         follow_config: bool) -> tuple[Host, list, int, Config]:
+    """replay.run's loop (the very step the daemon runs), with the whole host in view after
+    each observation: every server, every process of it. Returns the host, the actions, the
+    number of observations and the last config in force."""
+    host, actions, n = Host(), [], 0
+    for obs in col.pipeline_input(observations):
+        n += 1
+        if isinstance(obs, ConfigChange):
+            if follow_config:
+                config = obs.config
+            continue
+        decided = step.step(host, obs, config)
+        actions.extend(decided)
+        col.observe(host, obs, decided)
+    return host, actions, n, config
 
 
 def build_report(observations: Iterable[Any], config: Config, files: Iterable[str] = (),
@@ -139,69 +241,151 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     return the report's numbers. Times in the result are seconds from the first observation.
     With `follow_config`, the configs the live sidecar recorded in its sample log apply."""
     col = _Collector()
-    r = run(col.pipeline_input(observations), config, observe=col.observe,
-            follow_config=follow_config)
-    if r.observations == 0:
+    host, actions, n, config = _run(col, observations, config, follow_config)
+    if n == 0:
         raise ReportError("no events, samples or trace lines could be used")
-    config = r.config
-    outcome = r.outcome(config)
-    est, state = outcome["estimates"], r.state
-    # the meter that covered the run (the server's own memory, while it lived), not the last
-    # one (a crashed server's process is gone: the device's memory is all that is left)
-    source = max(col.series, key=lambda k: col.series[k].thinned.added, default=None)
-    series = col.series.get(source) if source else None
-    marks = list(col.marks)
-    for f in state.findings:  # a limit inferred from a recorded trace has no event of its own
-        if f.cause == "recompile_limit_eager_fallback" and not col.agent_limit:
-            marks.append((f.detail.get("reached_at", f.t), "recompile_limit"))
+    logs = [log for log in col.logs.values() if log.states]
+    if not logs:  # samples of no server: nothing to attribute, still a page
+        logs = [_ServerLog(step.Server(step.DEFAULT_SERVER))]
+        logs[0].track(0.0)
+    acts = [_relative({**a.as_dict(), "t": col.rel(a.t)}, col.rel) for a in actions]
+    findings = sorted(((log.server.name, f) for log in logs for _, st in log.states
+                       for f in st.findings), key=lambda p: p[1].t)
+    causes = [_relative({**f.as_dict(), "server": name, "t": col.rel(f.t),
+                         "explanation": CAUSE_TEXT.get(f.cause, "")}, col.rel)
+              for name, f in findings]
+    servers = [_server_report(log, [a for a in acts if a["server"] == log.server.name],
+                              [c for c in causes if c["server"] == log.server.name], col, config,
+                              requests=col.requests if len(logs) == 1 else Counter())
+               for log in logs]
+    servers.sort(key=lambda s: s["name"])
+    focus = min(servers, key=_nearness)
     return {
-        "input": {"files": list(files), "observations": r.observations,
+        "input": {"files": list(files), "observations": n,
                   "mixed_time_bases": len(col.spans) > 1},
-        "summary": {**_summary(col.span, state, est, series), "recompile_limit":
-                    _limit(state.findings), "memory_source": source},
-        "chart": _chart(series, marks, col.rel,
-                        _budget(source, est, config, series.peak if series else None)),
-        "shapes": _shapes(col, est.get("mb_per_graph")),
-        "causes": [{**f.as_dict(), "t": col.rel(f.t), "explanation":
-                    CAUSE_TEXT.get(f.cause, "")} for f in state.findings],
-        "actions": [{**a.as_dict(), "t": col.rel(a.t)} for a in r.actions],
-        "estimates": est,
+        "summary": focus["summary"], "chart": focus["chart"], "shapes": focus["shapes"],
+        "causes": causes, "actions": acts, "estimates": focus["estimates"],
+        "focus": focus["name"], "servers": servers,
     }
 
 
-def _summary(span: float, state: Any, est: dict, series: Optional[_Series]) -> dict[str, Any]:
-    keys = ("recordings", "compiles", "recompiles", "recompile_limit_hits", "distinct_shapes",
-            "requests", "stalls", "stall_seconds", "ooms", "mb_per_graph",
-            "mb_per_graph_confidence", "seconds_to_oom", "will_oom", "plateau_bytes",
-            "budget_bytes", "memory_source")
-    return {"span_s": round(span, 3),
-            "memory_start_bytes": series.first if series else None,
-            "memory_peak_bytes": series.peak if series else None,
-            "memory_end_bytes": state.mem_bytes,
-            **{k: est.get(k) for k in keys}}
+def _nearness(s: dict) -> tuple:
+    """The server a one-server view shows: the one reloaded, else the nearest to OOM."""
+    fc = s["summary"]["forecast"]
+    seconds = fc.get("seconds_to_oom")
+    return (fc["basis"] != "reload decision", not s["summary"]["ooms"],
+            math.inf if seconds is None else seconds, s["name"])
 
 
-def _limit(findings: list) -> Optional[str]:
-    """Whether the recompile limit was hit: "yes" (the agent said so), "yes (inferred)"."""
-    for f in findings:
-        if f.cause == "recompile_limit_eager_fallback":
-            return "yes" if f.detail.get("source") == "agent" else "yes (inferred)"
-    return None
+def _relative(d: dict, rel: Callable[[float], float]) -> dict:
+    """A finding's or an action's times as seconds from the start, like its `t`."""
+    for key in ("decided_t", "reached_at"):
+        if isinstance(d.get(key), (int, float)):
+            d[key] = rel(d[key])
+    return d
 
 
-def _budget(source: Optional[str], est: dict, config: Config,
-            peak: Optional[float]) -> Optional[float]:
-    """The forecast's budget for the chart: when it is on the meter shown, or when the server's
-    own memory came near it (a server alone on its GPU; else the line would flatten the chart)."""
-    budget = est.get("budget_bytes")
-    per_process = config.forecast.process_budget_bytes is not None
-    same = (source == "process" and per_process) or (source == "device" and not per_process)
-    near = budget is not None and peak is not None and peak >= budget / 2
-    return budget if same or near else None
+def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
+                   config: Config, requests: Counter) -> dict[str, Any]:
+    # its processes: a state that never had a pid of its own (the gap between a reload and
+    # the new process) measured no process of this server
+    owned = [(t, st) for t, st in log.states if log.state_pids.get(id(st))] or log.states[:1]
+    states = [st for _, st in owned]
+    last = states[-1]
+    limit_hit, limit = _limit(states, config)
+    per_graph = _best_per_graph(states, config)
+    shapes = _shapes(requests, log, per_graph, limit if limit_hit else None)
+    source = max(log.series, key=lambda k: log.series[k].thinned.added, default=None)
+    series = log.series.get(source) if source else None
+    marks = list(log.marks)
+    for f in (f for st in states for f in st.findings):
+        # a limit inferred from a recorded trace has no event of its own
+        if f.cause == "recompile_limit_eager_fallback" and not log.agent_limit:
+            marks.append((f.detail.get("reached_at", f.t), "recompile_limit"))
+    budget = log.budget.get(source) if source else None
+    chart = _chart(series, marks, col, budget)
+    fc = _forecast_in_force(log, acts, config, col.rel)
+    total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
+    counted = shapes["basis"] in ("requests", "distinct shapes") and shapes["distinct"]
+    summary = {
+        "span_s": round(col.span, 3),
+        "memory_start_bytes": series.first if series else None,
+        "memory_peak_bytes": series.peak if series else None,
+        # the charted meter's last point (the last state may have switched meters)
+        "memory_end_bytes": series.points[-1][1] if series else last.mem_bytes,
+        "memory_source": source,
+        "recordings": total("records"), "compiles": total("compiles"),
+        "recompiles": total("recompiles"), "recompile_limit_hits": total("limit_hits"),
+        # one source for each number: the shapes the histogram counts
+        "distinct_shapes": shapes["distinct"] if counted else total("distinct_shapes"),
+        "requests": shapes["total"] if shapes["basis"] == "requests" else total("requests"),
+        "stalls": total("stalls"), "stall_seconds": round(total("stall_seconds"), 3),
+        "ooms": total("ooms"), "processes": len(states),
+        "first_oom_t": min((t for t, k in chart["marks"] if k == "oom"), default=None),
+        "mb_per_graph": per_graph[0] if per_graph else None,
+        "mb_per_graph_confidence": per_graph[1] if per_graph else None,
+        "recompile_limit": limit, "recompile_limit_hit": limit_hit,
+        "forecast": fc, **{k: fc.get(k) for k in ("seconds_to_oom", "will_oom",
+                                                  "plateau_bytes", "budget_bytes")},
+    }
+    return {"name": log.server.name, "pids": sorted(log.pids), "gpus": sorted(log.gpus),
+            "summary": summary, "chart": chart, "shapes": shapes,
+            "estimates": step.estimates(log.server, config),
+            "processes": [{"from_t": col.rel(t), "pids": sorted(log.state_pids.get(id(st),
+                                                                                    ()))}
+                          for t, st in owned]}
 
 
-def _chart(series: Optional[_Series], marks: list, rel: Callable[[float], float],
-           budget: Optional[float]) -> dict[str, Any]:
+def _limit(states: list, config: Config) -> tuple[Optional[str], Optional[int]]:
+    """Whether the recompile limit was hit ("agent": it said so; "inferred"), and the limit
+    the server ran with: the one torch hit (the finding's), else its agent's hello's, else
+    torch's default."""
+    hit, hit_limit, hello = None, None, None
+    for st in states:
+        for f in st.findings:
+            if f.cause == "recompile_limit_eager_fallback" and hit is None:
+                hit = "agent" if f.detail.get("source") == "agent" else "inferred"
+                hit_limit = f.detail.get("limit")
+        hello = hello or st.recompile_limit
+    limit = hit_limit or hello or config.correlate.default_recompile_limit
+    return hit, limit
+
+
+def _best_per_graph(states: list, config: Config) -> Optional[tuple[float, float]]:
+    """MB per graph as measured in the run: of the server's processes, the most confident
+    estimate (a reload's new process has too few recordings for its own)."""
+    found = [(e["mb_per_graph"], e["mb_per_graph_confidence"]) for e in
+             (st.estimates(config.correlate) for st in states) if e["mb_per_graph"] is not None]
+    return max(found, key=lambda p: p[1], default=None)
+
+
+FORECAST_TEXT_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_discovery",
+                      "seconds_to_oom_unexplained", "plateau_bytes", "budget_bytes",
+                      "level_bytes", "will_oom", "driver", "cause")
+
+
+def _forecast_in_force(log: _ServerLog, acts: list, config: Config,
+                       rel: Callable[[float], float]) -> dict[str, Any]:
+    """The forecast the sidecar acted on: at its reload decision, else at its oom_forecast
+    alert, else the one at the end; with the nearest one seen during the run."""
+    nearest = None if log.nearest is None else {"t": rel(log.nearest[0]), **log.nearest[1]}
+    for basis, pick in (("reload decision", lambda a: a["action"] == "reload"),
+                        ("oom_forecast alert", lambda a: a["action"] == "alert"
+                         and a["reason"] == "oom_forecast")):
+        a = next((a for a in acts if pick(a)), None)
+        if a is not None:
+            fc = {k: a.get(k) for k in FORECAST_TEXT_KEYS}
+            if fc["will_oom"] is None and None not in (fc["plateau_bytes"], fc["budget_bytes"]):
+                fc["will_oom"] = fc["plateau_bytes"] >= fc["budget_bytes"]
+            return {"basis": basis, "t": a["t"], **fc, "nearest": nearest}
+    end = step.estimates(log.server, config)
+    return {"basis": "end", "t": None, **{k: end.get(k) for k in FORECAST_TEXT_KEYS},
+            "nearest": nearest}
+
+
+def _chart(series: Optional[_Series], marks: list, col: _Collector,
+           budget: Optional[_Steps]) -> dict[str, Any]:
+    rel = col.rel
     points = [[rel(t), v] for t, v in series.points] if series else []
     shown = sorted((rel(t), k) for t, k in marks)
     outside = 0
@@ -210,29 +394,51 @@ def _chart(series: Optional[_Series], marks: list, rel: Callable[[float], float]
         margin = 0.05 * (hi - lo) + 1.0
         kept = [m for m in shown if lo - margin <= m[0] <= hi + margin]
         outside, shown = len(shown) - len(kept), kept
+    steps = [[rel(t), v] for t, v in budget.points] if budget else []
+    line, off = _on_scale(steps, series.peak if series else None)
     return {"points": points, "zoom": _zoom_range(points),
             "marks": [list(m) for m in shown], "marks_outside": outside,
-            "mark_counts": dict(Counter(k for _, k in shown)), "budget_bytes": budget}
+            "mark_counts": dict(Counter(k for _, k in shown)),
+            "budget": line, "budget_off_scale": off,
+            "budget_bytes": line[-1][1] if line else None}
+
+
+def _on_scale(steps: list, peak: Optional[float]) -> tuple[list, list]:
+    """The budget's steps drawn on the chart, and those left off: a budget over OFF_SCALE x
+    the server's peak would flatten its memory to a line along the axis (the demo's budget is
+    the machine's RAM until warm-up; a server alone on a GPU stays near its budget)."""
+    if peak is None or not steps:
+        return [], steps
+    first_on = next((i for i, (_, v) in enumerate(steps) if v <= OFF_SCALE * peak), None)
+    if first_on is None:
+        return [], steps
+    return steps[first_on:], steps[:first_on]
 
 
 def _zoom_range(points: list) -> Optional[dict]:
-    """Where a zoomed chart should start: after the last one-poll step of more than half the
-    peak (weights, a ballast), when the growth since then is under a fifth of the peak and
-    would be a flat line on the full chart."""
+    """What a zoomed chart should show: the stretch around the peak between one-poll steps of
+    more than half the peak (weights or a ballast before it, a reload or a crash after it),
+    when the growth there is under a fifth of the peak and would be a flat line on the full
+    chart."""
     if len(points) < 3:
         return None
     peak = max(v for _, v in points)
-    steps = [i for i in range(1, len(points)) if points[i][1] - points[i - 1][1] > peak / 2]
-    start = steps[-1] if steps else 0
-    base = min(v for _, v in points[start:])
-    return {"from_t": points[start][0], "baseline_bytes": base} \
+    top = next(i for i, (_, v) in enumerate(points) if v == peak)
+    jump = [i for i in range(1, len(points)) if abs(points[i][1] - points[i - 1][1]) > peak / 2]
+    start = max((i for i in jump if i <= top), default=0)
+    end = min((i for i in jump if i > top), default=len(points))
+    base = min(v for _, v in points[start:end])
+    return {"from_t": points[start][0], "to_t": points[end - 1][0], "baseline_bytes": base} \
         if 0 < peak - base < peak / 5 else None
 
 
-def _shapes(col: _Collector, mb_per_graph: Optional[float]) -> dict[str, Any]:
-    """Sizes along the varying dimension: per request (traces) else per distinct shape."""
-    basis, shapes = next(((b, s) for b, s in (("requests", col.requests), ("distinct shapes",
-                          col.new_shapes), ("CUDA-graph sizes", col.graph_sizes)) if s),
+def _shapes(requests: Counter, log: _ServerLog, per_graph: Optional[tuple],
+            limit: Optional[int]) -> dict[str, Any]:
+    """Sizes along the varying dimension: per request (traces) else per distinct shape. With
+    `limit` (the server compiles per size, dynamic=False, and hit that recompile limit), no
+    more buckets than the limit: one more would run eager like every size did."""
+    basis, shapes = next(((b, s) for b, s in (("requests", requests), ("distinct shapes",
+                          log.new_shapes), ("CUDA-graph sizes", log.graph_sizes)) if s),
                          ("distinct shapes", Counter()))
     flat: Counter = Counter()
     for shape, n in shapes.items():  # one shape per tensor argument: their dims, in order
@@ -243,12 +449,15 @@ def _shapes(col: _Collector, mb_per_graph: Optional[float]) -> dict[str, Any]:
     counts: Counter = Counter()
     if dim is not None:
         counts = size_counts(chain.from_iterable(repeat(s, flat[s]) for s in same), dim)
-    per_graph = None if mb_per_graph is None else mb_per_graph * 1e6
-    rows = [{"max_buckets": k, **advise(counts, k, per_graph).as_dict()}
-            for k in BUCKET_CHOICES] if counts else []
+    bytes_per_graph = None if per_graph is None else per_graph[0] * 1e6
+    choices = BUCKET_CHOICES if limit is None else \
+        sorted({k for k in BUCKET_CHOICES if k < limit} | {limit})
+    rows = [{"max_buckets": k, **advise(counts, k, bytes_per_graph).as_dict()}
+            for k in choices] if counts else []
     return {"basis": basis, "dimension": dim, "rank": rank, "distinct": len(flat),
             "total": sum(flat.values()), "counts": sorted(counts.items()),
-            "advisor": rows, "recommended": recommended(rows)}
+            "advisor": rows, "recommended": recommended(rows), "recompile_limit": limit,
+            "mb_per_graph": None if per_graph is None else per_graph[0]}
 
 
 def recommended(rows: list) -> Optional[dict]:
@@ -284,6 +493,14 @@ def write_report(paths: list[str], out: str, config: Config,
     return report
 
 
+def numbers(report: dict) -> dict:
+    """What `--json` prints: everything the page shows but the charts' points and marks."""
+    def lean(chart: dict) -> dict:
+        return {k: v for k, v in chart.items() if k not in ("points", "marks")}
+    return {**report, "chart": lean(report["chart"]),
+            "servers": [{**s, "chart": lean(s["chart"])} for s in report["servers"]]}
+
+
 def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO,
          follow_config: bool = True) -> int:
     """The `report` subcommand. Exit codes: 0 written, 2 bad input (message on stderr)."""
@@ -295,13 +512,14 @@ def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO,
         print(f"torch-watchdog report: {err}", file=sys.stderr)
         return 2
     if as_json:
-        numbers = {**report, "chart": {k: v for k, v in report["chart"].items()
-                                       if k not in ("points", "marks")}}
-        json.dump(numbers, stdout, indent=1)
+        json.dump(numbers(report), stdout, indent=1)
         stdout.write("\n")
     s = report["summary"]
+    servers = len(report["servers"])
     print(f"wrote {out} in {time.perf_counter() - started:.1f} s: "
-          f"{human_duration(s['span_s'])}, "
-          f"{s['recordings']} recordings, {len(report['causes'])} cause(s), "
-          f"{len(report['actions'])} action(s)", file=sys.stderr if as_json else stdout)
+          f"{human_duration(s['span_s'])}"
+          + (f", {servers} servers" if servers > 1 else "") + ", "
+          f"{sum(x['summary']['recordings'] for x in report['servers'])} recordings, "
+          f"{len(report['causes'])} cause(s), {len(report['actions'])} action(s)",
+          file=sys.stderr if as_json else stdout)
     return 0

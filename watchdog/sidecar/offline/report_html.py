@@ -1,5 +1,9 @@
 """The post-mortem report's HTML (pure): one self-contained page from `report.build_report`'s
-numbers — inline CSS and SVG (plot.py), no script, no external resource, every text escaped."""
+numbers — inline CSS and SVG (plot.py), no script, no external resource, every text escaped.
+
+Every number is shown in human units (MiB/GiB, durations, "+12.3 s" from the start); the
+forecast shown is the one in force when the sidecar decided; a host with several servers gets
+one section per server (its memory, its counts over all its processes, its shapes)."""
 from __future__ import annotations
 
 import html
@@ -12,30 +16,90 @@ from torch_watchdog.sidecar.present.plot import human_bytes, human_duration
 # -- page -----------------------------------------------------------------------------------
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:960px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin-top:20px}
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;
 text-align:left;vertical-align:top}th{background:#f5f5f5}.num{text-align:right;white-space:nowrap}
 dl.summary{display:grid;grid-template-columns:repeat(4,1fr);gap:6px 18px}
 dl.summary div{background:#f7f7f7;padding:6px 10px;border-radius:4px}dt{color:#666;font-size:12px}
+dl.summary div.wide{grid-column:span 2}
 dd{margin:0;font-weight:600}pre{background:#f5f5f5;padding:10px;overflow:auto}.note{color:#666}
 .bad{color:#b00}"""
 
 
 def render_html(report: dict) -> str:
     """One self-contained page: inline CSS and SVG, no script, no external resource."""
-    s, chart = report["summary"], report["chart"]
-    memory = plot.memory_chart([tuple(p) for p in chart["points"]],
-                               [tuple(m) for m in chart["marks"]], budget=chart["budget_bytes"],
-                               time_origin=0.0,  # the tables' times: from the trace's start
-                               title=f"server memory ({s['memory_source'] or 'unknown'})")
-    body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(report['input']['files']))}"
-            f" — {report['input']['observations']:,} observations, "
-            f"{report['input'].get('bad_lines', 0)} unreadable line(s)</p>",
-            _summary_html(s), "<h2>Memory</h2>", memory, _zoom(chart), _chart_note(report),
-            _causes_html(report["causes"]), _actions_html(report["actions"]),
-            _shapes_html(report)]
+    servers = report.get("servers") or []
+    inp = report["input"]
+    body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(inp['files']))}"
+            f" — {inp['observations']:,} observations, "
+            f"{inp.get('bad_lines', 0)} unreadable line(s)"
+            f"{_e(f', {len(servers)} servers') if len(servers) > 1 else ''}</p>"]
+    if len(servers) > 1:
+        body.append(_servers_html(servers))
+        for s in servers:
+            body.append(f"<h2 id=\"server-{_e(s['name'])}\">Server {_e(s['name'])}</h2>"
+                        f"<p class=note>{_e(_who(s))}</p>")
+            body.append(_server_body(s, report, level=3))
+    else:
+        one = servers[0] if servers else {"summary": report["summary"],
+                                          "chart": report["chart"], "shapes": report["shapes"]}
+        body.append(_server_body(one, report, level=2, shapes=False))
+    several = len(servers) > 1
+    body += [_causes_html(report["causes"], several), _actions_html(report["actions"], several)]
+    if not several:
+        body.append(_shapes_html(report["shapes"], 2))
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             f"<title>torch-watchdog report</title><style>{CSS}</style></head><body>"
             + "".join(body) + "</body></html>\n")
+
+
+def _who(s: dict) -> str:
+    procs = s.get("processes") or []
+    text = (f"pids {', '.join(map(str, s.get('pids') or [])) or '—'}; GPUs "
+            f"{', '.join(s.get('gpus') or []) or 'none (host memory)'}")
+    if len(procs) > 1:
+        text += "; processes from " + ", ".join(
+            f"+{human_duration(p['from_t'])}" + (f" (pid {', '.join(map(str, p['pids']))})"
+                                                  if p["pids"] else "") for p in procs)
+    return text
+
+
+def _servers_html(servers: list) -> str:
+    rows = "".join(
+        f"<tr><td><a href=\"#server-{_e(s['name'])}\">{_e(s['name'])}</a></td>"
+        f"<td>{_e(', '.join(map(str, s['pids'])) or '—')}</td>"
+        f"<td>{_e(', '.join(g[:12] for g in s['gpus']) or '—')}</td>"
+        f"<td class=num>{_e(human_bytes(s['summary']['memory_peak_bytes']))}</td>"
+        f"<td class=num>{s['summary']['recordings']:,}</td>"
+        f"<td>{_e(_forecast_text(s['summary']))}</td></tr>" for s in servers)
+    return ("<h2>Servers</h2><p>Each server is watched, forecast and reloaded on its own.</p>"
+            "<table><tr><th>server</th><th>pids</th><th>GPUs</th><th>peak memory</th>"
+            f"<th>CUDA graphs</th><th>forecast</th></tr>{rows}</table>")
+
+
+def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
+    summary, chart = s["summary"], s["chart"]
+    memory = plot.memory_chart([tuple(p) for p in chart["points"]],
+                               [tuple(m) for m in chart["marks"]], budget=_budget(chart),
+                               time_origin=0.0,  # the tables' times: from the trace's start
+                               title=f"server memory ({_meter(summary['memory_source'])})")
+    parts = [_summary_html(summary), f"<h{level}>Memory</h{level}>", memory, _zoom(chart),
+             _chart_note(chart, report)]
+    if shapes:
+        parts.append(_shapes_html(s["shapes"], level))
+    return "".join(parts)
+
+
+METERS = {"process": "its own GPU memory, NVML", "device": "the GPU's used memory, NVML",
+          "rss": "its RSS: host-memory mode"}
+
+
+def _meter(source: Any) -> str:
+    return METERS.get(source, "unknown")
+
+
+def _budget(chart: dict) -> list:
+    return [tuple(p) for p in chart.get("budget") or []]
 
 
 def _zoom(chart: dict) -> str:
@@ -43,11 +107,15 @@ def _zoom(chart: dict) -> str:
     zoom = chart.get("zoom")
     if zoom is None:
         return ""
-    since, base = zoom["from_t"], zoom["baseline_bytes"]
-    return plot.memory_chart([tuple(p) for p in chart["points"] if p[0] >= since],
-                             [tuple(m) for m in chart["marks"] if m[0] >= since],
-                             budget=chart["budget_bytes"], baseline=base, time_origin=0.0,
-                             title=f"growth above {human_bytes(base)} (zoomed)")
+    since, until, base = zoom["from_t"], zoom.get("to_t", float("inf")), zoom["baseline_bytes"]
+    budget = [p for p in _budget(chart) if since <= p[0] <= until]
+    before = [p for p in _budget(chart) if p[0] < since][-1:]
+    return plot.memory_chart([tuple(p) for p in chart["points"] if since <= p[0] <= until],
+                             [tuple(m) for m in chart["marks"] if since <= m[0] <= until],
+                             budget=[(since, before[0][1])] + budget if before else budget,
+                             baseline=base, time_origin=0.0,
+                             title=f"growth above {human_bytes(base)} (zoomed: +{human_duration(since)} to "
+                                   f"+{human_duration(until)})")
 
 
 def _e(value: Any) -> str:
@@ -55,40 +123,99 @@ def _e(value: Any) -> str:
 
 
 def _summary_html(s: dict) -> str:
+    procs = s.get("processes", 1)
     cells = [
         ("trace span", human_duration(s["span_s"])),
-        ("memory start → peak", f"{human_bytes(s['memory_start_bytes'])} → "
-                                f"{human_bytes(s['memory_peak_bytes'])}"),
-        ("CUDA graphs recorded", s["recordings"]), ("compiles", s["compiles"]),
-        ("recompiles", s["recompiles"]), ("recompile limit hit", s["recompile_limit"] or "no"),
-        ("requests", s["requests"]), ("distinct shapes", s["distinct_shapes"]),
-        ("stalls", f"{s['stalls']} ({human_duration(s['stall_seconds'])})"),
+        ("memory start → peak → end", f"{human_bytes(s['memory_start_bytes'])} → "
+                                      f"{human_bytes(s['memory_peak_bytes'])} → "
+                                      f"{human_bytes(s['memory_end_bytes'])}"),
+        ("CUDA graphs recorded", f"{s['recordings']:,}"), ("compiles", s["compiles"]),
+        ("recompiles", s["recompiles"]), ("recompile limit", _limit_text(s)),
+        ("requests", f"{s['requests']:,}"), ("distinct shapes", f"{s['distinct_shapes']:,}"),
+        ("stalls", f"{s['stalls']:,} ({human_duration(s['stall_seconds'])})"),
         ("out-of-memory events", s["ooms"]),
-        ("MB per graph", "—" if s["mb_per_graph"] is None else
-         f"{s['mb_per_graph']:.3f} (confidence {s['mb_per_graph_confidence']:.2f})"),
-        ("forecast", _forecast_text(s)),
+        ("MB per graph", "— (not measured: too few recordings)" if s["mb_per_graph"] is None
+         else f"{s['mb_per_graph']:.3f} MB (confidence {s['mb_per_graph_confidence']:.2f})"),
     ]
-    return "<dl class=summary>" + "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>"
-                                          for k, v in cells) + "</dl>"
+    if procs > 1:
+        cells.append(("server processes", f"{procs} (counts cover all of them)"))
+    items = [f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in cells]
+    items.append(f"<div class=wide><dt>{_e(_forecast_title(s))}</dt>"
+                 f"<dd>{_e(_forecast_text(s))}</dd></div>")
+    return "<dl class=summary>" + "".join(items) + "</dl>"
+
+
+def _limit_text(s: dict) -> str:
+    limit, hit = s.get("recompile_limit"), s.get("recompile_limit_hit")
+    if hit == "agent":
+        return f"{limit}, hit (reported by the agent)"
+    if hit == "inferred":
+        return f"{limit}, hit (inferred)"
+    return f"not hit (limit {limit})" if limit is not None else "not hit"
+
+
+def _forecast_title(s: dict) -> str:
+    fc = s.get("forecast") or {}
+    basis = fc.get("basis")
+    if basis in ("reload decision", "oom_forecast alert"):
+        return f"forecast at the {basis} (+{human_duration(fc['t'])})"
+    return "forecast at the end"
 
 
 def _forecast_text(s: dict) -> str:
+    fc = s.get("forecast") or {}
+    text = _one_forecast(fc)
     if s["ooms"]:
-        return f"ran out of memory ({s['ooms']} OOM event(s))"
-    if s["will_oom"] is None:
-        return "no forecast (too few recordings or no budget)"
-    plateau = (f"plateau {human_bytes(s['plateau_bytes'])} vs budget "
-               f"{human_bytes(s['budget_bytes'])}")
-    if s["will_oom"]:
-        return f"will run out in {human_duration(s['seconds_to_oom'])}: {plateau}"
-    return f"levels off: {plateau}"
+        at = f" at +{human_duration(s['first_oom_t'])}" if s.get("first_oom_t") is not None \
+            else ""
+        ran = f"ran out of memory{at} ({s['ooms']} OOM event{'s' if s['ooms'] > 1 else ''})"
+        text = f"{text}; then it {ran}" if fc.get("basis") != "end" else ran
+    elif fc.get("basis") == "end":
+        near = fc.get("nearest")
+        if near and near.get("seconds_to_oom") is not None and text.startswith(("no", "lev")):
+            text += (f" (nearest during the run: OOM in "
+                     f"{human_duration(near['seconds_to_oom'])} at +{human_duration(near['t'])})")
+    return text
 
 
-def _chart_note(report: dict) -> str:
-    c, notes = report["chart"], []
-    if c["marks_outside"]:
-        notes.append(f"{c['marks_outside']} event(s) fall outside the samples' time range and "
-                     "are not drawn")
+def _one_forecast(fc: dict) -> str:
+    seconds, budget, level = fc.get("seconds_to_oom"), fc.get("budget_bytes"), \
+        fc.get("level_bytes")
+    if budget is None:
+        return "no forecast (memory not known)"
+    plateau = fc.get("plateau_bytes")
+    tail = (f"{human_bytes(budget - level)} left of the {human_bytes(budget)} budget (at "
+            f"{human_bytes(level)})" if level is not None and level < budget
+            else f"budget {human_bytes(budget)}")
+    if plateau is not None:
+        tail += f", plateau {human_bytes(plateau)}"
+    if level is not None and level >= budget:
+        return f"over budget: {human_bytes(level)} of the {human_bytes(budget)} budget"
+    if seconds is not None:
+        driver = {"recordings": "CUDA graphs for new sizes", "unexplained":
+                  "growth no recording explains", "trend": "linear trend"}.get(
+            fc.get("driver") or "", "linear trend" if fc.get("seconds_to_oom_discovery") is None
+            else "CUDA graphs for new sizes")
+        return f"OOM in {human_duration(seconds)} ({driver}): {tail}"
+    if fc.get("will_oom") is False:
+        return f"levels off: {tail}"
+    return f"no OOM forecast: {tail}"
+
+
+def _chart_note(chart: dict, report: dict) -> str:
+    notes = []
+    if chart["marks_outside"]:
+        notes.append(f"{chart['marks_outside']} event(s) fall outside the samples' time range "
+                     "and are not drawn")
+    off, line = chart.get("budget_off_scale") or [], chart.get("budget") or []
+    if off:
+        until = f" until +{human_duration(line[0][0])}" if line else ""
+        notes.append(f"budget {human_bytes(off[-1][1])}{until}: off this chart's scale (over "
+                     "3x the server's peak), not drawn" + ("; the dashed line is the budget "
+                                                          "from then on" if line else ""))
+    if len(line) > 1 or (line and chart["points"] and line[0][0] > chart["points"][0][0] + 1):
+        notes.append("the dashed budget line starts when that budget applied (the sample log "
+                     "records each config and each poll's forecast) and steps where it changed")
     if report["input"]["mixed_time_bases"]:
         notes.append("the inputs mix time bases (agent logs: epoch seconds; recorded traces: "
                      "seconds since their process started): each is shown from its own first "
@@ -96,21 +223,31 @@ def _chart_note(report: dict) -> str:
     return "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
 
 
-def _causes_html(causes: list) -> str:
-    rows = [f"<td class=num>+{_e(human_duration(c['t']))}</td><td><b>{_e(c['cause'])}</b><br>"
-            f"{_e(c['explanation'])}</td><td>{_e(_numbers(c, ('t', 'cause', 'explanation')))}"
-            "</td>" for c in causes]
-    return _table("Causes", "No causes found: memory and compiles behaved.",
-                  ("at", "cause", "numbers when found"), rows)
+def _causes_html(causes: list, several: bool) -> str:
+    rows = [f"<td class=num>+{_e(human_duration(c['t']))}</td>"
+            + (f"<td>{_e(c.get('server'))}</td>" if several else "")
+            + f"<td><b>{_e(c['cause'])}</b><br>{_e(c['explanation'])}</td>"
+            f"<td>{_e(_numbers(c, ('t', 'cause', 'explanation', 'server')))}</td>"
+            for c in causes]
+    head = ("at",) + (("server",) if several else ()) + ("cause", "numbers when found")
+    return _table("Causes", "No causes found: memory and compiles behaved.", head, rows)
 
 
-def _actions_html(actions: list) -> str:
-    rows = [f"<td class=num>+{_e(human_duration(a['t']))}</td><td"
-            f"{' class=bad' if a['action'] == 'reload' else ''}>{_e(a['action'])}</td>"
-            f"<td>{_e(a['reason'])}</td><td>{_e(_numbers(a, ('t', 'action', 'reason')))}</td>"
+def _actions_html(actions: list, several: bool) -> str:
+    rows = [f"<td class=num>+{_e(human_duration(a['t']))}</td>"
+            + (f"<td>{_e(a.get('server'))}</td>" if several else "")
+            + f"<td{' class=bad' if a['action'] in ('reload', 'execute') else ''}>"
+            f"{_e(a['action'])}</td><td>{_e(a['reason'])}</td>"
+            f"<td>{_e(_target(a))}</td>"
+            f"<td>{_e(_numbers(a, ('t', 'action', 'reason', 'server', 'pids', 'gpus')))}</td>"
             for a in actions]
-    return _table("Actions", "The policy decided nothing: no alert, no reload.",
-                  ("at", "action", "reason", "numbers"), rows)
+    head = ("at",) + (("server",) if several else ()) + ("action", "reason", "target", "numbers")
+    return _table("Actions", "The policy decided nothing: no alert, no reload.", head, rows)
+
+
+def _target(a: dict) -> str:
+    pids = ", ".join(map(str, a.get("pids") or []))
+    return f"pid {pids}" if pids else "—"
 
 
 def _table(title: str, empty: str, headers: tuple, rows: list) -> str:
@@ -122,39 +259,99 @@ def _table(title: str, empty: str, headers: tuple, rows: list) -> str:
         f"<tr>{r}</tr>" for r in rows) + "</table>"
 
 
+def human_value(key: str, value: Any) -> str:
+    """One number of a cause or an action as a person reads it: bytes in MiB/GiB, seconds as
+    a duration, times from the start as "+12.3 s"."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if key.endswith("_bytes_per_s"):
+        return f"{human_bytes(value)}/s"
+    if key.endswith("_bytes"):
+        return human_bytes(value)
+    if key in ("decided_t", "reached_at"):
+        return f"+{human_duration(value)}"
+    if key.startswith("seconds_") or key.endswith(("_seconds", "_s")):
+        return human_duration(value)
+    if key.endswith("_mb") or key == "mb_so_far":
+        return f"{value:,.1f} MB"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return f"{value:,}"
+
+
+LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_linear": "linear trend: OOM in",
+          "seconds_to_oom_discovery": "discovery model: OOM in",
+          "seconds_to_oom_unexplained": "unexplained growth: OOM in", "decided_t": "decided at",
+          "reached_at": "reached at", "mb_per_graph": "MB per graph", "dry_run": "dry run"}
+
+
+def _label(key: str) -> str:
+    if key in LABELS:
+        return LABELS[key]
+    for suffix in ("_bytes_per_s", "_bytes"):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)] + (" per s" if suffix == "_bytes_per_s" else "")
+    return key.replace("_", " ")
+
+
 def _numbers(d: dict, skip: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v is not None)
+    return ", ".join(f"{_label(k)} {human_value(k, v)}" for k, v in d.items()
+                     if k not in skip and v is not None and v != [] and v is not False)
 
 
-def _shapes_html(report: dict) -> str:
-    sh = report["shapes"]
+def _shapes_html(sh: dict, level: int) -> str:
+    h = f"h{level}"
     if not sh["counts"]:
-        return ("<h2>Input shapes</h2><p>No varying input size seen: nothing to bucket. (The "
-                "agent reports shapes for models wrapped in <code>torch_watchdog.agent.watch()</code>; "
-                "recorded traces carry each request's shape.)</p>" + plot.histogram({}))
+        return (f"<{h}>Input shapes</{h}><p>No varying input size seen: nothing to bucket. "
+                "(The agent reports shapes for models wrapped in "
+                "<code>torch_watchdog.agent.watch()</code>; recorded traces carry each "
+                "request's shape.)</p>" + plot.histogram({}))
     best = sh["recommended"]
-    head = (f"<h2>Input shapes</h2><p>{sh['total']:,} {_e(sh['basis'])}, {sh['distinct']:,} "
-            f"distinct; sizes along dimension {sh['dimension']} (of {sh['rank']}).</p>")
-    hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"],
-                          title=f"{sh['basis']} per size, {best['max_buckets']} suggested buckets")
-    return head + hist + _advisor_html(sh["advisor"], best)
+    counted = f"{sh['total']:,} {_e(sh['basis'])}" + (
+        f", {sh['distinct']:,} distinct" if sh["total"] != sh["distinct"] else "")
+    head = (f"<{h}>Input shapes</{h}><p>{counted}; sizes along dimension {sh['dimension']} "
+            f"(of {sh['rank']}).</p>")
+    hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"], unit=sh["basis"],
+                          title=f"{sh['basis']} per size, {best['max_buckets']} suggested "
+                                "buckets")
+    return head + hist + _advisor_html(sh, best, level)
 
 
-def _advisor_html(rows: list, best: dict) -> str:
+def _advisor_html(sh: dict, best: dict, level: int) -> str:
+    rows, limit = sh["advisor"], sh.get("recompile_limit")
+    known = any(r["memory_saved_bytes"] is not None for r in rows)
     cells = "".join(
         f"<tr><td class=num>{r['max_buckets']}</td><td>{_e(_list(r['boundaries']))}</td>"
         f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
-        f"{r['graphs_before']} → {r['graphs_after']}</td><td class=num>"
-        f"{human_bytes(r['memory_saved_bytes'])}</td></tr>" for r in rows)
-    return ("<h2>Bucket advisor</h2><p>Pad each request up to the next boundary: one CUDA graph "
-            "(or compile) per bucket instead of per size.</p><table><tr><th>buckets</th>"
-            "<th>boundaries</th><th>padding overhead</th><th>graphs</th><th>memory saved</th>"
-            f"</tr>{cells}</table><p>Suggested: {best['max_buckets']} buckets.</p>"
-            f"<pre>{_e(apply_code(best['boundaries']))}</pre>")
+        f"{r['graphs_before']:,} → {r['graphs_after']:,}</td>"
+        + (f"<td class=num>{human_bytes(r['memory_saved_bytes'])}</td>" if known else "")
+        + "</tr>" for r in rows)
+    saved_head = "<th>memory saved</th>" if known else ""
+    notes = []
+    if known:
+        notes.append(f"Memory saved: graphs saved × {sh['mb_per_graph']:.3f} MB per graph, as "
+                     "measured in this run.")
+    else:
+        notes.append("Memory saved: not known (no MB per CUDA graph was measured in this run).")
+    if limit is not None:
+        notes.append(f"The server compiles per size (dynamic=False) and hit its recompile limit "
+                     f"of {limit}: no more than {limit} buckets, or the sizes past the limit "
+                     "run eager again.")
+    return (f"<h{level}>Bucket advisor</h{level}><p>Pad each request up to the next boundary: "
+            "one CUDA graph (or compile) per bucket instead of per size.</p><table><tr>"
+            "<th>buckets</th><th>boundaries</th><th>padding overhead</th>"
+            f"<th>graphs / compiles</th>{saved_head}</tr>{cells}</table>"
+            + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
+            + f"<p>Suggested: {best['max_buckets']} buckets.</p>"
+            f"<pre>{_e(apply_code(best['boundaries'], limit))}</pre>")
 
 
-def apply_code(boundaries: Iterable[int]) -> str:
+def apply_code(boundaries: Iterable[int], limit: Any = None) -> str:
     b = tuple(boundaries)
+    limit_text = (f"this server's limit is {limit}" if limit is not None
+                  else "8 by default")
     return (f"BUCKETS = {b}\n\n"
             "def bucket(n: int) -> int:\n"
             "    # pad the input up to this size (sizes above the last bucket: split or reject)\n"
@@ -162,11 +359,9 @@ def apply_code(boundaries: Iterable[int]) -> str:
             "# torch >= 2.9: record CUDA graphs for these sizes only\n"
             "torch._inductor.config.triton.cudagraph_capture_sizes = BUCKETS\n"
             "# dynamic=False: keep len(BUCKETS) <= the recompile limit "
-            "(torch._dynamo.config.recompile_limit, 8 by default)\n")
+            f"(torch._dynamo.config.recompile_limit; {limit_text})\n")
 
 
 def _list(values: list, limit: int = 12) -> str:
     shown = ", ".join(map(str, values[:limit]))
     return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
-
-

@@ -123,11 +123,14 @@ class History:
             elif kind in EVENT_MARKS:
                 self.mark(obs.t, EVENT_MARKS[kind])
 
-    def act(self, t: float, action: str, reason: str, detail: Optional[dict] = None) -> None:
+    def act(self, t: float, action: str, reason: str, detail: Optional[dict] = None,
+            server: Optional[str] = None, pids: Iterable[int] = ()) -> None:
         """An action (alert, reload decision) or a reload's outcome (`reload_ok`,
-        `reload_not_done`); a reload decision is also marked on the time axis."""
+        `reload_not_done`), with the server and pids it targets; a reload decision is also
+        marked on the time axis."""
         self.actions.append({"t": t, "action": action, "reason": reason,
-                             "detail": dict(detail or {})})
+                             "detail": dict(detail or {}), "server": server,
+                             "pids": list(pids)})
         if action == "reload":
             self.mark(t, "reload")
 
@@ -141,7 +144,8 @@ class History:
             self.memory_source = source
         self.observe(observations)
         for a in actions:
-            self.act(a.t, a.action, a.reason, a.detail)
+            self.act(a.t, a.action, a.reason, a.detail, getattr(a, "server", None),
+                     getattr(a, "pids", ()))
 
     def view(self, snap: Snapshot, causes: Iterable[dict] = (),
              info: Optional[dict] = None) -> StatusView:

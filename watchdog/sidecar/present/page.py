@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.present import plot
 from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
-                                     fmt_duration)
+                                     fmt_duration, host_memory_mode, over_budget, scope_text)
 
 REFRESH_S = 5
 OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
@@ -122,7 +122,8 @@ def _graphs(status: dict[str, Any]) -> str:
     if g.get("fx_cache_hits") or g.get("fx_cache_misses"):
         rows.append(("FX cache hits / misses", f"{g['fx_cache_hits']} / {g['fx_cache_misses']}"))
     body = _table((k, _e(v)) for k, v in rows)
-    return f'<section id="graphs"><h2>Compiles and CUDA graphs</h2>{body}</section>'
+    scope = f'<p class="sub" id="scope">{_e(scope_text(status.get("scope") or {}))}</p>'
+    return f'<section id="graphs"><h2>Compiles and CUDA graphs</h2>{scope}{body}</section>'
 
 
 def _causes(status: dict[str, Any]) -> str:
@@ -139,7 +140,8 @@ def _causes(status: dict[str, Any]) -> str:
 def _forecast(status: dict[str, Any]) -> str:
     fc = status.get("forecast") or {}
     seconds = fc.get("seconds_to_oom")
-    eta = ('<span class="ok">no OOM forecast</span>' if seconds is None else
+    eta = ('<span class="bad">over budget now</span>' if over_budget(fc) else
+           '<span class="ok">no OOM forecast</span>' if seconds is None else
            f'<span class="bad">~{_e(fmt_duration(seconds))}</span>')
     plateau = fc.get("plateau_bytes")
     rows = [("time to OOM", eta),
@@ -171,7 +173,8 @@ def _servers(status: dict[str, Any]) -> str:
     rows = [(str(v.get("server")),
              f"pids {_e(', '.join(map(str, v.get('pids') or [])) or '—')} · GPUs "
              f"{_e(', '.join(v.get('gpus') or []) or '—')} · "
-             f"{_e(fmt_bytes(v.get('memory_bytes')))} · {_e(v.get('recordings'))} graphs · "
+             f"memory {_e('—' if v.get('memory_bytes') is None else fmt_bytes(v['memory_bytes']))}"
+             f" · {_e(v.get('recordings'))} graphs · "
              f"{_e(v.get('forecast_summary'))}"
              + (f" · {_e(', '.join(v.get('active_causes')))}" if v.get("active_causes") else ""))
             for v in servers]
@@ -195,7 +198,11 @@ def _actions(status: dict[str, Any]) -> str:
 def _sources(status: dict[str, Any]) -> str:
     sources = status.get("sources") or {}
     ev = status.get("events") or {}
-    rows = [(name, '<span class="ok">up</span>' if up else '<span class="bad">down</span>')
+    host_mode = host_memory_mode(status)
+    rows = [(name, '<span class="ok">up</span>' if up else
+             '<span class="none">not used: no GPU here (host-memory mode: the server\'s RSS '
+             "against the machine's RAM)</span>" if name == "nvml" and host_mode else
+             '<span class="bad">down</span>')
             for name, up in sorted(sources.items())]
     dropped = sum((ev.get("dropped_total") or {}).values())
     rows.append(("agent events", _e(f"{ev.get('received_total', 0):,} received, {dropped:,} "

@@ -7,7 +7,7 @@ all text escaped, and stable class hooks for tests and screenshots: `memory-line
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 from xml.sax.saxutils import escape, quoteattr
 
 # what each mark kind means on the time axis, and its colour (colour-blind-safe palette)
@@ -24,35 +24,37 @@ _MAX_BINS = 100
 _FONT = 'font-family="sans-serif" font-size="11"'
 
 
+Budget = Union[float, Sequence[tuple[float, float]], None]
+
+
 def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[float, str]] = (), *,
-                 budget: Optional[float] = None, width: int = 900, height: int = 300,
+                 budget: Budget = None, width: int = 900, height: int = 300,
                  title: str = "", baseline: Optional[float] = None,
                  time_origin: Optional[float] = None) -> str:
     """Memory (bytes) over time (seconds) as a line, event marks along the time axis, and the
-    budget as a dashed line. With `baseline`, the growth above it ("+40 MiB"): a zoom for
-    small growth on top of a large footprint (weights, a ballast). Time is labelled from
-    `time_origin` (default: the first point or mark)."""
+    budget as a dashed line: one value for the whole chart, or (t, bytes) steps, each from
+    when it applied (a SIGHUP's new budget, other processes' memory on the GPU). With
+    `baseline`, the growth above it ("+40 MiB"): a zoom for small growth on top of a large
+    footprint (weights, a ballast). Time is labelled from `time_origin` (default: the first
+    point or mark)."""
     title = title or "memory over time"
     if not points:
         return _empty(title, "no memory samples yet", width)
     pts = sorted(points)
+    steps = _budget_steps(budget, pts[0][0])
     if baseline is not None:
         pts = [(t, max(0.0, v - baseline)) for t, v in pts]
-        budget = budget - baseline if budget is not None and budget > baseline else None
+        steps = [(t, v - baseline) for t, v in steps if v > baseline]
     times = [t for t, _ in pts] + [t for t, _ in marks]
     t0, t1 = min(times), max(times)
-    top = max([v for _, v in pts] + ([budget] if budget else []))
+    top = max([v for _, v in pts] + [v for _, v in steps])
     y_unit, y_step = _byte_scale(top)
     y_max = max(y_step, math.ceil(top * 1.05 / y_step) * y_step)
     box = _Box(width, height, t0, t1 if t1 > t0 else t0 + 1.0, 0.0, y_max)
     parts = [_open(title, width, height), _time_axis(box, time_origin),
              _value_axis(box, y_unit, y_step, "" if baseline is None else "+")]
-    if budget:
-        y = box.y(budget)
-        parts.append(f'<line class="budget" x1="{box.left}" x2="{box.right}" y1="{y:.1f}" '
-                     f'y2="{y:.1f}" stroke="#d55e00" stroke-dasharray="6 4"/>')
-        label = human_bytes(budget) if baseline is None else f"+{human_bytes(budget)}"
-        parts.append(_text(box.right - 4, y - 4, f"budget {label}", "end", "#d55e00"))
+    if steps:
+        parts += _budget_line(box, steps, "" if baseline is None else "+")
     line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in pts)
     # 2 px: a flat stretch then always covers one pixel row fully, whatever its y (1.5 px
     # between two rows rendered as two light-grey rows: no line in a screenshot)
@@ -64,11 +66,35 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
     return "".join(parts)
 
 
+def _budget_steps(budget: Budget, start: float) -> list[tuple[float, float]]:
+    if budget is None:
+        return []
+    if isinstance(budget, (int, float)):
+        return [(start, float(budget))] if budget > 0 else []
+    return sorted((float(t), float(v)) for t, v in budget if v > 0)
+
+
+def _budget_line(box: "_Box", steps: list, sign: str) -> list[str]:
+    """The budget as a dashed step line from its first step (when it applied) to the right
+    edge, labelled with its last value."""
+    x0 = max(box.left, box.x(steps[0][0]))
+    path = [f"M{x0:.1f},{box.y(steps[0][1]):.1f}"]
+    for t, v in steps[1:]:
+        x = max(box.left, box.x(t))
+        path.append(f"H{x:.1f}V{box.y(v):.1f}")
+    path.append(f"H{box.right}")
+    last = steps[-1][1]
+    return [f'<path class="budget" fill="none" d="{"".join(path)}" stroke="#d55e00" '
+            f'stroke-dasharray="6 4"><title>budget {sign}{human_bytes(last)}</title></path>',
+            _text(box.right - 4, box.y(last) - 4, f"budget {sign}{human_bytes(last)}", "end",
+                  "#d55e00")]
+
+
 def histogram(counts: Mapping[int, int], *, boundaries: Sequence[int] = (), width: int = 900,
-              height: int = 220, title: str = "") -> str:
-    """Requests per size as bars (at most ~100 bins); suggested bucket boundaries as vertical
-    lines."""
-    title = title or "requests per size"
+              height: int = 220, title: str = "", unit: str = "requests") -> str:
+    """`unit` (requests, distinct shapes …) per size as bars (at most ~100 bins); suggested
+    bucket boundaries as vertical lines. The count axis is labelled with `unit`."""
+    title = title or f"{unit} per size"
     sizes = [s for s, c in counts.items() if c > 0]
     if not sizes:
         return _empty(title, "no shapes", width)
@@ -81,14 +107,14 @@ def histogram(counts: Mapping[int, int], *, boundaries: Sequence[int] = (), widt
             bins[start] = bins.get(start, 0) + n
     box = _Box(width, height, lo, lo + math.ceil((hi - lo + 1) / bin_w) * bin_w, 0.0,
                max(bins.values()) * 1.1)
-    parts = [_open(title, width, height), _size_axis(box), _count_axis(box)]
+    parts = [_open(title, width, height), _size_axis(box), _count_axis(box, unit)]
     for start, n in sorted(bins.items()):
         x0, x1, y = box.x(start), box.x(start + bin_w), box.y(n)
         label = f"{start}" if bin_w == 1 else f"{start}–{start + bin_w - 1}"
         parts.append(f'<rect class="bar" x="{x0:.1f}" y="{y:.1f}" '
                      f'width="{max(1.0, x1 - x0 - 1):.1f}" height="{box.bottom - y:.1f}" '
                      f'fill="#0072b2"><title>'
-                     f'{escape(label)}: {n} requests</title></rect>')
+                     f'{escape(label)}: {n} {escape(unit)}</title></rect>')
     for b in boundaries:
         x = box.x(b + 0.5 if bin_w == 1 else b)
         parts.append(f'<line class="boundary" x1="{x:.1f}" x2="{x:.1f}" y1="{box.top}" '
@@ -178,7 +204,7 @@ def _size_axis(box: _Box) -> str:
     return "".join(parts)
 
 
-def _count_axis(box: _Box) -> str:
+def _count_axis(box: _Box, unit: str) -> str:
     step = _nice_step(box.y1 / 4)
     parts = []
     k = 0
@@ -188,7 +214,8 @@ def _count_axis(box: _Box) -> str:
                      f'stroke="#eee"/>')
         parts.append(_text(box.left - 6, y + 4, _num(k * step), "end"))
         k += 1
-    parts.append(_text(box.left - 6, box.top - 6, "requests", "end", "#666"))
+    parts.append(_text(box.left - 6, box.top - 6, unit, "start" if len(unit) > 9 else "end",
+                       "#666"))
     return "".join(parts)
 
 
@@ -242,21 +269,29 @@ def _num(v: float) -> str:
 
 
 def human_bytes(n: Optional[float]) -> str:
-    """1.5 GiB, 480 MiB; "—" for None."""
+    """1.5 GiB, 480 MiB, 0.986 GiB (never "1.01e+03 MiB": past 999 of a unit, the next one);
+    "—" for None."""
     if n is None:
         return "—"
-    for name, div in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 1024)):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {name}"
-    return f"{n:.0f} B"
+    units = (("B", 1), ("KiB", 1024), ("MiB", 2 ** 20), ("GiB", 2 ** 30), ("TiB", 2 ** 40))
+    for name, div in units:
+        value = n / div
+        if abs(float(f"{value:.3g}")) < 1000 or name == "TiB":
+            if name == "B":
+                return f"{n:.0f} B"
+            return f"{value:,.0f} {name}" if abs(value) >= 1000 else f"{value:.3g} {name}"
+    return f"{n:.0f} B"  # unreachable: TiB takes every larger value
 
 
 def human_duration(s: Optional[float]) -> str:
-    """42.5 s, 2.41 min, 11.1 h; "—" for None."""
+    """42.5 s, 2.41 min, 11.1 h, 3.2 d; never an exponent; "—" for None."""
     if s is None:
         return "—"
+    sign, s = ("-" if s < 0 else ""), abs(s)
+    if s >= 2 * 86400:
+        return f"{sign}{s / 86400:,.0f} d" if s >= 1000 * 86400 else f"{sign}{s / 86400:.3g} d"
     if s >= 3600:
-        return f"{s / 3600:.3g} h"
+        return f"{sign}{s / 3600:.3g} h"
     if s >= 60:
-        return f"{s / 60:.3g} min"
-    return f"{s:.3g} s"
+        return f"{sign}{s / 60:.3g} min"
+    return f"{sign}{s:.3g} s"

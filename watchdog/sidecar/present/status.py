@@ -84,10 +84,19 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
     return ", ".join(f"{k}={v}" for k, v in list(detail.items())[:4])
 
 
+def over_budget(fc: dict[str, Any]) -> bool:
+    """At or over the budget now: no time left to forecast ("~0.0 s" said nothing)."""
+    level, budget = fc.get("level_bytes"), fc.get("budget_bytes")
+    return level is not None and budget is not None and level >= budget
+
+
 def forecast_summary(fc: dict[str, Any]) -> str:
     seconds = fc.get("seconds_to_oom")
     if fc.get("budget_bytes") is None:
         return "no forecast (memory not known yet)"
+    if over_budget(fc):
+        return (f"over budget: {fmt_bytes(fc.get('level_bytes'))} of the "
+                f"{fmt_bytes(fc.get('budget_bytes'))} budget")
     if seconds is None:
         text = "no OOM forecast"
     else:
@@ -136,6 +145,9 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                "detail": {k: v for k, v in c.items() if k not in ("cause", "t")}}
               for c in view.causes]
     actions = [{**a, "summary": action_summary(a)} for a in reversed(view.actions)]
+    focus = next((name for name, v in s.servers.items() if v.get("estimates") is s.estimates),
+                 None) or next((name for name, v in s.servers.items()
+                                if v.get("estimates") == s.estimates), None)
     return _finite({
         "t": s.t, "age_s": round(max(0.0, now - s.t), 3),
         "sidecar": {**view.info, "watching_since_t": view.first_t},
@@ -145,7 +157,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                          d.total_bytes, "free_bytes": d.free_bytes} for d in s.devices],
             "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
                        "rss_bytes": s.server_rss_bytes}},
-        "graphs": graphs, "causes": causes, "forecast": fc,
+        "graphs": graphs, "scope": _scope(view, focus), "causes": causes, "forecast": fc,
         "forecast_summary": forecast_summary(fc), "actions": actions,
         # every server on the host (the fields above are the one nearest to OOM)
         "servers": [{"server": name, "pids": v.get("pids", []), "gpus": v.get("gpus", []),
@@ -164,6 +176,24 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                     "marks": [list(m) for m in view.marks],
                     "marks_total": dict(view.marks_total)},
     })
+
+
+def _scope(view: StatusView, focus: Optional[str]) -> dict[str, Any]:
+    """Which process the counters belong to: a reload or a restart gives the server a new
+    process and its counters start again (the chart, marks and actions cover the whole run)."""
+    server = view.snapshot.servers.get(focus or "", {})
+    since = next((a for a in reversed(view.actions) if a.get("action") in ("reload_ok", "restart")
+                  and a.get("server") in (None, focus)), None)
+    return {"server": focus, "pids": list(server.get("pids") or []),
+            "since_t": since["t"] if since else view.first_t,
+            "since": {"reload_ok": "reload", "restart": "restart"}.get(
+                since["action"], "") if since else "start"}
+
+
+def host_memory_mode(status: dict[str, Any]) -> bool:
+    """No GPU here: the server's RSS against the machine's RAM (NVML down is expected)."""
+    mem = status.get("memory") or {}
+    return mem.get("source") == "rss" and not mem.get("devices")
 
 
 def chart_budget(status: dict[str, Any]) -> Optional[float]:
@@ -197,6 +227,24 @@ def _memory_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scope_text(scope: dict[str, Any]) -> str:
+    """Whose counters these are, in words: "counts of server a (pid 12) since the reload at
+    12:00:01"."""
+    who = f"server {scope['server']}" if scope.get("server") else "the server"
+    pids = scope.get("pids") or []
+    if pids:
+        who += f" (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))})"
+    since = scope.get("since")
+    when = fmt_clock(scope.get("since_t"))
+    if since in ("reload", "restart") and not pids:
+        return (f"counts of {who} since the {since} at {when}: no process of it has started "
+                "since, so they are 0; the chart and the actions cover the whole run")
+    if since in ("reload", "restart"):
+        return (f"counts of {who}: its new process, since the {since} at {when}; the chart and "
+                "the actions cover the whole run")
+    return f"counts of {who} since {when}, when the sidecar started watching"
+
+
 def _graph_line(g: dict[str, Any]) -> str:
     mb = g.get("mb_per_graph")
     per = f", {mb:.2f} MB/graph (confidence {g.get('mb_per_graph_confidence') or 0:.2f})" \
@@ -217,14 +265,17 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
              + (f", reloads: {side['reload_method']}" if side.get("reload_method") else "")]
     lines += _memory_lines(status.get("memory") or {})
     lines.append(_graph_line(status.get("graphs") or {}))
+    lines.append("         " + scope_text(status.get("scope") or {}))
     causes = status.get("causes") or []
     lines.append("causes   " + ("none" if not causes else
                                 f"{causes[0]['cause']}: {causes[0]['summary']}"))
     lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
     lines.append(f"forecast {status.get('forecast_summary', '?')}")
     sources = status.get("sources") or {}
-    lines.append("sources  " + ", ".join(f"{k} {'up' if v else 'DOWN'}"
-                                         for k, v in sorted(sources.items())))
+    host_mode = host_memory_mode(status)
+    lines.append("sources  " + ", ".join(
+        f"{k} not used (no GPU: host-memory mode)" if k == "nvml" and not v and host_mode
+        else f"{k} {'up' if v else 'DOWN'}" for k, v in sorted(sources.items())))
     recent = (status.get("actions") or [])[:actions]
     lines.append("actions  " + ("none" if not recent else
                                 f"{fmt_clock(recent[0]['t'])} {recent[0]['summary']}"))
