@@ -221,3 +221,21 @@ def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloa
             break
     assert [a.reason for a in h.of("alert") if a.reason == "oom_forecast"]
     assert not h.of("reload") and not h.of("execute")
+
+
+def test_a_server_restarted_under_a_new_process_group_keeps_its_reload_history():
+    """A supervisor restarts the server in a new process group: the agent's default name
+    (`pgid:N`) changes, but the cooldown must hold (the demo reloaded again 21 s after)."""
+    h = Host2()
+    h.feed(dataclasses.replace(hello(h.t, 303, "pgid:303", [A]), ppid=50))
+    h.mine[303] = 2 * GB
+    for _ in range(10):
+        h.poll()
+    h.host.servers["pgid:303"].policy.reloads.append(h.t)  # reloaded just now
+    h.feed(ReloadOutcome(h.t, "pgid:303", True, "exited after SIGTERM", 2.0))
+    h.feed(dataclasses.replace(hello(h.t + 5, 404, "pgid:404", [A]), ppid=50))
+    assert "pgid:303" not in h.host.servers
+    assert h.host.servers["pgid:404"].policy.reloads == [h.t]
+    # another supervisor's server is another server
+    h.feed(dataclasses.replace(hello(h.t + 6, 505, "pgid:505", [B]), ppid=60))
+    assert h.host.servers["pgid:505"].policy.reloads == []

@@ -47,6 +47,7 @@ class Server:
     note: Optional[dict] = None                    # the `reload` alert's detail while it lasts
     firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
     restarts: int = 0
+    parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
 
     @property
     def busy(self) -> bool:
@@ -118,7 +119,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
 
 
 def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
-    name = _owner(host, e)
+    name = owner_of(host, e)
     _adopt(host, e, name)
     server = host.server(name)
     if e.pid not in server.pids and _all_gone(host, server):
@@ -129,10 +130,12 @@ def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
         _reset(host, server)
         server.restarts += 1
     server.gpus.update(e.devices)
+    if isinstance(e.ppid, int):
+        server.parents.add(e.ppid)
     return server
 
 
-def _owner(host: Host, e: events.Event) -> str:
+def owner_of(host: Host, e: events.Event) -> str:
     """A configured server owns its pids; else the server the agent named in its hello; else
     its master's (a forked worker); else the default."""
     if e.pid in host.configured:
@@ -145,15 +148,33 @@ def _owner(host: Host, e: events.Event) -> str:
     return host.owner.get(e.pid, DEFAULT_SERVER)
 
 
-def _adopt(host: Host, e: events.Event, name: str) -> None:
-    """A pid heard before its hello went to the default server; when its hello names another
-    server and the default one holds nothing else, that state is the named server's start."""
-    old = host.servers.get(DEFAULT_SERVER)
-    if e.kind != "hello" or name == DEFAULT_SERVER or old is None or name in host.servers:
+def _adopt(host: Host, e: events.Hello, name: str) -> None:
+    """A hello naming a server not seen before may be one already known under another name:
+    - a pid heard before its hello went to the default server: that state is its start;
+    - a server restarted by the same supervisor (its parent, not init) whose processes are all
+      gone: a process-group name (`pgid:N`) changes with each start, and a new name must not
+      reset the reload history (the cooldown and the hourly maximum are the server's)."""
+    if name in host.servers:
         return
-    if e.pid in old.pids and set(old.pids) == {e.pid}:
-        old.name = name
-        host.servers[name] = host.servers.pop(DEFAULT_SERVER)
+    old = host.servers.get(DEFAULT_SERVER)
+    if old is not None and name != DEFAULT_SERVER and set(old.pids) == {e.pid}:
+        _rename(host, old, name)
+        return
+    if not isinstance(e.ppid, int) or e.ppid <= 1:
+        return
+    for other in list(host.servers.values()):
+        if e.ppid in other.parents and (not other.pids or _all_gone(host, other)):
+            _rename(host, other, name)
+            return
+
+
+def _rename(host: Host, server: Server, name: str) -> None:
+    del host.servers[server.name]
+    for pid, owner in host.owner.items():
+        if owner == server.name:
+            host.owner[pid] = name
+    server.name = name
+    host.servers[name] = server
 
 
 def _all_gone(host: Host, server: Server) -> bool:

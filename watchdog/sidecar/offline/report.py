@@ -196,7 +196,7 @@ class _Collector:
                 self.log(server).sample(obs.t)
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
-            server = host.servers.get(step._owner(host, obs))
+            server = host.servers.get(step.owner_of(host, obs))
             if server is not None:
                 self._event(self.log(server), obs)
         for a in decided:
