@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from tests.conftest import with_root
+from tests.conftest import wait_for, with_root
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -35,6 +35,14 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def _answers(port: int) -> bool:
+    try:
+        scrape(port)
+        return True
+    except OSError:  # the socket is bound a moment before the metrics port listens
+        return False
+
+
 def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,6 +61,7 @@ def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):
             assert daemon.poll() is None, daemon.stderr.read()
             assert time.monotonic() < deadline, "the sidecar did not bind its socket"
             time.sleep(0.05)
+        assert wait_for(lambda: _answers(port), 30), "the sidecar's /metrics did not answer"
         first = scrape(port)
         server = subprocess.Popen([sys.executable, os.path.join(HERE, "scenario.py"), "--dynamic",
                                    "none", "--traffic", "variable", "--socket", sock,
