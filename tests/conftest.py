@@ -139,3 +139,19 @@ def _structlog_defaults():
     yield
     import structlog
     structlog.reset_defaults()
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A sidecar's /metrics as {series: value}; a per-server family (labelled only by server)
+    is also summed under its bare name (the agent's default server name varies by host)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+            if name.endswith("}") and name.split("{", 1)[1].startswith('server="') and \
+                    name.count('="') == 1:
+                bare = name.split("{", 1)[0]
+                out[bare] = out.get(bare, 0.0) + float(value)
+    return out

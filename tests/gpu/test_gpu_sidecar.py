@@ -8,10 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
-from tests.conftest import wait_for, with_root
+from tests.conftest import scrape, wait_for, with_root
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -19,20 +18,6 @@ pytestmark = [pytest.mark.gpu,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-            if name.endswith("}") and name.split("{", 1)[1].startswith('server="') and \
-                    name.count('="') == 1:  # a per-server family: also its sum over servers
-                bare = name.split("{", 1)[0]
-                out[bare] = out.get(bare, 0.0) + float(value)
-    return out
 
 
 def _answers(port: int) -> bool:

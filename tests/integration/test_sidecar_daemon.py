@@ -9,30 +9,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
-from tests.conftest import free_port, wait_for, with_root
+from tests.conftest import free_port, scrape, wait_for, with_root
 import torch
 import torch._dynamo
 
 import torch_watchdog.agent as agent_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-            if name.endswith("}") and name.split("{", 1)[1].startswith('server="') and \
-                    name.count('="') == 1:  # a per-server family: also its sum over servers
-                bare = name.split("{", 1)[0]
-                out[bare] = out.get(bare, 0.0) + float(value)
-    return out
 
 
 @pytest.fixture
