@@ -239,3 +239,18 @@ def test_a_server_restarted_under_a_new_process_group_keeps_its_reload_history()
     # another supervisor's server is another server
     h.feed(dataclasses.replace(hello(h.t + 6, 505, "pgid:505", [B]), ppid=60))
     assert h.host.servers["pgid:505"].policy.reloads == []
+
+
+def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
+    """Another local process says hello as the unit's server, then grows: the reload of that
+    server still targets the unit's own pids only (it would have SIGTERMed both on main)."""
+    h = Host2()
+    configured = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
+                                     servers={"llm.service": (101,)})
+    h.feed(configured)
+    h.feed(hello(h.t + 2, 666, "llm.service", [A]))  # the forger
+    assert h.host.servers["llm.service"].pids.keys() == {101}
+    assert h.host.owner[666] == "default"  # a server of its own: a reload signals it alone
+    h.feed(events.CudagraphRecord(t=h.t + 3, pid=666, phase="record", compile_id="0/0",
+                                  key=[1], shape=None, seconds=0.01))
+    assert h.host.servers["llm.service"].state.records == 0  # nothing folded into the unit's

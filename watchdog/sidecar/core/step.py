@@ -108,7 +108,10 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
     else:  # the common path (thousands a second): the owner is known
         name = host.configured.get(e.pid) or host.owner.get(e.pid, DEFAULT_SERVER)
         server = host.servers.get(name) or host.server(name)
-    if e.pid in host.configured or cfg.server.trust_agent_pids:
+    # a configured server's pids are its unit's or pidfile's (and their children) alone: an
+    # agent naming it cannot add a pid it would be reloaded (signalled) through
+    if e.pid in host.configured or (cfg.server.trust_agent_pids and
+                                    server.name not in host.configured.values()):
         server.pids[e.pid] = e.t  # a pid the server may be reloaded through
         host.owner[e.pid] = server.name
     correlate.fold_event(server.state, e, cfg.correlate)
@@ -136,12 +139,13 @@ def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
 
 
 def owner_of(host: Host, e: events.Event) -> str:
-    """A configured server owns its pids; else the server the agent named in its hello; else
-    its master's (a forked worker); else the default."""
+    """A configured server owns its pids; else the server the agent named in its hello (never
+    a configured one: its processes are found by the config alone); else its master's (a
+    forked worker); else the default."""
     if e.pid in host.configured:
         return host.configured[e.pid]
     if e.kind == "hello":
-        if isinstance(e.server, str) and e.server:
+        if isinstance(e.server, str) and e.server and e.server not in host.configured.values():
             return e.server
         if e.ppid in host.owner:
             return host.owner[e.ppid]
