@@ -444,3 +444,16 @@ def test_configured_servers_each_get_their_own_pids_state_and_metrics(rig, short
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_event_from_the_far_future_is_counted_and_the_server_is_still_forecast(rig):
+    d, _nvml, clock, sender = rig
+    me = os.getpid()
+    send(sender, events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f", seconds=1.0))
+    d.tick()
+    send(sender, events.Calls(t=clock.t + 1e9, pid=me, name="m", calls=1, seconds=0.001,
+                              stall_calls=0, stall_seconds=0.0, distinct_shapes=1, window_s=1.0))
+    clock.t += 0.1
+    d.tick()
+    assert 'torch_watchdog_events_skewed_total 1.0' in render(d.registry).decode()
+    assert d.host.focus().state.now < clock.t + 1  # the state's clock did not move

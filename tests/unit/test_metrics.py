@@ -47,6 +47,7 @@ def snapshot(**overrides) -> Snapshot:
         actions_total={"alert": 2, "reload": 1},
         sources_up={"nvml": True, "process": True, "agent": False},
         poll_seconds=0.04, nvml_query_seconds=0.012, events_received_total=777,
+        events_skewed_total=3,
         source_errors_total={("nvml", "late"): 2, ("nvml", "NVMLError_GpuIsLost"): 1},
         events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9,
         alerts_sent_total={"http://am:9093": 4}, alert_posts_failed_total={"http://am:9093": 1},
@@ -137,6 +138,7 @@ def test_server_up_is_absent_when_unknown(alive, expected):
     ("torch_watchdog_nvml_query_seconds", 0.012),
     ("torch_watchdog_events_received_total", 777),
     ("torch_watchdog_agent_events_lost_total", 9),
+    ("torch_watchdog_events_skewed_total", 3),
     ("torch_watchdog_last_poll_timestamp_seconds", 1_700_000_000.5),
     ("torch_watchdog_scrape_errors_total", 0),
 ])

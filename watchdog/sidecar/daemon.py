@@ -260,8 +260,10 @@ class Daemon:
         self._log_findings()
         focus = self.host.focus()
         estimates = step.estimates(focus, cfg)
-        self._alert(now)
-        snapshot = self._snapshot(sample, estimates, focus, time.perf_counter() - started)
+        servers = self._server_views()  # once a poll, for the alerts and the snapshot
+        self._alert(now, servers)
+        snapshot = self._snapshot(sample, estimates, focus, servers,
+                                  time.perf_counter() - started)
         self.collector.update(snapshot)
         self.ticks += 1
         self._publish(snapshot, observations, decided, focus)
@@ -376,7 +378,15 @@ class Daemon:
         if self.reload_log.error:
             self.log.error("cannot write the reload record", error=self.reload_log.error)
 
-    def _alert(self, now: float) -> None:
+    def _server_views(self) -> dict[str, dict[str, Any]]:
+        return {name: {"estimates": server.state.estimates(self.cfg.correlate),
+                       "forecast": server.forecast.as_dict(),
+                       "active_causes": tuple(server.state.active),
+                       "pids": sorted(server.pids),
+                       "gpus": sorted(server.state.gpus or server.gpus)}
+                for name, server in self.host.servers.items()}
+
+    def _alert(self, now: float, servers: dict[str, dict[str, Any]]) -> None:
         """Hand the alerts the step says fire, for every server, to the sender's thread."""
         if self.sender is None:
             return
@@ -385,12 +395,12 @@ class Daemon:
         firing: dict = {}
         for name, server in self.host.servers.items():
             labels = {**base, "server": name}
-            gpus = sorted(server.state.gpus or server.gpus)
-            uuid = server.forecast.gpu_uuid or (gpus[0] if gpus else None)
+            view = servers[name]
+            uuid = server.forecast.gpu_uuid or (view["gpus"][0] if view["gpus"] else None)
             if uuid:
                 labels["gpu_uuid"] = uuid
-            firing.update(alerts.build(server.firing, server.state.estimates(self.cfg.correlate),
-                                       server.forecast.as_dict(), labels))
+            firing.update(alerts.build(server.firing, view["estimates"], view["forecast"],
+                                       labels))
         if self.reload_log.unreadable:
             firing.update(alerts.build({"reload_record_unreadable": {
                 "detail": self.reload_log.unreadable}}, {}, {}, base))
@@ -421,7 +431,7 @@ class Daemon:
         self.log.warning("alertmanager unreachable; will retry", url=url, error=error)
 
     def _snapshot(self, sample: Sample, estimates: dict, focus: step.Server,
-                  poll_s: float) -> Snapshot:
+                  servers: dict[str, dict[str, Any]], poll_s: float) -> Snapshot:
         gpu: dict[str, Optional[int]] = {}
         for p in sample.processes:
             for uuid, used in p.gpu_bytes.items():
@@ -436,17 +446,12 @@ class Daemon:
             server_alive=bool(alive) if sample.processes else None,
             estimates=estimates, forecast=focus.forecast.as_dict(),
             active_causes=tuple(focus.state.active), actions_total=dict(self.actions_total),
-            servers={name: {"estimates": estimates if server is focus else
-                            server.state.estimates(self.cfg.correlate),
-                            "forecast": server.forecast.as_dict(),
-                            "active_causes": tuple(server.state.active),
-                            "pids": sorted(server.pids),
-                            "gpus": sorted(server.state.gpus or server.gpus)}
-                     for name, server in self.host.servers.items()},
+            servers=servers,
             sources_up={"nvml": sample.nvml_up, "process": bool(alive),
                         "agent": any(self.host.alive.get(p, True) for p in self.host.pids())},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=self.accepted,
+            events_skewed_total=self.host.skewed_events,
             source_errors_total={("nvml", reason): n for reason, n in self.nvml.errors.items()},
             reload_record_unreadable=self.reload_log.unreadable is not None,
             events_dropped_total={**(receiver.dropped if receiver else {}),

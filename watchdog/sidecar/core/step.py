@@ -46,7 +46,6 @@ class Server:
     reloading: Optional[policy.Action] = None      # carried out: waiting for its outcome
     note: Optional[dict] = None                    # the `reload` alert's detail while it lasts
     firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
-    restarts: int = 0
     parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
 
     @property
@@ -131,7 +130,6 @@ def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
         actions.append(_action(e.t, "restart", "server_restarted", server,
                                {"old_pids": sorted(server.pids), "new_pid": e.pid}))
         _reset(host, server)
-        server.restarts += 1
     server.gpus.update(e.devices)
     if isinstance(e.ppid, int):
         server.parents.add(e.ppid)
@@ -214,7 +212,7 @@ def _forget_silent(host: Host, now: float) -> None:
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[policy.Action]:
     mine = _view(server, s)
-    correlate.fold(server.state, (mine,), cfg.correlate, set(server.pids) or None)
+    correlate.fold(server.state, (mine,), cfg.correlate)  # `mine` holds its processes only
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     others_busy = sum(o.busy for o in host.servers.values() if o is not server)

@@ -31,9 +31,6 @@ class Trend:
         self._last: Optional[tuple[float, int, int]] = None   # t, memory, recordings
         self._changed = -math.inf                            # when recordings last changed
 
-    def __len__(self) -> int:
-        return len(self._t)
-
     def append(self, sample: tuple) -> None:
         """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
         t, mem, records = sample[0], sample[1], sample[2]

@@ -205,6 +205,10 @@ SPECS: tuple[Spec, ...] = (
                     sorted(s.source_errors_total.items())], True),
     Spec("torch_watchdog_events_received_total", COUNTER, (),
          "Agent events received.", _one(lambda s: s.events_received_total), True),
+    Spec("torch_watchdog_events_skewed_total", COUNTER, (),
+         "Agent events whose time was further than correlate.max_clock_skew_s from the "
+         "sidecar's clock (their time replaced by the sidecar's).",
+         _one(lambda s: s.events_skewed_total), True),
     Spec("torch_watchdog_events_dropped_total", COUNTER, ("reason",),
          "Datagrams dropped by the receiver, by reason.", _by_label("events_dropped_total"), True),
     Spec("torch_watchdog_agent_events_lost_total", COUNTER, (),

@@ -29,6 +29,7 @@ class Snapshot:
     poll_seconds: Optional[float] = None           # the last tick's duration
     nvml_query_seconds: Optional[float] = None
     events_received_total: int = 0
+    events_skewed_total: int = 0                   # event times replaced by the sidecar's clock
     reload_record_unreadable: bool = False   # reloads.json could not be read: none for an hour
     source_errors_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (source,
                                                                  # reason): NVML errors by class
