@@ -446,7 +446,7 @@ class Daemon:
             server_alive=bool(alive) if sample.processes else None,
             estimates=estimates, forecast=focus.forecast.as_dict(),
             active_causes=tuple(focus.state.active), actions_total=dict(self.actions_total),
-            servers=servers,
+            servers=servers, focus=focus.name if focus.name in servers else None,
             sources_up={"nvml": sample.nvml_up, "process": bool(alive),
                         "agent": any(self.host.alive.get(p, True) for p in self.host.pids())},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,

@@ -24,6 +24,7 @@ class Snapshot:
     # every server: name -> {"estimates", "forecast", "active_causes", "pids", "gpus"}; the
     # fields above are the server nearest to OOM (the status page's focus)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    focus: Optional[str] = None                    # the server the fields above are about
     actions_total: dict[str, int] = field(default_factory=dict)   # by action ("alert", …)
     sources_up: dict[str, bool] = field(default_factory=dict)     # "nvml", "process", "agent"
     poll_seconds: Optional[float] = None           # the last tick's duration

@@ -145,9 +145,8 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                "detail": {k: v for k, v in c.items() if k not in ("cause", "t")}}
               for c in view.causes]
     actions = [{**a, "summary": action_summary(a)} for a in reversed(view.actions)]
-    focus = next((name for name, v in s.servers.items() if v.get("estimates") is s.estimates),
-                 None) or next((name for name, v in s.servers.items()
-                                if v.get("estimates") == s.estimates), None)
+    focus = s.focus if s.focus is not None else next(  # a Snapshot built without its focus
+        (name for name, v in s.servers.items() if v.get("estimates") == s.estimates), None)
     return _finite({
         "t": s.t, "age_s": round(max(0.0, now - s.t), 3),
         "sidecar": {**view.info, "watching_since_t": view.first_t},
