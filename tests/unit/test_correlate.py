@@ -1,4 +1,6 @@
 """fold() on hand-built observation sequences (no I/O, fake times)."""
+import dataclasses
+
 import pytest
 
 from torch_watchdog import events
@@ -125,3 +127,36 @@ def test_steady_latency_excludes_stalls():
                          stall_seconds=5.0, distinct_shapes=2, window_s=2.0)
     s = run([calls])
     assert s.steady_ms() == pytest.approx(1.0) and s.requests == 101
+
+
+def _in(pid, e):
+    return dataclasses.replace(e, pid=pid)
+
+
+def test_workers_compiling_the_same_frame_are_not_a_storm_or_a_limit():
+    # 4 workers, each the normal compile + one recompile of frame 0: 8 attempts at frame 0 in
+    # all, 2 per process; counted across pids they were a storm and an inferred fallback
+    cfg = CorrelateConfig(default_recompile_limit=3, storm_recompiles=3, storm_window_s=60)
+    obs = []
+    for pid in (11, 12, 13, 14):
+        obs += [_in(pid, compile_(1.0 + pid)), _in(pid, compile_(1.5 + pid, "0/1"))]
+    obs += [_in(11, new_shape(30.0 + i, i + 1)) for i in range(5)]
+    s = run(obs, cfg)
+    assert s.recompiles == 4 and s.compiles == 4
+    assert not s.findings and s.limit_t is None
+    # one process recompiling 3 times is a storm, whatever the others do
+    s = fold(s, [_in(12, compile_(40.0 + i, f"0/{i + 2}")) for i in range(2)], cfg)
+    assert [f.cause for f in s.findings] == ["recompile_storm"]
+    assert s.findings[0].detail["recompiles_in_window"] == 3
+
+
+def test_distinct_shapes_are_unique_across_workers():
+    ns = [_in(pid, new_shape(1.0 + i, n)) for i, (pid, n) in
+          enumerate([(11, 1), (12, 1), (11, 2), (12, 2), (12, 3)])]
+    # sizes [1,1], [1,2], [1,3] in both workers: 3 distinct, not 5
+    s = run(ns)
+    assert s.distinct_shapes == 3
+    # a worker whose own count is ahead (its earlier new_shape events were dropped) is a floor
+    s = fold(s, [events.NewShape(t=9.0, pid=13, name="m", shape=[[1, 9]], seconds=0.1,
+                                 distinct=7)], CFG)
+    assert s.distinct_shapes == 7

@@ -10,9 +10,14 @@ The server's memory is its per-process GPU memory (NVML), else the device's used
 - `cudagraph_per_shape`: memory grows with each CUDA-graph recording; MB/graph is the slope of
   the server's memory on recordings, poll by poll (no intercept; one poll's growth above
   `jump_bytes` is an allocator or compile step and is kept out), with a confidence;
-- `recompile_storm`: `storm_recompiles` recompiles within `storm_window_s`;
+- `recompile_storm`: `storm_recompiles` recompiles of one process within `storm_window_s`;
 - `recompile_limit_eager_fallback`: the agent saw the limit hit, or (recorded traces) a frame
-  reached the recompile limit and new shapes keep arriving without a compile;
+  of one process reached the recompile limit and new shapes keep arriving without a compile;
+
+Compiles and recompiles are counted per process: each worker of a multi-worker server compiles
+its own frames (4 uvicorn workers each doing the normal compile + recompile were counted as one
+frame's 8 attempts: a storm and an inferred fallback that did not happen). Distinct shapes are
+unique across the server's processes: workers seeing the same sizes record the same count.
 - `memory_growth_unexplained`: growth that neither recordings nor compiles explain.
 """
 from __future__ import annotations
@@ -29,6 +34,7 @@ from torch_watchdog.sidecar.sources.samples import Sample
 
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
           "memory_growth_unexplained")
+MAX_SHAPE_KEYS = 200_000  # unique shapes remembered per server (a few MB), then counted
 COMPILE_SETTLE_S = 10.0  # memory steps this long after a compile are the compile's
 PENDING_S = 60.0         # a step may belong to a compile still running (FACTS #7: 6-14 s each)
 
@@ -85,11 +91,11 @@ class State:
     compile_seconds: float = 0.0
     fx_cache_hits: int = 0         # Inductor FX-graph cache, as the agent reports (torch 2.6+)
     fx_cache_misses: int = 0
-    recompile_times: collections.deque = field(default_factory=collections.deque)
-    frame_attempts: dict = field(default_factory=dict)   # frame id -> compiles seen
+    recompile_times: dict = field(default_factory=dict)  # pid -> deque of recompile times
+    frame_attempts: dict = field(default_factory=dict)   # (pid, frame id) -> compiles seen
     limit_hits: int = 0
     limit_t: Optional[float] = None                      # the limit is reached (maybe inferred)
-    limit_frame: Optional[str] = None
+    limit_frame: Optional[tuple] = None                  # (pid, frame id)
     new_shapes_after_limit: int = 0
     records: int = 0
     warmups: int = 0
@@ -97,6 +103,13 @@ class State:
     ooms: int = 0
     agent_dropped: int = 0
     distinct_shapes: int = 0
+    # unique shapes per watched callable over all processes: name -> set of shape keys (at
+    # most MAX_SHAPE_KEYS in all, then counted), and the most any one process reported
+    shape_keys: dict = field(default_factory=dict)
+    shape_overflow: dict = field(default_factory=dict)
+    shape_floor: dict = field(default_factory=dict)
+    shape_counted: dict = field(default_factory=dict)    # name -> its part of distinct_shapes
+    shape_keys_n: int = 0
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
     steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
@@ -185,6 +198,13 @@ class State:
         }
 
 
+def _shape_key(shape: Any) -> Any:
+    try:
+        return tuple(tuple(dims) if isinstance(dims, list) else dims for dims in shape)
+    except TypeError:
+        return repr(shape)
+
+
 def _round(value: Optional[float], digits: int) -> Optional[float]:
     return None if value is None else round(value, digits)
 
@@ -239,7 +259,10 @@ def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
     if state.first_compile_t is None:
         state.first_compile_t = e.t
     if recompile:
-        state.recompile_times.append(e.t)
+        times = state.recompile_times.get(e.pid)
+        if times is None:
+            times = state.recompile_times[e.pid] = collections.deque()
+        times.append(e.t)
     start = e.t - (e.seconds or 0.0)
     state.last_compile_end = max(state.last_compile_end, e.t)
     # memory steps seen while this compile ran (its event comes at the end) are its own
@@ -247,7 +270,7 @@ def _on_compile(state: State, e: Any, cfg: CorrelateConfig) -> None:
         if start - 1.0 <= jt <= e.t + COMPILE_SETTLE_S:
             state.compile_jump_bytes += size
             state.pending_jumps.remove((jt, size))
-    frame = (e.compile_id or "").split("/")[0]
+    frame = (e.pid, (e.compile_id or "").split("/")[0])
     attempts = state.frame_attempts[frame] = state.frame_attempts.get(frame, 0) + 1
     limit = state.recompile_limit or cfg.default_recompile_limit
     if state.limit_hits:
@@ -276,7 +299,23 @@ def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) ->
 
 
 def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> None:
-    state.distinct_shapes = max(state.distinct_shapes + 1, e.distinct)
+    name = e.name
+    keys = state.shape_keys.get(name)
+    if keys is None:
+        keys = state.shape_keys[name] = set()
+    key = _shape_key(e.shape)
+    if key not in keys:
+        if state.shape_keys_n < MAX_SHAPE_KEYS:
+            keys.add(key)
+            state.shape_keys_n += 1
+        else:
+            state.shape_overflow[name] = state.shape_overflow.get(name, 0) + 1
+    # a process's own count covers its new_shape events the sidecar never got (dropped)
+    if e.distinct > state.shape_floor.get(name, 0):
+        state.shape_floor[name] = e.distinct
+    counted = max(len(keys) + state.shape_overflow.get(name, 0), state.shape_floor.get(name, 0))
+    state.distinct_shapes += counted - state.shape_counted.get(name, 0)
+    state.shape_counted[name] = counted
     if state.limit_t is not None and e.t > state.limit_t and state.limit_hits == 0:
         if e.t > state.last_compile_end:
             state.new_shapes_after_limit += 1
@@ -402,11 +441,16 @@ def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> Non
 
 def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
     t = state.now
-    while state.recompile_times and state.recompile_times[0] < t - cfg.storm_window_s:
-        state.recompile_times.popleft()
-    if len(state.recompile_times) >= cfg.storm_recompiles:
+    in_window = 0
+    for pid, times in list(state.recompile_times.items()):
+        while times and times[0] < t - cfg.storm_window_s:
+            times.popleft()
+        if not times:
+            del state.recompile_times[pid]
+        in_window = max(in_window, len(times))
+    if in_window >= cfg.storm_recompiles:
         _activate(state, t, "recompile_storm", {
-            "recompiles_in_window": len(state.recompile_times), "window_s": cfg.storm_window_s,
+            "recompiles_in_window": in_window, "window_s": cfg.storm_window_s,
             "compile_seconds": round(state.compile_seconds, 3)})
     elif "recompile_storm" in state.active and not state.recompile_times:
         del state.active["recompile_storm"]
