@@ -123,3 +123,32 @@ def test_a_few_sizes_seen_once_are_not_saturation():
               device_total=1000 * MB)
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     assert fc.seconds_discovery is None  # not enough evidence either way: the trend decides
+
+
+def _host_mode(rss_by_pid, t=100.0, total=64_000 * MB, available=40_000 * MB):
+    """A host-memory server (no GPU): flat memory, folded from real samples."""
+    from torch_watchdog.sidecar.config import CorrelateConfig
+    from torch_watchdog.sidecar.core.correlate import fold
+    from torch_watchdog.sidecar.sources.samples import ProcessSample, Sample
+
+    obs = [Sample(t=t + i, processes=tuple(ProcessSample(pid, True, rss)
+                                           for pid, rss in rss_by_pid.items()),
+                  host_total_bytes=total, host_available_bytes=available) for i in range(5)]
+    return fold(State(), obs, CorrelateConfig())
+
+
+def test_a_server_already_over_its_budget_is_an_oom_now():
+    # flat at 1,550 MB over a 1,300 MB budget: no growth, and still out of memory now
+    s = _host_mode({11: 800 * MB, 12: 750 * MB})
+    fc = forecast(s, ForecastConfig(process_budget_bytes=1_300 * MB))
+    assert fc.seconds == 0.0 and fc.level_bytes == 1_550 * MB
+    # under the budget and flat: no OOM forecast
+    assert forecast(s, ForecastConfig(process_budget_bytes=2_000 * MB)).seconds == FOREVER
+
+
+def test_each_process_against_a_per_process_budget():
+    s = _host_mode({11: 900 * MB, 12: 300 * MB})
+    # the server (1,200 MB) is under 2 x 1,000 MB, but worker 11 is over its own 800 MB
+    fc = forecast(s, ForecastConfig(per_process_budget_bytes=800 * MB))
+    assert fc.seconds == 0.0 and fc.level_bytes == 900 * MB and fc.budget_bytes == 800 * MB
+    assert forecast(s, ForecastConfig(per_process_budget_bytes=1_000 * MB)).seconds == FOREVER

@@ -86,3 +86,14 @@ def test_a_cancelled_decision_starts_no_cooldown():
                 if len(decided) == 1:
                     forget_reload(ps, a.t)  # cancelled at the re-check
     assert decided == [42, 45]
+
+
+def test_warm_up_counts_from_the_first_hello_not_the_sidecars_start():
+    # the sidecar saw the server's processes at t=0 (importing torch); its agent said hello at
+    # t=50 and nothing compiled yet: no reload before t=80
+    state = State(first_t=0.0, first_hello_t=50.0)
+    ps, out = PolicyState(), []
+    for t in range(55, 90):
+        state.now = float(t)
+        out += [a.t for a in decide(state, fc(1.0), ps, CFG) if a.action == "reload"]
+    assert out == [82.0]  # warm-up over at 80, then 3 polls holding

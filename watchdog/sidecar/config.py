@@ -60,6 +60,9 @@ class ForecastConfig:
     headroom_bytes: int = 128 * MiB       # budget = device total - headroom (the H200 OOM
                                           # run, h200-oom300: the crash came with 3 MB free)
     process_budget_bytes: Optional[int] = None  # or a fixed budget for the server's memory
+    # or a budget for each of its processes (a worker is killed alone: a cgroup per worker, a
+    # host-memory server whose workers each have a limit)
+    per_process_budget_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -455,6 +458,9 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("correlate.storm_recompiles", _at_least_one, "must be >= 1"),
     ("correlate.fallback_new_shapes", _at_least_one, "must be >= 1"),
     ("forecast.window_s", _positive, "must be > 0 seconds"),
+    ("forecast.process_budget_bytes", lambda v: v is None or v > 0, "must be > 0 bytes or null"),
+    ("forecast.per_process_budget_bytes", lambda v: v is None or v > 0,
+     "must be > 0 bytes or null"),
     ("policy.hold_polls", _at_least_one, "must be >= 1"),
     ("policy.max_concurrent_reloads", _at_least_one, "must be >= 1"),
     ("correlate.max_clock_skew_s", _positive, "must be > 0 seconds"),

@@ -239,8 +239,10 @@ class Daemon:
         observations += self._outcomes(now)
         configured = self.configured_pids()
         pids = {p for ps in configured.values() for p in ps}
+        heard = {o.pid for o in observations if isinstance(o, events.Event)}
         if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
-            pids |= self.host.pids() | {o.pid for o in observations if isinstance(o, events.Event)}
+            pids |= self.host.pids() | heard
+        pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that
         reading = self.nvml.read(pids)
         processes = read_processes(pids, reading.process_gpu_bytes)
         host_total, host_available = read_host_memory()
@@ -448,7 +450,7 @@ class Daemon:
             active_causes=tuple(focus.state.active), actions_total=dict(self.actions_total),
             servers=servers, focus=focus.name if focus.name in servers else None,
             sources_up={"nvml": sample.nvml_up, "process": bool(alive),
-                        "agent": any(self.host.alive.get(p, True) for p in self.host.pids())},
+                        "agent": self.host.agents_alive()},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=self.accepted,
             events_skewed_total=self.host.skewed_events,

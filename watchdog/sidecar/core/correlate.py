@@ -86,6 +86,7 @@ class State:
     torch: Optional[str] = None
     recompile_limit: Optional[int] = None
     first_compile_t: Optional[float] = None
+    first_hello_t: Optional[float] = None  # the server's warm-up counts from its first hello
     compiles: int = 0
     recompiles: int = 0
     compile_seconds: float = 0.0
@@ -121,6 +122,7 @@ class State:
     mem_bytes: Optional[int] = None
     mem_source: Optional[str] = None                     # "process" | "device" | "rss"
     mem_start: Optional[int] = None
+    proc_bytes: dict = field(default_factory=dict)       # pid -> its memory, same meter
     device_used: Optional[int] = None
     device_total: Optional[int] = None
     device_usable: Optional[int] = None  # used + free: total less what the driver reserves
@@ -244,6 +246,8 @@ def _event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
 
 def _on_hello(state: State, e: events.Hello, cfg: CorrelateConfig) -> None:
     state.torch = e.torch
+    if state.first_hello_t is None:
+        state.first_hello_t = e.t
     limit = e.config.get("recompile_limit", e.config.get("cache_size_limit"))
     if isinstance(limit, int) and not isinstance(limit, bool):
         state.recompile_limit = limit
@@ -392,6 +396,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     mem, source = _server_memory(s, watched)
     if mem is None:
         return
+    state.proc_bytes = _per_process(s, watched, source)
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
         state.records_at_last_sample = state.records
@@ -416,6 +421,19 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     if state.records > 0:  # the regression starts with the first recording
         state.regression.add(recorded, delta)
+
+
+def _per_process(s: Sample, watched: Optional[set], source: str) -> dict[int, int]:
+    """Each live process's memory on the server's meter (none on a device-level meter)."""
+    if source == "device":
+        return {}
+    out = {}
+    for p in s.processes:
+        if p.alive and (watched is None or p.pid in watched):
+            v = p.gpu_total if source == "process" else p.rss_bytes
+            if v is not None:
+                out[p.pid] = v
+    return out
 
 
 def _bytes_on(procs: list, uuid: str) -> Optional[int]:

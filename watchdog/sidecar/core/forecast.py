@@ -104,6 +104,12 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Foreca
 
 
 def _views(state: State, cfg: ForecastConfig) -> list[_View]:
+    if cfg.per_process_budget_bytes is not None and state.proc_bytes:
+        # each process against its own budget, with its share of the server's growth
+        total = sum(state.proc_bytes.values())
+        return [_View(None, b, cfg.per_process_budget_bytes,
+                      b / total if total > 0 else 1.0 / len(state.proc_bytes))
+                for _, b in sorted(state.proc_bytes.items())]
     if cfg.process_budget_bytes is not None:
         if state.mem_bytes is None:
             return []
@@ -153,6 +159,11 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int) -> Optional[
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
                    model: Optional[dict]) -> Forecast:
     def seconds_at(rate: Optional[float]) -> float:
+        if v.uuid is None and v.level >= v.budget:
+            # over a configured or host budget already: an OOM now, growing or not (flat at
+            # 1.55 GiB over a 1.3 GiB budget said "no OOM forecast"). A GPU's budget keeps its
+            # rate: an allocator may cache up to the last free MiB and run there for hours
+            return 0.0
         if rate is None or rate * v.share <= 0:
             return FOREVER
         return max(0.0, (v.budget - v.level) / (rate * v.share))

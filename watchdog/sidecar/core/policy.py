@@ -40,7 +40,12 @@ class PolicyState:
 
 
 def warming_up(state: State, cfg: PolicyConfig) -> bool:
-    start = state.first_compile_t if state.first_compile_t is not None else state.first_t
+    """From the server's first compile, else its agent's first hello, else the first time its
+    processes were seen: a sidecar started before the server must not take the server's
+    start-up (importing torch, loading weights) for runaway growth."""
+    start = state.first_compile_t
+    if start is None:
+        start = state.first_hello_t if state.first_hello_t is not None else state.first_t
     return start is None or state.now < start + cfg.warmup_s
 
 

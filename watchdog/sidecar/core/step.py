@@ -62,6 +62,8 @@ class Host:
     configured: dict = field(default_factory=dict) # pid -> server name, from the config
     history: list = field(default_factory=list)    # (t, server or None): past reload decisions
     skewed_events: int = 0                         # event times outside the allowed clock skew
+    agents: dict = field(default_factory=dict)     # pid -> last heard: every agent's process,
+                                                   # believed or not (its liveness only)
 
     def server(self, name: str) -> Server:
         s = self.servers.get(name)
@@ -80,6 +82,12 @@ class Host:
 
     def pids(self) -> set[int]:
         return set(self.owner)
+
+    def agents_alive(self) -> bool:
+        """An agent is up while one of the processes that sent events is alive (a pid not yet
+        read in a sample counts as alive): after a reload or a crash it drops at the next poll,
+        not 30 s later."""
+        return any(self.alive.get(pid) is not False for pid in self.agents)
 
 
 Observation = Union[events.Event, Sample, ReloadOutcome]
@@ -101,6 +109,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
         # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
         host.skewed_events += 1
         e = dataclasses.replace(e, t=now)
+    host.agents[e.pid] = e.t
     actions: list[policy.Action] = []
     if e.kind == "hello":
         server = _on_hello(host, e, actions)
@@ -202,6 +211,11 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
 
 
 def _forget_silent(host: Host, now: float) -> None:
+    for pid, heard in list(host.agents.items()):
+        if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
+            del host.agents[pid]
+            if pid not in host.owner:
+                host.alive.pop(pid, None)
     for server in host.servers.values():
         for pid, heard in list(server.pids.items()):
             if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
