@@ -101,3 +101,19 @@ def test_host_memory_without_meminfo_falls_back_to_psutil(tmp_path):
 
     from torch_watchdog.sidecar.sources.process import read_host_memory
     assert read_host_memory(str(tmp_path / "absent"))[0] == psutil.virtual_memory().total
+
+
+def test_a_units_processes_are_its_cgroups(tmp_path):
+    from torch_watchdog.sidecar.sources.process import unit_pids
+    unit = tmp_path / "system.slice" / "inference.service"
+    (unit / "worker").mkdir(parents=True)  # Delegate=yes: a sub-cgroup of the unit's own
+    (unit / "cgroup.procs").write_text("100\n101\n")
+    (unit / "worker" / "cgroup.procs").write_text("205\n")
+    run, seen = fake_run("/system.slice/inference.service\n")
+    assert unit_pids("inference.service", run=run, roots=(str(tmp_path),)) == (100, 101, 205)
+    assert seen[0][0] == ["systemctl", "show", "-p", "ControlGroup", "--value",
+                          "inference.service"]
+    # no cgroup tree here, an inactive unit, a path out of the tree, no systemctl: fall back
+    for run, _ in (fake_run("/system.slice/other.service\n"), fake_run("\n"),
+                   fake_run("/system.slice/../../etc\n"), fake_run(raises=FileNotFoundError())):
+        assert unit_pids("inference.service", run=run, roots=(str(tmp_path),)) is None

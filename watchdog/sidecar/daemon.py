@@ -29,7 +29,7 @@ from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.sources.process import children_of, read_host_memory, read_pidfile, \
-    read_processes, unit_main_pid
+    read_processes, unit_main_pid, unit_pids
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
@@ -79,6 +79,8 @@ class Daemon:
                                            now=self.clock(),
                                            max_per_hour=cfg.policy.max_reloads_per_hour)
         self.host.history = self.reload_log.decisions()  # cooldowns survive a restart
+        self.started: dict[int, Optional[float]] = {}  # pid -> its start time when first seen:
+        # a reload signals a pid only while it is still that process (no pid reuse)
         self.decided_wall: dict[Optional[str], float] = {}  # when a reload was decided, by the
         # machine's clock (a reused pid started after it is never signalled)
         self.reloaders: dict[str, reload.Reloader] = {}   # per server, while one runs
@@ -243,6 +245,7 @@ class Daemon:
         if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
             pids |= self.host.pids() | heard
         pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that
+        self._note_start_times(pids)
         reading = self.nvml.read(pids)
         processes = read_processes(pids, reading.process_gpu_bytes)
         host_total, host_available = read_host_memory()
@@ -310,19 +313,31 @@ class Daemon:
         return [event for event, _pid in got]
 
     def configured_pids(self) -> dict[str, tuple[int, ...]]:
-        """Each configured server's pids: its unit's MainPID or its pidfile's pid, and their
-        children (looked up every UNIT_LOOKUP_S: systemctl and /proc walks are not free)."""
+        """Each configured server's pids: its unit's cgroup (else its MainPID), or its
+        pidfile's pid, and their children (looked up every UNIT_LOOKUP_S: systemctl and /proc
+        walks are not free)."""
         out = {}
         for name, unit, pidfile in config_mod.server_sources(self.cfg):
             key = (unit, pidfile)
             checked, pids = self._configured.get(key, (-1e18, ()))
             if time.monotonic() - checked >= UNIT_LOOKUP_S:
-                main = unit_main_pid(unit) if unit else read_pidfile(pidfile)
-                pids = tuple(sorted({main, *children_of(main)})) if main else ()
+                group = unit_pids(unit) if unit else None
+                main = None if group is not None else \
+                    unit_main_pid(unit) if unit else read_pidfile(pidfile)
+                pids = group if group is not None else \
+                    tuple(sorted({main, *children_of(main)})) if main else ()
                 self._configured[key] = (time.monotonic(), pids)
             if pids:
                 out[name] = pids
         return out
+
+    def _note_start_times(self, pids: set[int]) -> None:
+        """Each pid's start time, read once when it is first seen (at its hello or in its
+        unit), forgotten when the pid is."""
+        for pid in pids - self.started.keys():
+            self.started[pid] = reload.process_start_time(pid)
+        if len(self.started) > 2 * len(pids) + 64:
+            self.started = {p: v for p, v in self.started.items() if p in pids}
 
     def _unit_of(self, server: Optional[str]) -> Optional[str]:
         return next((unit for name, unit, _ in config_mod.server_sources(self.cfg)
@@ -348,7 +363,9 @@ class Daemon:
                                                                     0.0), action)
         elif action.action == "execute":
             run = reload.executor(self.cfg.reload, self._unit_of(action.server),
-                                  decided_t=self.decided_wall.pop(action.server, None))
+                                  decided_t=self.decided_wall.pop(action.server, None),
+                                  expected_start={p: self.started[p] for p in action.pids
+                                                  if self.started.get(p) is not None})
             if run is None:
                 return
             self.reload_log.executing(action.detail["decided_t"], action.server)

@@ -1,6 +1,7 @@
 """Process source: which server pid to watch (pidfile, systemd unit), its liveness and RSS."""
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Callable, Optional
 
@@ -91,3 +92,41 @@ def children_of(pid: int) -> list[int]:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
     except (psutil.Error, ValueError):
         return []
+
+
+CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd")  # v2 (unified), v1 (named)
+MAX_CGROUP_PIDS = 65_536  # a unit's processes, read from the kernel; more is not a server
+
+
+def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+              roots: tuple[str, ...] = CGROUP_ROOTS) -> Optional[tuple[int, ...]]:
+    """Every process of a systemd unit: the pids in its cgroup (and the cgroups below it, with
+    Delegate=yes), which is what systemd itself stops and signals. None when the unit's cgroup
+    cannot be read here (no systemd, a container without the cgroup tree): the caller falls
+    back to the MainPID and its children. A process that merely claims the unit (an agent's
+    hello) is not in it, and a worker that double-forked away from the MainPID still is."""
+    try:
+        result = run(["systemctl", "show", "-p", "ControlGroup", "--value", unit],
+                     capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    group = (result.stdout or "").strip() if result.returncode == 0 else ""
+    if not group.startswith("/") or ".." in group.split("/"):
+        return None  # inactive (empty), or not a cgroup path
+    for root in roots:
+        top = os.path.join(root, group.lstrip("/"))
+        if not os.path.isfile(os.path.join(top, "cgroup.procs")):
+            continue
+        pids: set[int] = set()
+        for folder, _dirs, files in os.walk(top):
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                with open(os.path.join(folder, "cgroup.procs"), encoding="ascii") as f:
+                    pids.update(int(line) for line in f if line.strip())
+            except (OSError, ValueError):
+                return None
+            if len(pids) > MAX_CGROUP_PIDS:
+                return None
+        return tuple(sorted(p for p in pids if p > 0))
+    return None
