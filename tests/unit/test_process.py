@@ -117,3 +117,30 @@ def test_a_units_processes_are_its_cgroups(tmp_path):
     for run, _ in (fake_run("/system.slice/other.service\n"), fake_run("\n"),
                    fake_run("/system.slice/../../etc\n"), fake_run(raises=FileNotFoundError())):
         assert unit_pids("inference.service", run=run, roots=(str(tmp_path),)) is None
+
+
+def test_pss_is_read_now_and_then_and_carried_by_rss():
+    from torch_watchdog.sidecar.sources.process import PssMeter, read_pss
+    from torch_watchdog.sidecar.sources.samples import ProcessSample
+    now, reads = [0.0], []
+
+    def read(pid):
+        reads.append(pid)
+        return {11: 300, 12: 200}.get(pid)
+
+    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    out = meter.apply((ProcessSample(11, True, 1000), ProcessSample(12, True, 900),
+                       ProcessSample(13, True, 500), ProcessSample(14, False, None)))
+    assert [p.host_bytes for p in out] == [300, 200, 500, None]  # 13: no PSS, its RSS
+    now[0] = 5.0  # 11 grew 50 bytes: its PSS grows as much, no new read
+    out = meter.apply((ProcessSample(11, True, 1050), ProcessSample(12, True, 900)))
+    assert [p.pss_bytes for p in out] == [350, 200] and reads == [11, 12, 13]
+    now[0] = 10.0
+    meter.apply((ProcessSample(11, True, 1050),))
+    assert reads[-1] == 11 and 12 not in meter.last  # 12 is gone: forgotten
+    # this process's own: a real smaps_rollup, below its RSS or equal
+    import os
+
+    import psutil
+    pss = read_pss(os.getpid())
+    assert pss is None or 0 < pss <= psutil.Process().memory_info().rss * 1.01

@@ -1,31 +1,274 @@
-"""step() on hand-built observations: the host model's bookkeeping (no I/O, fake times)."""
+"""The pure step over a whole host: each GPU its own budget, each server its own state, a leak
+is growth too, the re-check and the reset decided inside the step (replay = live)."""
+from __future__ import annotations
+
+import dataclasses
+
 from torch_watchdog import events
-from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.config import Config, ForecastConfig, PolicyConfig, ReloadConfig
 from torch_watchdog.sidecar.core.step import Host, step
-from torch_watchdog.sidecar.sources.samples import ProcessSample, Sample
+from torch_watchdog.sidecar.sources.samples import (DeviceSample, ProcessSample, ReloadOutcome,
+                                                    Sample)
 
-CFG = Config()
+MB = 1 << 20
+GB = 1 << 30
+A, B = "GPU-aaaa", "GPU-bbbb"
+POLICY = PolicyConfig(reload_lead_s=60, alert_lead_s=600, hold_polls=3, warmup_s=0,
+                      cooldown_s=600)
+CFG = Config(policy=POLICY, forecast=ForecastConfig(headroom_bytes=0, window_s=30),
+             reload=ReloadConfig(method="signal"))
 
 
-def hello(t, pid, server="svc"):
-    return events.Hello(t=t, pid=pid, torch="2.13", agent="0", devices=[], config={},
-                        capabilities={}, watched=[], argv="x", server=server, ppid=1)
+def hello(t: float, pid: int, server: str, devices: list[str]) -> events.Hello:
+    return events.Hello(t=t, pid=pid, torch="2.13", agent="test", devices=devices, config={},
+                        capabilities={}, watched=["m"], argv="serve", server=server)
 
 
-def sample(t, alive):
-    return Sample(t=t, processes=tuple(ProcessSample(pid, up, 100) for pid, up in alive.items()))
+def compile_event(t: float, pid: int) -> events.Compile:
+    return events.Compile(t=t, pid=pid, compile_id="0/0", function="f", seconds=1.0)
+
+
+def calls(t: float, pid: int, n: int, distinct: int) -> events.Calls:
+    return events.Calls(t=t, pid=pid, name="m", calls=n, seconds=n * 1e-3, stall_calls=0,
+                        stall_seconds=0.0, distinct_shapes=distinct, window_s=1.0)
+
+
+def sample(t: float, gpus: dict, procs: dict) -> Sample:
+    """gpus: uuid -> (used, total); procs: pid -> {uuid: bytes}."""
+    return Sample(t=t, devices=tuple(DeviceSample(u, used, total, total - used)
+                                     for u, (used, total) in gpus.items()),
+                  processes=tuple(ProcessSample(pid, True, 1 << 30, dict(g))
+                                  for pid, g in procs.items()))
+
+
+class Host2:
+    """Two replicas, one per GPU, one sidecar; each grows as told."""
+
+    def __init__(self, cfg: Config = CFG):
+        self.cfg, self.host, self.t, self.actions = cfg, Host(), 1000.0, []
+        self.mine = {101: 2 * GB, 202: 2 * GB}
+        for pid, server, gpu in ((101, "replica-a", A), (202, "replica-b", B)):
+            self.feed(hello(self.t, pid, server, [gpu]), compile_event(self.t, pid))
+
+    def feed(self, *observations) -> list:
+        out = []
+        for o in observations:
+            out += step(self.host, o, self.cfg)
+        self.actions += out
+        return out
+
+    def poll(self, grow_a: int = 0, grow_b: int = 0, dt: float = 0.25) -> list:
+        self.t += dt
+        self.mine[101] += grow_a
+        self.mine[202] += grow_b
+        s = sample(self.t, {A: (self.mine[101] + GB, 10 * GB), B: (self.mine[202] + GB, 10 * GB)},
+                   {101: {A: self.mine[101]}, 202: {B: self.mine[202]}})
+        return self.feed(s)
+
+    def of(self, kind: str) -> list:
+        return [a for a in self.actions if a.action == kind]
+
+
+def test_each_gpu_has_its_own_budget_and_only_the_growing_replica_is_reloaded():
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("execute") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    # A: 3 GB used of 10, 40 MB/s -> OOM in ~3 min; summed with B's GPU, ~6 min
+    (decided,) = h.of("reload")
+    assert decided.server == "replica-a" and decided.pids == (101,) and decided.gpus == (A,)
+    (carried,) = h.of("execute")
+    assert carried.server == "replica-a" and carried.pids == (101,)
+    a, b = h.host.servers["replica-a"], h.host.servers["replica-b"]
+    assert a.forecast.gpu_uuid == A and a.forecast.seconds <= 60
+    assert b.forecast.seconds == float("inf") and b.pids == {202: 1000.0}
+    assert a.forecast.budget_bytes == 10 * GB  # its own GPU's, not the sum of two
+
+
+def test_one_replica_reloads_at_a_time_then_the_other():
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while len(h.of("execute")) < 1 and h.t < 2000:
+        h.poll(grow_a=10 * MB, grow_b=10 * MB)
+    first = h.of("execute")[0].server
+    for _ in range(5):  # the first reload runs: the other one waits (the host-wide cap)
+        h.poll(grow_a=10 * MB, grow_b=10 * MB)
+    assert [a.server for a in h.of("reload")] == [first]
+    h.feed(ReloadOutcome(h.t, first, True, "exited after SIGTERM", 3.0))
+    for _ in range(5):
+        h.poll(grow_b=10 * MB if first == "replica-a" else 0,
+               grow_a=10 * MB if first == "replica-b" else 0)
+    assert sorted(a.server for a in h.of("reload")) == ["replica-a", "replica-b"]
+    assert h.host.servers[first].state.first_t is None or \
+        h.host.servers[first].state.records == 0  # the reloaded one starts afresh
+
+
+def bucketed(h: Host2, polls: int, leak: int = 0) -> None:
+    """Replica A: 8 bucket sizes, recorded at warm-up, thousands of requests since."""
+    for i in range(polls):
+        h.feed(calls(h.t + 0.1, 101, 100, 8))
+        h.poll(grow_a=leak)
+
+
+def warm_bucketed(h: Host2) -> None:
+    for k in range(8):
+        h.feed(events.NewShape(t=h.t, pid=101, name="m", shape=[[1, 32 << k]], seconds=0.05,
+                               distinct=k + 1))
+        for phase in ("warmup", "record"):
+            h.feed(events.CudagraphRecord(t=h.t, pid=101, phase=phase, compile_id="0/0",
+                                          key=[32 << k], shape=None, seconds=0.01))
+    h.poll(grow_a=8 * MB)
+
+
+def test_a_leak_under_bucketed_traffic_is_reloaded_as_unexplained_growth():
+    h = Host2()
+    warm_bucketed(h)
+    bucketed(h, 120)
+    assert not h.of("reload")
+    while not h.of("reload") and h.t < 4000:
+        bucketed(h, 10, leak=int(1.5 * MB))  # the server's own code keeps 6 MiB/s alive
+    (decided,) = h.of("reload")
+    assert decided.server == "replica-a" and decided.detail["cause"] == "memory_growth_unexplained"
+    assert h.host.servers["replica-a"].forecast.driver == "unexplained"
+    room = 10 * GB - (h.mine[101] + GB)
+    assert 30 * 6 * MB < room < 90 * 6 * MB  # decided about a minute (the lead) before the OOM
+    assert decided.detail["seconds_to_oom"] <= POLICY.reload_lead_s
+
+
+def test_the_bucketed_control_and_a_plateau_near_full_get_no_reload():
+    h = Host2()
+    warm_bucketed(h)
+    bucketed(h, 600)
+    h.mine[101] = int(9.97 * GB) - GB  # a server that holds 99.7 % of its GPU, flat
+    bucketed(h, 600)
+    assert not h.of("reload") and not h.of("execute")
+    assert h.host.servers["replica-a"].forecast.seconds == float("inf")
+
+
+def test_an_event_from_the_far_future_cannot_switch_the_forecast_off():
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    h.feed(dataclasses.replace(calls(h.t, 101, 1, 1), t=h.t + 1e9))
+    assert h.host.skewed_events == 1
+    while not h.of("reload") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    assert h.of("reload")[0].server == "replica-a"
+
+
+def test_a_cancelled_decision_then_a_restart_then_fresh_alerts():
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("reload") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    h.poll(grow_a=-4 * GB)  # let go of 4 GB: at the re-check the forecast has cleared
+    (cancel,) = h.of("cancel")
+    assert cancel.server == "replica-a" and not h.of("execute")
+    assert h.host.servers["replica-a"].policy.reloads == []  # no cooldown from it
+    # the replica crashes; systemd starts a new process, which says hello
+    h.feed(sample(h.t + 1, {A: (GB, 10 * GB), B: (3 * GB, 10 * GB)},
+                  {101: {}, 202: {B: h.mine[202]}}))
+    h.host.alive[101] = False
+    before = len(h.of("alert"))
+    h.feed(hello(h.t + 2, 303, "replica-a", [A]))
+    (restart,) = h.of("restart")
+    assert restart.server == "replica-a" and restart.detail["old_pids"] == [101]
+    a = h.host.servers["replica-a"]
+    assert set(a.pids) == {303} and a.state.records == 0 and a.policy.alerted == set()
+    assert len(h.of("alert")) == before
+
+
+def test_configured_pids_are_owned_by_their_server_whatever_the_agent_says():
+    h = Host2()
+    s = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
+                            servers={"llm.service": (101,)})
+    h.feed(s)
+    assert h.host.owner[101] == "llm.service"
+    h.feed(hello(h.t + 2, 101, "pgid:55", [A]))
+    assert h.host.owner[101] == "llm.service"
+    assert 101 not in h.host.servers["replica-a"].pids
+
+
+def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_hello():
+    host = Host()
+    s = sample(1000.0, {A: (3 * GB, 10 * GB), B: (3 * GB, 10 * GB)}, {})
+    assert step(host, s, CFG) == [] and host.servers == {}
+    assert host.focus().name == "default" and host.servers == {}  # shown, not kept
+    step(host, calls(1000.5, 101, 5, 2), CFG)  # heard before its hello (a sidecar restart)
+    assert list(host.servers) == ["default"]
+    step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
+    assert list(host.servers) == ["replica-a"]
+    assert host.servers["replica-a"].state.requests == 5
+
+
+def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloaded():
+    """Two servers on one GPU, NVML without per-process memory (a container, MIG): the
+    device grows, but nothing pins it on either: an alert, no reload."""
+    h = Host2()
+    used = 3 * GB
+    for pid, server in ((101, "replica-a"), (202, "replica-b")):
+        h.feed(hello(h.t, pid, server, [A]))
+    for i in range(800):
+        h.t += 0.25
+        used += 10 * MB if i > 10 else 0
+        h.feed(Sample(t=h.t, devices=(DeviceSample(A, used, 10 * GB, 10 * GB - used),),
+                      processes=(ProcessSample(101, True, GB, {A: None}),
+                                 ProcessSample(202, True, GB, {A: None}))))
+        if used > 9 * GB:
+            break
+    assert [a.reason for a in h.of("alert") if a.reason == "oom_forecast"]
+    assert not h.of("reload") and not h.of("execute")
+
+
+def test_a_server_restarted_under_a_new_process_group_keeps_its_reload_history():
+    """A supervisor restarts the server in a new process group: the agent's default name
+    (`pgid:N`) changes, but the cooldown must hold (the demo reloaded again 21 s after)."""
+    h = Host2()
+    h.feed(dataclasses.replace(hello(h.t, 303, "pgid:303", [A]), ppid=50))
+    h.mine[303] = 2 * GB
+    for _ in range(10):
+        h.poll()
+    h.host.servers["pgid:303"].policy.reloads.append(h.t)  # reloaded just now
+    h.feed(ReloadOutcome(h.t, "pgid:303", True, "exited after SIGTERM", 2.0))
+    h.feed(dataclasses.replace(hello(h.t + 5, 404, "pgid:404", [A]), ppid=50))
+    assert "pgid:303" not in h.host.servers
+    assert h.host.servers["pgid:404"].policy.reloads == [h.t]
+    # another supervisor's server is another server
+    h.feed(dataclasses.replace(hello(h.t + 6, 505, "pgid:505", [B]), ppid=60))
+    assert h.host.servers["pgid:505"].policy.reloads == []
+
+
+def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
+    """Another local process says hello as the unit's server, then grows: the reload of that
+    server still targets the unit's own pids only (it would have SIGTERMed both on main)."""
+    h = Host2()
+    configured = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
+                                     servers={"llm.service": (101,)})
+    h.feed(configured)
+    h.feed(hello(h.t + 2, 666, "llm.service", [A]))  # the forger
+    assert h.host.servers["llm.service"].pids.keys() == {101}
+    assert h.host.owner[666] == "default"  # a server of its own: a reload signals it alone
+    h.feed(events.CudagraphRecord(t=h.t + 3, pid=666, phase="record", compile_id="0/0",
+                                  key=[1], shape=None, seconds=0.01))
+    assert h.host.servers["llm.service"].state.records == 0  # nothing folded into the unit's
 
 
 def test_agent_liveness_drops_at_the_first_poll_with_every_agent_gone():
+    def seen(t, alive):
+        return Sample(t=t, processes=tuple(ProcessSample(pid, up, 100)
+                                           for pid, up in alive.items()))
     host = Host()
-    for obs in (sample(0.0, {}), hello(0.5, 11), hello(0.6, 12)):
+    for obs in (seen(0.0, {}), hello(0.5, 11, "svc", []), hello(0.6, 12, "svc", [])):
         step(host, obs, CFG)
     assert host.agents_alive()  # heard, not read yet
-    step(host, sample(1.0, {11: True, 12: True}), CFG)
+    step(host, seen(1.0, {11: True, 12: True}), CFG)
     assert host.agents_alive()
-    step(host, sample(2.0, {11: False, 12: True}), CFG)
+    step(host, seen(2.0, {11: False, 12: True}), CFG)
     assert host.agents_alive()
-    step(host, sample(3.0, {11: False, 12: False}), CFG)
+    step(host, seen(3.0, {11: False, 12: False}), CFG)
     assert not host.agents_alive()  # the next poll, not 30 s later
-    step(host, sample(40.0, {11: False, 12: False}), CFG)
+    step(host, seen(40.0, {11: False, 12: False}), CFG)
     assert host.agents == {} and not host.agents_alive()

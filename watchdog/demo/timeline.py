@@ -324,7 +324,7 @@ def progress_text(p: dict, status: Optional[dict]) -> str:
     return text
 
 
-MEMORY_NAMES = {"rss": "RSS", "process": "GPU memory (NVML)", "device": "GPU used (NVML)"}
+MEMORY_NAMES = {"rss": "PSS/RSS", "process": "GPU memory (NVML)", "device": "GPU used (NVML)"}
 
 
 def line_time(line: str) -> float:

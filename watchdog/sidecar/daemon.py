@@ -29,7 +29,7 @@ from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.sources.process import children_of, read_host_memory, read_pidfile, \
-    read_processes, unit_main_pid, unit_pids
+    PssMeter, read_processes, unit_main_pid, unit_pids
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
@@ -79,6 +79,7 @@ class Daemon:
                                            now=self.clock(),
                                            max_per_hour=cfg.policy.max_reloads_per_hour)
         self.host.history = self.reload_log.decisions()  # cooldowns survive a restart
+        self.pss = PssMeter()
         self.started: dict[int, Optional[float]] = {}  # pid -> its start time when first seen:
         # a reload signals a pid only while it is still that process (no pid reuse)
         self.decided_wall: dict[Optional[str], float] = {}  # when a reload was decided, by the
@@ -248,6 +249,8 @@ class Daemon:
         self._note_start_times(pids)
         reading = self.nvml.read(pids)
         processes = read_processes(pids, reading.process_gpu_bytes)
+        if not reading.devices:  # host-memory mode: PSS, so workers' shared pages count once
+            processes = self.pss.apply(processes)
         host_total, host_available = read_host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                         nvml_down=dict(reading.down),
@@ -457,7 +460,7 @@ class Daemon:
                 gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
                     else gpu.get(uuid, 0) + used
         alive = [p for p in sample.processes if p.alive]
-        rss = [p.rss_bytes for p in alive if p.rss_bytes is not None]
+        rss = [p.host_bytes for p in alive if p.host_bytes is not None]
         receiver = self.receiver
         return Snapshot(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,

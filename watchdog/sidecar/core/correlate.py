@@ -365,8 +365,8 @@ def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int
         return sum(per_process), "process"
     if sample.devices:
         return sum(d.used_bytes for d in sample.devices), "device"
-    rss = [p.rss_bytes for p in procs if p.alive]
-    if rss and all(v is not None for v in rss):  # host-memory mode: no GPU
+    rss = [p.host_bytes for p in procs if p.alive]
+    if rss and all(v is not None for v in rss):  # host-memory mode: no GPU (PSS, else RSS)
         return sum(rss), "rss"
     return None, None
 
@@ -430,7 +430,7 @@ def _per_process(s: Sample, watched: Optional[set], source: str) -> dict[int, in
     out = {}
     for p in s.processes:
         if p.alive and (watched is None or p.pid in watched):
-            v = p.gpu_total if source == "process" else p.rss_bytes
+            v = p.gpu_total if source == "process" else p.host_bytes
             if v is not None:
                 out[p.pid] = v
     return out

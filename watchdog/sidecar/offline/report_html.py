@@ -91,7 +91,7 @@ def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
 
 
 METERS = {"process": "its own GPU memory, NVML", "device": "the GPU's used memory, NVML",
-          "rss": "its RSS: host-memory mode"}
+          "rss": "its PSS (else RSS): host-memory mode"}
 
 
 def _meter(source: Any) -> str:

@@ -26,6 +26,13 @@ class ProcessSample:
     rss_bytes: Optional[int] = None
     # per device UUID: this process's usedGpuMemory; None where NVML does not say (MIG, containers)
     gpu_bytes: dict[str, Optional[int]] = field(default_factory=dict)
+    # host-memory mode: its proportional set size (shared pages split among their sharers, so
+    # forked workers are not each counted with the master's pages); None where not read
+    pss_bytes: Optional[int] = None
+
+    @property
+    def host_bytes(self) -> Optional[int]:
+        return self.pss_bytes if self.pss_bytes is not None else self.rss_bytes
 
     @property
     def gpu_total(self) -> Optional[int]:
@@ -58,7 +65,9 @@ def sample_to_dict(s: Sample) -> dict[str, Any]:
             "devices": [{"uuid": d.uuid, "used": d.used_bytes, "total": d.total_bytes,
                          "free": d.free_bytes} for d in s.devices],
             "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
-                           "gpu": p.gpu_bytes} for p in s.processes],
+                           "gpu": p.gpu_bytes, **({"pss": p.pss_bytes} if p.pss_bytes
+                                                  is not None else {})}
+                          for p in s.processes],
             "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
     if s.servers:
         line["servers"] = {k: list(v) for k, v in s.servers.items()}
@@ -78,7 +87,8 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
         devices=tuple(DeviceSample(str(x["uuid"]), int(x["used"]), int(x["total"]),
                                    opt_int(x.get("free"))) for x in d["devices"]),
         processes=tuple(ProcessSample(int(x["pid"]), bool(x["alive"]), opt_int(x.get("rss")),
-                                      {str(k): opt_int(v) for k, v in x["gpu"].items()})
+                                      {str(k): opt_int(v) for k, v in x["gpu"].items()},
+                                      opt_int(x.get("pss")))
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
         host_available_bytes=opt_int(d.get("host_available")),
