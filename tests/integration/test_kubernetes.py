@@ -94,6 +94,8 @@ def test_the_sidecar_is_a_native_sidecar_sharing_an_in_memory_socket_volume():
     spec = pod_spec()
     sidecar, server = containers()
     assert sidecar["restartPolicy"] == "Always"
+    # the agent's pids must be the sidecar's (its receiver drops any other as spoofed)
+    assert spec["shareProcessNamespace"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
               for c in (sidecar, server)}
@@ -161,7 +163,7 @@ def test_the_liveness_backstop_fails_only_while_the_requesting_process_lives(tmp
         with open(marker, "w") as fh:                              # same pid, other process
             fh.write(f"{live.pid} {int(_start_time(live.pid)) + 1}\n")
         assert _liveness(marker) == 0
-        for junk in ("", "drain\n", "12ab 34\n", f"{live.pid}\n"):  # malformed: ignored
+        for junk in ("", "drain\n", "12ab 34\n", f"{live.pid}\n", "* *\n"):  # malformed
             with open(marker, "w") as fh:
                 fh.write(junk)
             assert _liveness(marker) == 0, junk

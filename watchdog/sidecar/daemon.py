@@ -414,8 +414,7 @@ class Daemon:
         cfg = self.cfg
         info = {"version": __version__, "polls": self.ticks, "poll_interval_s":
                 cfg.poll_interval_s, "socket": cfg.agent.socket_path, "reload_method":
-                cfg.reload.method, "dry_run": cfg.policy.dry_run,
-                "gpu_attribution": cfg.gpu.attribution}
+                cfg.reload.method, "dry_run": cfg.policy.dry_run}
         try:
             self.history.update(snapshot, observations, decided)
             if decided or snapshot.t - self.published_t >= PUBLISH_S or snapshot.t < \

@@ -152,8 +152,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
         "sidecar": {**view.info, "watching_since_t": view.first_t},
         "memory": {
             "source": view.memory_source, "level_bytes": level,
-            "attribution": attribution_note(view.memory_source,
-                                            view.info.get("gpu_attribution")),
+            "attribution": attribution_note(view.memory_source, s.gpu_attribution),
             "devices": [{"uuid": d.uuid, "used_bytes": d.used_bytes, "total_bytes":
                          d.total_bytes, "free_bytes": d.free_bytes} for d in s.devices],
             "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
