@@ -313,8 +313,9 @@ class FakeApiServer:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.httpd.server_close()
 
 
 @pytest.fixture
@@ -352,6 +353,14 @@ def test_evict_without_rbac_says_what_is_missing(api):
     _, api_client = api([403])
     outcome = evict.evict("p", "ns", 10.0, api_client)
     assert not outcome.ok and "pods/eviction" in outcome.detail
+
+
+def test_evict_with_the_api_server_unreachable_fails_with_a_reason(api):
+    server, api_client = api([])
+    server.close()  # nothing listens there any more
+    outcome = evict.evict("p", "ns", 2.0, api_client)
+    assert not outcome.ok and outcome.detail.startswith("eviction failed")
+    assert outcome.seconds < 30
 
 
 def test_evict_outside_a_pod_fails_with_a_reason_and_never_raises(monkeypatch):
