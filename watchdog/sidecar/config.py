@@ -80,12 +80,13 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class ReloadConfig:
-    method: str = "none"                  # none | signal | systemd | http | command
+    method: str = "none"                  # none | signal | systemd | http | command | evict
     unit: Optional[str] = None            # systemd: the unit to restart (default: server.unit)
     url: Optional[str] = None             # http: POSTed to drain and reload the server
     command: Optional[list[str]] = None   # command: argv to run
     grace_s: float = 30.0                 # signal: SIGKILL this long after SIGTERM
-    timeout_s: float = 120.0              # systemd, http, command: the longest a reload may take
+    timeout_s: float = 120.0              # systemd, http, command, evict: the longest a reload
+                                          # may take
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,18 @@ class AlertsConfig:
     timeout_s: float = 5.0                # per POST
     service: str = "inference"            # label `service` on every alert
     instance: Optional[str] = None        # label `instance`; None: this host's name
+
+
+GPU_ATTRIBUTIONS = ("auto", "process", "device")
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    # Whose memory the forecast watches. process: the server's own processes (NVML's
+    # per-process list; a pod needs the node-level mode, hostPID, for its pids to match);
+    # device: the used memory of the server's GPUs, whoever holds it (a pod that has its GPUs
+    # to itself); auto: per process when NVML lists every server process, else device-level.
+    attribution: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     reload: ReloadConfig = field(default_factory=ReloadConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
 
 
 class ConfigError(ValueError):
@@ -470,6 +484,7 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("alerts.resend_s", lambda v: v >= 1, "must be >= 1 second"),
     ("alerts.timeout_s", _positive, "must be > 0 seconds"),   # 0: every POST fails at once
     ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
+    ("gpu.attribution", lambda v: v in GPU_ATTRIBUTIONS, "one of " + ", ".join(GPU_ATTRIBUTIONS)),
 )
 
 
@@ -521,7 +536,7 @@ def _servers_problems(config: Config) -> list[str]:
     return problems
 
 
-RELOAD_METHODS = ("none", "signal", "systemd", "http", "command")
+RELOAD_METHODS = ("none", "signal", "systemd", "http", "command", "evict")
 
 
 def _reload_problems(config: Config) -> list[str]:

@@ -464,6 +464,7 @@ class Daemon:
         receiver = self.receiver
         return Snapshot(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
+            gpu_attribution=self.cfg.gpu.attribution,
             server_rss_bytes=sum(rss) if rss else None,
             server_alive=bool(alive) if sample.processes else None,
             estimates=estimates, forecast=focus.forecast.as_dict(),

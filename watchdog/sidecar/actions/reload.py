@@ -6,7 +6,8 @@ Executors (config `reload.method`):
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
   model twice on the GPU (ops-anchors §4.1);
 - `http`: POST to the server's own drain/reload hook;
-- `command`: run a command.
+- `command`: run a command;
+- `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py).
 One reload runs at a time, on a thread, so the poll loop keeps going. Each decision is written
 to `<state_dir>/reloads.json` *before* it is carried out, and marked when its execution starts
 (`ReloadLog.executing`), so a sidecar that restarts mid-reload does not reload again (the
@@ -172,6 +173,9 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
         return lambda pids: post_hook(cfg.url, cfg.timeout_s)
     if cfg.method == "command":
         return lambda pids: run_command(list(cfg.command), cfg.timeout_s)
+    if cfg.method == "evict":  # Kubernetes fleet mode: the pod's own eviction (evict.py)
+        from torch_watchdog.sidecar.actions import evict
+        return evict.executor(cfg.timeout_s)
     return None
 
 

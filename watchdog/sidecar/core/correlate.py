@@ -212,7 +212,7 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
 
 
 def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
-         watched: Optional[set] = None) -> State:
+         watched: Optional[set] = None, attribution: str = "auto") -> State:
     """Update `state` with each observation in order, then evaluate the causes (a finding's
     `t` is the time of the batch's last observation; replay folds one observation at a time)."""
     for obs in observations:
@@ -220,7 +220,7 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             state.first_t = obs.t
         state.now = max(state.now, obs.t)
         if isinstance(obs, Sample):
-            _sample(state, obs, cfg, watched)
+            _sample(state, obs, cfg, watched, attribution)
         else:
             _event(state, obs, cfg)
     evaluate_causes(state, cfg)  # once per batch (the step: once per poll's sample)
@@ -357,21 +357,29 @@ _EVENT_HANDLERS = {
 
 
 # -- samples ------------------------------------------------------------------------------
-def _server_memory(sample: Sample, watched: Optional[set]) -> tuple[Optional[int], Optional[str]]:
-    """Per-process GPU bytes of the watched server when NVML says, else the device's used."""
+def _server_memory(sample: Sample, watched: Optional[set], attribution: str = "auto",
+                   ) -> tuple[Optional[int], Optional[str]]:
+    """Per-process GPU bytes of the watched server when NVML says, else the device's used
+    (`attribution`, config gpu.attribution: "process" never falls back to the device, so a
+    shared GPU's other tenants are never taken for the server; "device" always uses it). In a
+    pod without hostPID NVML lists host pids that match none of the server's: auto then
+    meters the pod's GPUs as a whole."""
     procs = [p for p in sample.processes if watched is None or p.pid in watched]
     per_process = [p.gpu_total for p in procs if p.alive]
-    if per_process and all(v is not None for v in per_process):
+    if attribution != "device" and per_process and all(v is not None for v in per_process):
         return sum(per_process), "process"
-    if sample.devices:
+    if sample.devices and attribution != "process":
         return sum(d.used_bytes for d in sample.devices), "device"
+    if sample.devices:
+        return None, None  # process only, and NVML does not list the server's processes
     rss = [p.host_bytes for p in procs if p.alive]
     if rss and all(v is not None for v in rss):  # host-memory mode: no GPU (PSS, else RSS)
         return sum(rss), "rss"
     return None, None
 
 
-def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set]) -> None:
+def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set],
+            attribution: str = "auto") -> None:
     if not s.nvml_up and state.gpus:
         # NVML down or late: the GPUs' numbers are unknown now; the last ones must not feed
         # the forecast, and this poll has no memory reading
@@ -393,7 +401,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.host_total_bytes is not None and s.host_available_bytes is not None:
         state.host_used = s.host_total_bytes - s.host_available_bytes
         state.host_total = s.host_total_bytes
-    mem, source = _server_memory(s, watched)
+    mem, source = _server_memory(s, watched, attribution)
     if mem is None:
         return
     state.proc_bytes = _per_process(s, watched, source)

@@ -226,7 +226,8 @@ def _forget_silent(host: Host, now: float) -> None:
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config) -> list[policy.Action]:
     mine = _view(server, s)
-    correlate.fold(server.state, (mine,), cfg.correlate)  # `mine` holds its processes only
+    correlate.fold(server.state, (mine,), cfg.correlate,  # `mine` holds its processes only
+                   attribution=cfg.gpu.attribution)
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     others_busy = sum(o.busy for o in host.servers.values() if o is not server)

@@ -68,10 +68,13 @@ def _first(a: Any, b: Any) -> Any:
 
 def memory_level(snap: Snapshot) -> tuple[Optional[int], Optional[str]]:
     """The server's memory as the page plots it: its own GPU bytes where NVML says them for
-    every GPU it uses, else the devices' used memory, else (no GPU) its RSS."""
+    every GPU it uses, else the devices' used memory, else (no GPU) its RSS; as the forecast
+    meters it (config gpu.attribution: "process" never plots the device, "device" always)."""
     gpu = list(snap.server_gpu_bytes.values())
-    if gpu and all(v is not None for v in gpu):
+    if snap.gpu_attribution != "device" and gpu and all(v is not None for v in gpu):
         return sum(gpu), "process"
+    if snap.devices and snap.gpu_attribution == "process":
+        return None, None
     if snap.devices:
         return sum(d.used_bytes for d in snap.devices), "device"
     if snap.server_rss_bytes is not None:

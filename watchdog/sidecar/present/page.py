@@ -54,6 +54,8 @@ def _memory(status: dict[str, Any]) -> str:
     rows = [("server process", alive),
             ("plotted", f"{_e(fmt_bytes(m.get('level_bytes')))} — "
                         f"{_e(SOURCE_NAMES.get(m.get('source'), 'nothing yet'))}")]
+    if m.get("attribution"):
+        rows.append(("attribution", _e(m["attribution"])))
     for uuid, b in sorted((server.get("gpu_bytes") or {}).items()):
         rows.append((f"server GPU {uuid}", _e(fmt_bytes(b))))
     if server.get("rss_bytes") is not None:

@@ -39,3 +39,4 @@ class Snapshot:
     alerts_sent_total: dict[str, int] = field(default_factory=dict)         # by Alertmanager URL
     alert_posts_failed_total: dict[str, int] = field(default_factory=dict)  # (a few, configured)
     alerts_dropped_total: dict[str, int] = field(default_factory=dict)
+    gpu_attribution: str = "auto"                  # config gpu.attribution: whose memory

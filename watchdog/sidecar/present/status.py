@@ -152,6 +152,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
         "sidecar": {**view.info, "watching_since_t": view.first_t},
         "memory": {
             "source": view.memory_source, "level_bytes": level,
+            "attribution": attribution_note(view.memory_source, s.gpu_attribution),
             "devices": [{"uuid": d.uuid, "used_bytes": d.used_bytes, "total_bytes":
                          d.total_bytes, "free_bytes": d.free_bytes} for d in s.devices],
             "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
@@ -189,6 +190,23 @@ def _scope(view: StatusView, focus: Optional[str]) -> dict[str, Any]:
                 since["action"], "") if since else "start"}
 
 
+def attribution_note(source: Optional[str], setting: Optional[str]) -> Optional[str]:
+    """Why the plotted memory is the device's rather than the server's processes' (config
+    gpu.attribution), or why there is none; None when there is nothing to explain."""
+    if source == "device" and setting == "device":
+        return ("gpu.attribution device: the used memory of the server's GPUs, whoever holds "
+                "it, is taken as the server's")
+    if source == "device":
+        return ("device-level: NVML lists none of the server's processes (in a pod without "
+                "hostPID their pids are not the host's), so the used memory of its GPUs is "
+                "taken as the server's: right while the server has its GPUs to itself "
+                "(gpu.attribution auto)")
+    if source is None and setting == "process":
+        return ("no reading: gpu.attribution process and NVML lists none of the server's "
+                "processes (in Kubernetes: the node-level mode, with hostPID)")
+    return None
+
+
 def host_memory_mode(status: dict[str, Any]) -> bool:
     """No GPU here: the server's RSS against the machine's RAM (NVML down is expected)."""
     mem = status.get("memory") or {}
@@ -218,6 +236,8 @@ def _memory_lines(m: dict[str, Any]) -> list[str]:
     alive = server.get("alive")
     parts.append({True: "up", False: "DOWN", None: "not found"}[alive])
     lines.append("server   " + ", ".join(parts))
+    if m.get("attribution"):
+        lines.append(f"         {m['attribution']}")
     for uuid, b in sorted((server.get("gpu_bytes") or {}).items()):
         lines.append(f"         {uuid}: server {fmt_bytes(b)}")
     for d in m.get("devices") or []:

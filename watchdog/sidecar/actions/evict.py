@@ -1,0 +1,84 @@
+"""Reload method `evict` (Kubernetes fleet mode): ask the API server to evict the sidecar's own
+pod, so its Deployment starts a fresh one while the PodDisruptionBudget keeps the rest of the
+fleet serving.
+
+The Eviction API, not a delete: an eviction honours the pod's PodDisruptionBudget. With
+`maxUnavailable: 1`, replicas that see the same traffic and reach their limit together are
+reloaded one at a time: the API server answers 201 to the first and 429 (Too Many Requests)
+to the others until the first one's replacement is ready. A 429 is therefore "not done, try
+later", never an error to escalate: the outcome is a failed reload, so the policy's cooldown
+is the backoff before the next attempt (the forecast decides again then).
+
+The pod is named by the downward API (`POD_NAME`, `POD_NAMESPACE`); credentials come from the
+pod's service account (in-cluster config). The `kubernetes` client is an optional dependency
+(extra `k8s`), imported only when an eviction is carried out; every failure becomes an
+`Outcome`, never an exception into the sidecar's loop.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from torch_watchdog.sidecar.actions.reload import Outcome
+
+POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
+NOT_NOW = ("HTTP 429: the PodDisruptionBudget allows no eviction now (another replica is "
+           "reloading); not done, tried again after the cooldown")
+# What the other answers usually mean, for the operator reading the reload record.
+_WHY = {403: "forbidden: the pod's service account needs create on pods/eviction "
+             "(deploy/kubernetes/fleet/rbac.yaml)",
+        404: "no such pod (POD_NAME / POD_NAMESPACE wrong, or already gone)",
+        500: "server error (more than one PodDisruptionBudget selects this pod?)"}
+
+
+def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -> Outcome:
+    """POST an Eviction for pod `namespace/name`. `api_client`: a kubernetes ApiClient (tests
+    point one at a local endpoint); None: the in-cluster config of the pod's service account."""
+    started = time.monotonic()
+
+    def done(ok: bool, detail: str) -> Outcome:
+        return Outcome(ok, detail, time.monotonic() - started)
+
+    try:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+    except ImportError:
+        return done(False, "the kubernetes package is not installed: pip install "
+                           "'torch-compile-watchdog[k8s]'")
+    try:
+        if api_client is None:
+            api_client = _in_cluster(client)
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                 metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        client.CoreV1Api(api_client).create_namespaced_pod_eviction(
+            name=name, namespace=namespace, body=body, _request_timeout=timeout_s)
+    except ApiException as e:
+        if e.status == 429:
+            return done(False, NOT_NOW)
+        return done(False, f"HTTP {e.status}: {_WHY.get(e.status, e.reason or 'eviction refused')}")
+    except Exception as e:  # config, connection, timeout: reported, never raised
+        return done(False, f"eviction failed: {type(e).__name__}: {str(e)[:200]}")
+    return done(True, f"evicted pod {namespace}/{name}: its Deployment starts a new one")
+
+
+def _in_cluster(client: Any) -> Any:
+    from kubernetes import config
+
+    config.load_incluster_config()  # ConfigException outside a pod: reported by evict()
+    return client.ApiClient()
+
+
+def executor(timeout_s: float, environ: Optional[Mapping[str, str]] = None,
+             api_client: Any = None) -> Callable[[set[int]], Outcome]:
+    """The `evict` reload: the pids are not used (the whole pod goes)."""
+    env = os.environ if environ is None else environ
+
+    def run(pids: set[int]) -> Outcome:
+        name, namespace = env.get(POD_NAME_ENV), env.get(POD_NAMESPACE_ENV)
+        if not name or not namespace:
+            return Outcome(False, f"{POD_NAME_ENV} and {POD_NAMESPACE_ENV} must be set from "
+                                  "the downward API (deploy/kubernetes/deployment.yaml)", 0.0)
+        return evict(name, namespace, timeout_s, api_client)
+
+    return run
