@@ -230,3 +230,27 @@ def test_close_unlinks_and_is_idempotent(path):
     rx.close()
     assert not os.path.exists(path)
     rx.close()
+
+
+def test_a_sender_in_a_child_pid_namespace_is_told_in_our_pids(path, tx):
+    """A node-level sidecar and a server in a container: the server's agent says pid 7 (its
+    own namespace's), the kernel says the sender is our pid; /proc's NSpid joins the two."""
+    me = os.getpid()
+    with Receiver(path, ns_ids=lambda pid: (7, 4000) if pid == me else None) as rx:
+        hello = events.Hello(t=time.time(), pid=7, torch="2.13", agent="0", devices=[],
+                             config={}, capabilities={}, watched=[], argv="x", ppid=1)
+        tx.sendto(events.encode(hello), rx.path)
+        tx.sendto(events.encode(_hb(1, pid=7)), rx.path)
+        tx.sendto(events.encode(_hb(2, pid=8)), rx.path)  # not its pid in any namespace
+        got = _receive_until(rx, 2)
+        assert [(e.kind, e.pid, s) for e, s in got] == [("hello", me, me), ("heartbeat", me, me)]
+        assert got[0][0].ppid == 4000  # its parent, in our pids
+        time.sleep(0.1)
+        got += rx.receive()
+        assert len(got) == 2 and rx.dropped["spoofed"] == 1
+
+
+def test_namespace_ids_of_a_process_in_our_namespace_is_none():
+    from torch_watchdog.sidecar.sources.receiver import namespace_ids
+    assert namespace_ids(os.getpid()) is None
+    assert namespace_ids(2 ** 22 + 12345) is None  # no such process

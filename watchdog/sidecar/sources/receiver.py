@@ -8,7 +8,8 @@ import socket
 import stat
 import struct
 import time
-from typing import Optional
+from dataclasses import replace
+from typing import Callable, Optional
 
 from torch_watchdog import events
 
@@ -24,8 +25,13 @@ class Receiver:
     bad datagrams are dropped and counted in `dropped` by reason."""
 
     def __init__(self, path: str, allowed_uids: Optional[set[int]] = None, mode: int = 0o660,
-                 max_batch: int = 10000):
+                 max_batch: int = 10000,
+                 ns_ids: Optional[Callable[[int], Optional[tuple[int, int]]]] = None):
         self.path = path
+        # a sender in a child pid namespace (a container, the node-level mode): its pid as it
+        # knows it, and its parent's as the sidecar knows it, read from /proc once per sender
+        self._ns_ids = ns_ids or namespace_ids
+        self._inner: dict[int, tuple[int, int]] = {}
         self.allowed_uids = None if allowed_uids is None else frozenset(allowed_uids)
         self.max_batch = max_batch
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
@@ -99,10 +105,21 @@ class Receiver:
             return None, _rejection(data)
         except Exception:  # the schema promises EventDecodeError only; a bug there must not stop us
             return None, "malformed"
-        # The kernel reports the pid in the sidecar's pid namespace; a server in another pid
-        # namespace (a container) reports a different one and is dropped here as well.
+        # The kernel reports the pid in the sidecar's pid namespace. A server in a child pid
+        # namespace (a container seen from a node-level sidecar) reports its own: the pid the
+        # kernel gives for the sender's innermost namespace must be that one, and the event
+        # is then told in the sidecar's pids. Any other pid is a lie about who sent it.
         if event.pid != sender:
-            return None, "spoofed"
+            inner = self._inner.get(sender)
+            if inner is None or inner[0] != event.pid:
+                inner = self._ns_ids(sender)
+                if inner is None or inner[0] != event.pid:
+                    return None, "spoofed"
+                if len(self._inner) >= MAX_NS_SENDERS:
+                    self._inner.clear()
+                self._inner[sender] = inner
+            ppid = inner[1] if event.kind == "hello" and event.ppid is not None else None
+            event = replace(event, pid=sender, **({"ppid": ppid} if ppid is not None else {}))
         return event, None
 
     def close(self) -> None:
@@ -119,6 +136,24 @@ class Receiver:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+MAX_NS_SENDERS = 4096
+
+
+def namespace_ids(pid: int) -> Optional[tuple[int, int]]:
+    """(its pid in its own innermost pid namespace, its parent's pid here) for a process in a
+    child pid namespace; None when it is in ours, gone, or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read(8192)
+        nspid = status.split(b"\nNSpid:", 1)[1].split(b"\n", 1)[0].split()
+        ppid = int(status.split(b"\nPPid:", 1)[1].split(None, 1)[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    if len(nspid) < 2 or int(nspid[0]) != pid:
+        return None
+    return int(nspid[-1]), ppid
 
 
 def _credentials(ancdata: list) -> Optional[tuple[int, int, int]]:
