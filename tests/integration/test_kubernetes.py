@@ -342,6 +342,7 @@ def test_evict_201_is_a_reload_done_and_429_is_not_done(api):
     first, second = run({123}), run({123})
     assert first.ok and "serving/inference-server-7d9f-abcde" in first.detail
     assert not second.ok and second.detail == evict.NOT_NOW
+    assert second.retry_after_s == evict.RETRY_AFTER_S and first.retry_after_s is None
     path = "/api/v1/namespaces/serving/pods/inference-server-7d9f-abcde/eviction"
     assert [(m, p) for m, p, _ in server.requests] == [("POST", path)] * 2
     body = server.requests[0][2]

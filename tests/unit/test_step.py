@@ -272,3 +272,21 @@ def test_agent_liveness_drops_at_the_first_poll_with_every_agent_gone():
     assert not host.agents_alive()  # the next poll, not 30 s later
     step(host, seen(40.0, {11: False, 12: False}), CFG)
     assert host.agents == {} and not host.agents_alive()
+
+
+def test_a_reload_refused_for_now_is_asked_again_soon_and_not_counted():
+    """An eviction answered 429 (the PodDisruptionBudget: another replica is restarting): no
+    cooldown, not counted toward the hourly maximum, decided again after retry_after_s."""
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("execute") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    decided = h.of("reload")[0].t
+    h.feed(ReloadOutcome(h.t, "replica-a", False, "HTTP 429", 0.1, retry_after_s=10.0))
+    refused_at = h.t
+    assert h.host.servers["replica-a"].policy.reloads == []
+    while len(h.of("reload")) < 2 and h.t < refused_at + 60:
+        h.poll(grow_a=10 * MB)
+    again = h.of("reload")[1].t
+    assert refused_at + 10.0 <= again < refused_at + 12.0 and again > decided

@@ -391,7 +391,8 @@ class Daemon:
             (self.log.warning if result.ok else self.log.error)(
                 "reload finished", server=server, ok=result.ok, detail=result.detail,
                 seconds=result.seconds)
-            out.append(ReloadOutcome(now, server, result.ok, result.detail, result.seconds))
+            out.append(ReloadOutcome(now, server, result.ok, result.detail, result.seconds,
+                                     result.retry_after_s))
         return out
 
     def _record(self, t: float, outcome: Optional[reload.Outcome], action: policy.Action) -> None:

@@ -23,8 +23,11 @@ from typing import Any, Callable, Mapping, Optional
 from torch_watchdog.sidecar.actions.reload import Outcome
 
 POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
+RETRY_AFTER_S = 10.0   # kubectl drain waits 5 s between eviction attempts; a replica restarts
+                       # in tens of seconds
 NOT_NOW = ("HTTP 429: the PodDisruptionBudget allows no eviction now (another replica is "
-           "reloading); not done, tried again after the cooldown")
+           f"reloading); not done, not counted, asked again in {RETRY_AFTER_S:.0f} s if still "
+           "needed")
 # What the other answers usually mean, for the operator reading the reload record.
 _WHY = {403: "forbidden: the pod's service account needs create on pods/eviction "
              "(deploy/kubernetes/fleet/rbac.yaml)",
@@ -55,7 +58,7 @@ def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -
             name=name, namespace=namespace, body=body, _request_timeout=timeout_s)
     except ApiException as e:
         if e.status == 429:
-            return done(False, NOT_NOW)
+            return Outcome(False, NOT_NOW, time.monotonic() - started, RETRY_AFTER_S)
         return done(False, f"HTTP {e.status}: {_WHY.get(e.status, e.reason or 'eviction refused')}")
     except Exception as e:  # config, connection, timeout: reported, never raised
         return done(False, f"eviction failed: {type(e).__name__}: {str(e)[:200]}")

@@ -42,6 +42,9 @@ class Outcome:
     ok: bool
     detail: str
     seconds: float
+    # not done, and not to be counted as a reload: ask again after this many seconds (an
+    # eviction refused by the PodDisruptionBudget while another replica restarts)
+    retry_after_s: Optional[float] = None
 
 
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
@@ -294,10 +297,12 @@ class ReloadLog:
     def decisions(self) -> list[tuple[float, Optional[str]]]:
         """(when, which server) reloads were decided, for the cooldown and the hourly maximum
         (per server; entries older than servers count for every server); a decision cancelled
-        at the re-check, or never carried out, did nothing and counts for neither. An
+        at the re-check, never carried out, or refused for now (retry_after_s), did nothing
+        and counts for neither. An
         unreadable record counts as the hourly maximum reached at start, for every server."""
         out = [(e["t"], e.get("server") if isinstance(e.get("server"), str) else None)
-               for e in self.entries if e.get("detail") not in (CANCELLED, NOT_CARRIED_OUT)]
+               for e in self.entries if e.get("detail") not in (CANCELLED, NOT_CARRIED_OUT)
+               and e.get("retry_after_s") is None]  # refused for now: not a reload
         if self.unreadable is not None:
             out += [(self.started, None)] * self._blocks
         return out

@@ -37,6 +37,8 @@ class PolicyState:
     holding: int = 0                              # consecutive polls with the reload condition
     reloads: list = field(default_factory=list)   # times of reload decisions
     suppressed_alerted: bool = False
+    not_before: float = 0.0                       # no reload decision before (a refused one's
+                                                  # retry time)
 
 
 def warming_up(state: State, cfg: PolicyConfig) -> bool:
@@ -68,7 +70,7 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     elif seconds > 2 * cfg.alert_lead_s:
         ps.forecast_alerted = False  # hysteresis: re-arm only once well clear
     ps.holding = ps.holding + 1 if seconds <= cfg.reload_lead_s else 0
-    if ps.holding < cfg.hold_polls or not allow_reload:
+    if ps.holding < cfg.hold_polls or not allow_reload or now < ps.not_before:
         return actions
     if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
         return actions

@@ -326,6 +326,10 @@ def _on_outcome(host: Host, o: ReloadOutcome) -> list[policy.Action]:
                    "cause": decision.detail.get("cause") if decision else None}
     kind = "reload_ok" if o.ok else "reload_not_done"
     action = _action(o.t, kind, "oom_forecast", server, dict(server.note))
+    if not o.ok and o.retry_after_s is not None and decision is not None:
+        # refused for now (a PodDisruptionBudget): no cooldown, not counted; asked again
+        policy.forget_reload(server.policy, decision.t)
+        server.policy.not_before = o.t + o.retry_after_s
     if o.ok:  # the old processes are gone: the new one starts a fresh state
         _reset(host, server)
     return [action]

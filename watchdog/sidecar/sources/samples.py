@@ -119,17 +119,22 @@ class ReloadOutcome:
     ok: bool
     detail: str
     seconds: float = 0.0
+    retry_after_s: Optional[float] = None  # not done, not counted: decide again after this
     kind = "reload_outcome"
 
 
 def outcome_to_dict(o: ReloadOutcome) -> dict[str, Any]:
-    return {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
+    line = {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
             "detail": o.detail, "seconds": o.seconds}
+    if o.retry_after_s is not None:
+        line["retry_after_s"] = o.retry_after_s
+    return line
 
 
 def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
     """Raises KeyError/TypeError/ValueError on a malformed line."""
     if not isinstance(d["ok"], bool):
         raise ValueError("ok must be a boolean")
+    retry = d.get("retry_after_s")
     return ReloadOutcome(float(d["t"]), str(d["server"]), d["ok"], str(d["detail"]),
-                         float(d.get("seconds", 0.0)))
+                         float(d.get("seconds", 0.0)), None if retry is None else float(retry))
