@@ -24,7 +24,7 @@ from torch_watchdog import events  # noqa: E402
 from torch_watchdog.sidecar.config import Config  # noqa: E402
 from torch_watchdog.sidecar.core.step import Host, step  # noqa: E402
 from torch_watchdog.sidecar.sources.nvml import NvmlSource  # noqa: E402
-from torch_watchdog.sidecar.sources.process import read_host_memory, read_processes  # noqa: E402
+from torch_watchdog.sidecar.sources.process import ProcessReader  # noqa: E402
 from torch_watchdog.sidecar.sources.samples import Sample  # noqa: E402
 
 GB = 1 << 30
@@ -35,7 +35,7 @@ def poll_cost(n: int, polls: int, pids: list[int]) -> float:
     gpus = [f"GPU-{i:04d}" for i in range(n)]
     nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
                       "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
-    source = NvmlSource(nvml)
+    source, processes = NvmlSource(nvml), ProcessReader()
     cfg, host, t = Config(), Host(), time.time()
     for i in range(n):
         step(host, events.Hello(t=t, pid=pids[i], torch="2.11", agent="bench",
@@ -48,15 +48,16 @@ def poll_cost(n: int, polls: int, pids: list[int]) -> float:
             t += 0.1
             started = time.thread_time()
             reading = source.read(set(pids[:n]))
-            total, available = read_host_memory()
+            total, available = processes.host_memory()
             sample = Sample(t=t, devices=reading.devices, nvml_up=reading.up,
-                            processes=read_processes(set(pids[:n]), reading.process_gpu_bytes),
+                            processes=processes.read(set(pids[:n]), reading.process_gpu_bytes),
                             host_total_bytes=total, host_available_bytes=available)
             step(host, sample, cfg)
             if k >= 700:
                 costs.append(time.thread_time() - started)
     finally:
         source.close()
+        processes.close()
     return statistics.median(costs)
 
 

@@ -28,8 +28,8 @@ from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
-from torch_watchdog.sidecar.sources.process import children_of, read_host_memory, read_pidfile, \
-    read_processes, unit_main_pid
+from torch_watchdog.sidecar.sources.process import ProcessReader, children_of, read_pidfile, \
+    unit_main_pid
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
@@ -57,6 +57,7 @@ class Daemon:
         self.clock = clock
         self.nvml = nvml or NvmlSource()
         self._nvml_deadline()
+        self.processes = ProcessReader()          # keeps /proc files open from poll to poll
         self.notifier = notifier or Notifier()
         self.host = step.Host()                   # every server's state: the step's alone
         self.collector = SnapshotCollector()
@@ -222,6 +223,7 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.close()
         self.nvml.close()
+        self.processes.close()
         if self.sender is not None:
             self.sender.stop()
         if self.sample_log is not None:
@@ -242,8 +244,8 @@ class Daemon:
         if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
             pids |= self.host.pids() | {o.pid for o in observations if isinstance(o, events.Event)}
         reading = self.nvml.read(pids)
-        processes = read_processes(pids, reading.process_gpu_bytes)
-        host_total, host_available = read_host_memory()
+        processes = self.processes.read(pids, reading.process_gpu_bytes)
+        host_total, host_available = self.processes.host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                         nvml_down=dict(reading.down),
                         nvml_error=reading.error, query_s=reading.query_s,
