@@ -347,12 +347,31 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         # never be allocated, so the budget is used + free (ops-anchors §1)
         state.device_usable = sum(d.total_bytes if d.free_bytes is None
                                   else d.used_bytes + d.free_bytes for d in s.devices)
-    if s.host_total_bytes is not None and s.host_available_bytes is not None:
-        state.host_used = s.host_total_bytes - s.host_available_bytes
-        state.host_total = s.host_total_bytes
+    _host(state, s)
     mem, source = _server_memory(s, watched)
     if mem is None:
         return
+    _memory(state, s, mem, source, cfg)
+
+
+def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig) -> None:
+    """`fold(state, [s], cfg)` for a sample that repeats the last one folded: the same devices'
+    numbers and processes (NVML up, GPUs read), with no event since; only its time and the
+    host's memory are new. The caller (core/step.py) checks that; the devices' and the
+    server's memory are then what they were, and are not computed again."""
+    state.now = max(state.now, s.t)
+    _host(state, s)
+    _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    evaluate_causes(state, cfg)
+
+
+def _host(state: State, s: Sample) -> None:
+    if s.host_total_bytes is not None and s.host_available_bytes is not None:
+        state.host_used = s.host_total_bytes - s.host_available_bytes
+        state.host_total = s.host_total_bytes
+
+
+def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
         state.records_at_last_sample = state.records
