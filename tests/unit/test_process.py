@@ -134,10 +134,11 @@ def test_reader_rss_matches_psutil_and_a_zombie_through_a_kept_descriptor_is_dea
     import psutil
 
     from torch_watchdog.sidecar.sources.process import ProcessReader
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     reader = ProcessReader()
     try:
+        assert child.stdout.readline() == b"up\n"  # started: its RSS is the interpreter's
         (sample,) = reader.read({child.pid})
         assert sample.alive
         assert abs(sample.rss_bytes - psutil.Process(child.pid).memory_info().rss) < 4 << 20
@@ -147,6 +148,7 @@ def test_reader_rss_matches_psutil_and_a_zombie_through_a_kept_descriptor_is_dea
         assert not sample.alive and sample.rss_bytes is None
     finally:
         reader.close()
+        child.stdin.close()
         child.wait(10)
 
 
@@ -166,5 +168,27 @@ def test_stat_line_with_parentheses_and_spaces_in_the_name():
     from torch_watchdog.sidecar.sources.process import ProcessReader
     reader = ProcessReader()
     fields = " ".join(["S"] + ["0"] * 20 + ["250"] + ["0"] * 20)
-    assert reader._parse(f"42 (a) b (c) {fields}".encode()) == (True, 250 * reader._page)
-    assert reader._parse(f"42 (x y) {fields.replace('S', 'Z', 1)}".encode()) == (False, None)
+    assert reader._parse(f"42 (a) b (c) {fields}".encode(), -1) == (True, 250 * reader._page)
+    assert reader._parse(f"42 (x y) {fields.replace('S', 'Z', 1)}".encode(), -1) == (False, None)
+
+
+def test_reader_without_pidfds_reads_stat_alone():
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    reader = ProcessReader()
+    reader._exits = None  # as on Linux < 5.3
+    try:
+        me = os.getpid()
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, True]
+        assert all(pidfd == -1 for pidfd, _ in reader._fds.values())
+        child.stdin.close()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, False]
+        child.wait(10)
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, False]
+    finally:
+        reader.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
