@@ -144,7 +144,8 @@ class State:
         A recent step is not counted yet: the compile behind it reports only when it ends."""
         if self.mem_bytes is None or self.mem_start is None:
             return 0.0
-        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S)
+        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
+            if self.pending_jumps else 0
         growth = self.mem_bytes - self.mem_start
         return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
 
@@ -436,14 +437,16 @@ def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
             "recompiles": state.recompiles, "reached_at": round(state.limit_t, 3),
             "new_shapes_without_compile": state.new_shapes_after_limit,
             "steady_ms_before": _round(state.steady_ms("before"), 3)})
-    b, conf = state.mb_per_graph, state.regression.confidence
+    # an active cause stays as it is (_activate): not computed again every poll and server
+    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active else None
     if (state.records >= cfg.min_records and b is not None and b > 0
-            and conf >= cfg.min_confidence):
+            and (conf := state.regression.confidence) >= cfg.min_confidence):
         _activate(state, t, "cudagraph_per_shape", {
             "recordings": state.records, "distinct_shapes": state.distinct_shapes,
             "mb_per_graph": round(b, 4), "confidence": round(conf, 3),
             "mb_so_far": round(b * state.records, 1)})
-    if state.unexplained_bytes() >= cfg.unexplained_bytes:
+    if "memory_growth_unexplained" not in state.active and \
+            state.unexplained_bytes() >= cfg.unexplained_bytes:
         _activate(state, t, "memory_growth_unexplained", {
             "unexplained_mb": round(state.unexplained_bytes() / 1e6, 1),
             "growth_mb": round((state.mem_bytes - state.mem_start) / 1e6, 1)})
