@@ -261,8 +261,10 @@ class Daemon:
             self._act(action)
         self._log_findings()
         focus = self.host.focus()
-        estimates = step.estimates(focus, cfg)
         servers = self._server_views()  # once a poll, for the alerts and the snapshot
+        view = servers.get(focus.name)  # the focus's numbers: computed once, not twice a poll
+        estimates = {**view["estimates"], **view["forecast"]} if view is not None and \
+            self.host.servers.get(focus.name) is focus else step.estimates(focus, cfg)
         self._alert(now, servers)
         snapshot = self._snapshot(sample, estimates, focus, servers,
                                   time.perf_counter() - started)
