@@ -49,8 +49,8 @@ def observe(host: Host, observations, cfg: Config) -> list:
 
 
 def host_trace() -> list:
-    """Two replicas on two GPUs: long idle stretches (repeats), a warm-up, recordings, steady
-    growth on one and a leak on the other, a per-process reading NVML stops giving, NVML down
+    """Two replicas on two GPUs: long idle stretches (repeats; their RSS moves every poll, as
+    a live server's does), a warm-up, recordings, steady growth on one and a leak on the other, a per-process reading NVML stops giving, NVML down
     for a while, an idle host-memory blip, and a restart."""
     out, t, used = [], 1000.0, {"GPU-a": 20 * GB, "GPU-b": 78 * GB}
     out += [hello(t, 11, "a", ["GPU-a"]), hello(t, 22, "b", ["GPU-b"])]
@@ -73,7 +73,7 @@ def host_trace() -> list:
         nvml_up = not 1800 <= k < 1810
         devices = tuple(DeviceSample(u, b, 80 * GB, 80 * GB - b) for u, b in used.items()) \
             if nvml_up else ()
-        procs = tuple(ProcessSample(pid, alive, 2 * GB if alive else None,
+        procs = tuple(ProcessSample(pid, alive, 2 * GB + k * 4096 if alive else None,
                                     {} if not alive else
                                     {("GPU-a" if pid != 22 else "GPU-b"):
                                      None if gone_gpu and pid == 22 else used["GPU-a"] - GB

@@ -59,8 +59,8 @@ class Server:
 @dataclass
 class _Poll:
     """What a server's last poll read and made of it. A poll that repeats it (the same
-    correlation state, no event since, the same config, its GPUs' numbers and its processes
-    equal) folds only the time (correlate.fold_repeat), and keeps the forecast when the rates
+    correlation state, no event since, the same config, its GPUs' numbers and its processes'
+    GPU memory equal) folds only the time (correlate.fold_repeat), and keeps the forecast when the rates
     that move with time alone are the same too: the same numbers as a full poll, for a fifth of
     its cost (benchmarks/host_scale.py: 8 idle replicas on 8 GPUs)."""
     state: correlate.State
@@ -266,7 +266,7 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
     procs, devices = _view(server, s)
     if (last is not None and last.state is state and last.events == server.events
             and last.cfg is cfg and s.nvml_up and devices and host.repeats
-            and last.processes == procs and last.devices == devices):
+            and _same_processes(last.processes, procs) and last.devices == devices):
         correlate.fold_repeat(state, s, cfg.correlate)
         rates = forecast_rates(state, cfg.forecast)
         if rates != last.rates:
@@ -281,6 +281,17 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
     # a repeat of this poll may reuse it: NVML up and GPUs read (the server's memory is known)
     server.last = (_Poll(state, server.events, cfg, devices, procs, rates, server.forecast)
                    if s.nvml_up and devices else None)
+
+
+def _same_processes(a: tuple, b: tuple) -> bool:
+    """The same processes, alive or not, with the same GPU memory: all a fold reads of them
+    where GPUs are read (their RSS, which moves every poll, only without a GPU)."""
+    if len(a) != len(b):
+        return False
+    for p, q in zip(a, b):
+        if p is not q and (p.pid != q.pid or p.alive != q.alive or p.gpu_bytes != q.gpu_bytes):
+            return False
+    return True
 
 
 def _view(server: Server, s: Sample) -> tuple[tuple, tuple]:
