@@ -50,8 +50,9 @@ def observe(host: Host, observations, cfg: Config) -> list:
 
 def host_trace() -> list:
     """Two replicas on two GPUs: long idle stretches (repeats; their RSS moves every poll, as
-    a live server's does), a warm-up, recordings, steady growth on one and a leak on the other, a per-process reading NVML stops giving, NVML down
-    for a while, an idle host-memory blip, and a restart."""
+    a live server's does), a warm-up, recordings, steady growth on one and a leak on the
+    other, a per-process reading NVML stops giving, NVML down for a while, the host's memory
+    moving now and then, and a restart."""
     out, t, used = [], 1000.0, {"GPU-a": 20 * GB, "GPU-b": 78 * GB}
     out += [hello(t, 11, "a", ["GPU-a"]), hello(t, 22, "b", ["GPU-b"])]
     for k in range(3000):
