@@ -3,9 +3,11 @@
 A poll is the daemon's work: NVML read (a fake backend through the real NvmlSource, so only
 the sidecar's own cost counts), the processes' liveness and RSS (real processes: this one and
 sleeping children), then the pure step over the sample with every server's state warm (a full
-forecast window of samples). CPU time of this thread, median of many polls.
+forecast window of samples). CPU time of this thread, median of many polls; the two hosts are
+polled in turn (so a shared machine's other load weighs on both alike, and each poll finds its
+caches as cold as the daemon's, 0.1 s apart, do), or with --sequential one after the other.
 
-    python benchmarks/host_scale.py [--polls 600]
+    python benchmarks/host_scale.py [--polls 600] [--sequential]
 """
 from __future__ import annotations
 
@@ -24,50 +26,93 @@ from torch_watchdog import events  # noqa: E402
 from torch_watchdog.sidecar.config import Config  # noqa: E402
 from torch_watchdog.sidecar.core.step import Host, step  # noqa: E402
 from torch_watchdog.sidecar.sources.nvml import NvmlSource  # noqa: E402
-from torch_watchdog.sidecar.sources.process import read_host_memory, read_processes  # noqa: E402
+from torch_watchdog.sidecar.sources.process import read_host_memory, read_processes  # noqa
+try:
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+except ImportError:  # older code: one-shot reads
+    ProcessReader = None
 from torch_watchdog.sidecar.sources.samples import Sample  # noqa: E402
 
 GB = 1 << 30
 
 
-def poll_cost(n: int, polls: int, pids: list[int]) -> float:
-    """Median CPU seconds of one poll with n GPUs and n servers (one process each)."""
-    gpus = [f"GPU-{i:04d}" for i in range(n)]
-    nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
-                      "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
-    source = NvmlSource(nvml)
-    cfg, host, t = Config(), Host(), time.time()
-    for i in range(n):
-        step(host, events.Hello(t=t, pid=pids[i], torch="2.11", agent="bench",
-                                devices=[gpus[i]], config={}, capabilities={}, watched=["m"],
-                                argv="serve", server=f"replica-{i}"), cfg)
-    costs = []
-    try:
-        source.read(set(pids[:n]), wait_s=5.0)
-        for k in range(polls + 700):  # 700 warm-up polls fill the 60 s window at 10 Hz
-            t += 0.1
-            started = time.thread_time()
-            reading = source.read(set(pids[:n]))
-            total, available = read_host_memory()
-            sample = Sample(t=t, devices=reading.devices, nvml_up=reading.up,
-                            processes=read_processes(set(pids[:n]), reading.process_gpu_bytes),
-                            host_total_bytes=total, host_available_bytes=available)
-            step(host, sample, cfg)
-            if k >= 700:
-                costs.append(time.thread_time() - started)
-    finally:
-        source.close()
-    return statistics.median(costs)
+class Poller:
+    """One simulated host with n GPUs and n servers (one process each), warm."""
+
+    def __init__(self, n: int, pids: list[int]):
+        self.pids = set(pids[:n])
+        gpus = [f"GPU-{i:04d}" for i in range(n)]
+        nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
+                          "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
+        self.source, self.processes = NvmlSource(nvml), _processes()
+        self.cfg, self.host, self.t = Config(), Host(), time.time()
+        for i in range(n):
+            step(self.host, events.Hello(t=self.t, pid=pids[i], torch="2.11", agent="bench",
+                                         devices=[gpus[i]], config={}, capabilities={},
+                                         watched=["m"], argv="serve", server=f"replica-{i}"),
+                 self.cfg)
+        self.source.read(self.pids, wait_s=5.0)
+        for _ in range(700):  # 700 warm-up polls fill the 60 s window at 10 Hz
+            self.poll()
+
+    def poll(self) -> float:
+        """CPU seconds of this thread for one poll."""
+        self.t += 0.1
+        started = time.thread_time()
+        reading = self.source.read(self.pids)
+        total, available = self.processes.host_memory()
+        sample = Sample(t=self.t, devices=reading.devices, nvml_up=reading.up,
+                        processes=self.processes.read(self.pids, reading.process_gpu_bytes),
+                        host_total_bytes=total, host_available_bytes=available)
+        step(self.host, sample, self.cfg)
+        return time.thread_time() - started
+
+    def close(self) -> None:
+        self.source.close()
+        self.processes.close()
+
+
+class _OneShot:
+    """The process source before it kept its files open (to measure older code alike)."""
+
+    def read(self, pids, gpu):
+        return read_processes(pids, gpu)
+
+    def host_memory(self):
+        return read_host_memory()
+
+    def close(self):
+        pass
+
+
+def _processes():
+    return ProcessReader() if ProcessReader is not None else _OneShot()
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--polls", type=int, default=600)
+    p.add_argument("--sequential", action="store_true",
+                   help="one host's polls, then the other's (warmer caches, but a shared "
+                        "machine's load can change in between)")
     a = p.parse_args()
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(7)]
     try:
         pids = [os.getpid()] + [c.pid for c in children]
-        one, eight = poll_cost(1, a.polls, pids), poll_cost(8, a.polls, pids)
+        costs: tuple[list, list] = ([], [])
+        if a.sequential:  # as measured before: all of one host's polls, then the other's
+            for i, n in enumerate((1, 8)):
+                host = Poller(n, pids)
+                costs[i].extend(host.poll() for _ in range(a.polls))
+                host.close()
+        else:
+            small, big = Poller(1, pids), Poller(8, pids)
+            for _ in range(a.polls):
+                costs[0].append(small.poll())
+                costs[1].append(big.poll())
+            small.close()
+            big.close()
+        one, eight = statistics.median(costs[0]), statistics.median(costs[1])
     finally:
         for c in children:
             c.kill()

@@ -367,3 +367,45 @@ def test_the_advisor_never_proposes_more_buckets_than_the_recompile_limit(tmp_pa
     page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
     assert "4, hit (reported by the agent)" in page and "recompile limit of 4" in page
     assert "this server's limit is 4" in page
+
+
+def test_the_memory_line_breaks_between_a_reload_and_the_new_process():
+    """Nothing is measured between the reload and the new process's first sample: the line
+    stops at the old process's last point and starts again at the new one's, not a slope
+    across the gap that no process had."""
+    from torch_watchdog import events as ev
+    from torch_watchdog.sidecar.sources.samples import (DeviceSample, ProcessSample,
+                                                        ReloadOutcome, Sample)
+    t0, gib = 1.8e9, 2 ** 30
+
+    def sample(t: float, pid: int, alive: bool, used: int) -> Sample:
+        return Sample(t=t, devices=(DeviceSample("GPU-a", used, 80 * gib, 80 * gib - used),),
+                      processes=(ProcessSample(pid, alive, gib, {"GPU-a": used} if alive
+                                               else {}),))
+
+    def hello(t: float, pid: int) -> ev.Hello:
+        return ev.Hello(t=t, pid=pid, torch="2.13", agent="x", devices=["GPU-a"], config={},
+                        capabilities={}, watched=["m"], argv="", server="srv")
+
+    obs = [hello(t0, 10)]
+    obs += [sample(t0 + i, 10, True, (20 + i) * gib) for i in range(1, 30)]  # 21 -> 49 GiB
+    obs.append(ReloadOutcome(t0 + 30, "srv", True, "reloaded", 1.0))
+    obs += [sample(t0 + i, 10, False, 0) for i in range(30, 40)]             # nobody's
+    obs.append(hello(t0 + 40, 20))
+    obs += [sample(t0 + i, 20, True, 10 * gib) for i in range(40, 60)]       # 10 GiB
+    rep = report.build_report(obs, Config())
+    assert rep["chart"]["breaks"] == [pytest.approx(40, abs=0.01)]
+    page = report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}})
+    old, new = with_class(svgs(page)[0], "memory-line")
+    xs = lambda line: [float(p.split(",")[0]) for p in line.get("points").split()]  # noqa
+    assert len(xs(old)) == 29 and len(xs(new)) == 20
+    assert xs(old)[-1] < xs(new)[0]  # two stretches, one after the other, with the gap between
+    assert "breaks" not in report.numbers(rep)["chart"]  # --json: the page's numbers only
+
+
+def test_a_chart_without_breaks_is_one_line_and_breaks_cut_it():
+    points = [(float(t), float(t)) for t in range(10)]
+    assert len(with_class(ET.fromstring(plot.memory_chart(points)), "memory-line")) == 1
+    cut = with_class(ET.fromstring(plot.memory_chart(points, breaks=[3.5, 7.0, 100.0])),
+                     "memory-line")
+    assert [len(line.get("points").split()) for line in cut] == [4, 3, 3]

@@ -144,3 +144,94 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
     import psutil
     pss = read_pss(os.getpid())
     assert pss is None or 0 < pss <= psutil.Process().memory_info().rss * 1.01
+
+
+def test_reader_keeps_one_descriptor_per_watched_pid_and_closes_the_rest():
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    reader = ProcessReader()
+    try:
+        me = os.getpid()
+        first = reader.read({me, child.pid})
+        assert [s.alive for s in first] == [True, True]
+        assert sorted(reader._fds) == sorted([me, child.pid])
+        again = reader.read({me, child.pid})
+        # unchanged numbers: the same frozen sample, nothing allocated for it
+        assert any(a is b for a, b in zip(first, again))
+        child.kill()
+        child.wait(10)
+        # read through the kept descriptor: the reaped process is dead, and its file closed
+        dead = next(s for s in reader.read({me, child.pid}) if s.pid == child.pid)
+        assert not dead.alive and dead.rss_bytes is None
+        reader.read({me})
+        assert list(reader._fds) == [me]
+    finally:
+        reader.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert reader._fds == {}
+
+
+def test_reader_rss_matches_psutil_and_a_zombie_through_a_kept_descriptor_is_dead():
+    import psutil
+
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    reader = ProcessReader()
+    try:
+        assert child.stdout.readline() == b"up\n"  # started: its RSS is the interpreter's
+        (sample,) = reader.read({child.pid})
+        assert sample.alive
+        assert abs(sample.rss_bytes - psutil.Process(child.pid).memory_info().rss) < 4 << 20
+        child.stdin.close()  # it exits; unreaped, a zombie
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        (sample,) = reader.read({child.pid})
+        assert not sample.alive and sample.rss_bytes is None
+    finally:
+        reader.close()
+        child.stdin.close()
+        child.wait(10)
+
+
+def test_reader_without_proc_falls_back_to_psutil(tmp_path):
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    reader = ProcessReader(proc=str(tmp_path))  # an empty "/proc": nothing to open there
+    try:
+        (sample,) = reader.read({os.getpid()})
+        assert sample.alive and sample.rss_bytes > 1 << 20
+        assert reader.host_memory()[0] > 0
+        assert [(s.pid, s.alive) for s in reader.read({0, -5})] == [(-5, False), (0, False)]
+    finally:
+        reader.close()
+
+
+def test_stat_line_with_parentheses_and_spaces_in_the_name():
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    reader = ProcessReader()
+    fields = " ".join(["S"] + ["0"] * 20 + ["250"] + ["0"] * 20)
+    assert reader._parse(f"42 (a) b (c) {fields}".encode(), -1) == (True, 250 * reader._page)
+    assert reader._parse(f"42 (x y) {fields.replace('S', 'Z', 1)}".encode(), -1) == (False, None)
+
+
+def test_reader_without_pidfds_reads_stat_alone():
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    reader = ProcessReader()
+    reader._exits = None  # as on Linux < 5.3
+    try:
+        me = os.getpid()
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, True]
+        assert all(pidfd == -1 for pidfd, _ in reader._fds.values())
+        child.stdin.close()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, False]
+        child.wait(10)
+        assert [s.alive for s in reader.read({me, child.pid})] == [True, False]
+    finally:
+        reader.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)

@@ -28,8 +28,8 @@ from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
-from torch_watchdog.sidecar.sources.process import children_of, read_host_memory, read_pidfile, \
-    PssMeter, read_processes, unit_main_pid, unit_pids
+from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, children_of, \
+    read_pidfile, unit_main_pid, unit_pids
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
@@ -57,6 +57,7 @@ class Daemon:
         self.clock = clock
         self.nvml = nvml or NvmlSource()
         self._nvml_deadline()
+        self.processes = ProcessReader()          # keeps /proc files open from poll to poll
         self.notifier = notifier or Notifier()
         self.host = step.Host()                   # every server's state: the step's alone
         self.collector = SnapshotCollector()
@@ -225,6 +226,7 @@ class Daemon:
         if self.receiver is not None:
             self.receiver.close()
         self.nvml.close()
+        self.processes.close()
         if self.sender is not None:
             self.sender.stop()
         if self.sample_log is not None:
@@ -248,10 +250,10 @@ class Daemon:
         pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that
         self._note_start_times(pids)
         reading = self.nvml.read(pids)
-        processes = read_processes(pids, reading.process_gpu_bytes)
+        processes = self.processes.read(pids, reading.process_gpu_bytes)
         if not reading.devices:  # host-memory mode: PSS, so workers' shared pages count once
             processes = self.pss.apply(processes)
-        host_total, host_available = read_host_memory()
+        host_total, host_available = self.processes.host_memory()
         sample = Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                         nvml_down=dict(reading.down),
                         nvml_error=reading.error, query_s=reading.query_s,
@@ -267,8 +269,10 @@ class Daemon:
             self._act(action)
         self._log_findings()
         focus = self.host.focus()
-        estimates = step.estimates(focus, cfg)
         servers = self._server_views()  # once a poll, for the alerts and the snapshot
+        view = servers.get(focus.name)  # the focus's numbers: computed once, not twice a poll
+        estimates = {**view["estimates"], **view["forecast"]} if view is not None and \
+            self.host.servers.get(focus.name) is focus else step.estimates(focus, cfg)
         self._alert(now, servers)
         snapshot = self._snapshot(sample, estimates, focus, servers,
                                   time.perf_counter() - started)

@@ -123,6 +123,7 @@ class State:
     mem_source: Optional[str] = None                     # "process" | "device" | "rss"
     mem_start: Optional[int] = None
     proc_bytes: dict = field(default_factory=dict)       # pid -> its memory, same meter
+    mem_read_t: Optional[float] = None                   # the last poll that read it
     device_used: Optional[int] = None
     device_total: Optional[int] = None
     device_usable: Optional[int] = None  # used + free: total less what the driver reserves
@@ -159,7 +160,8 @@ class State:
         A recent step is not counted yet: the compile behind it reports only when it ends."""
         if self.mem_bytes is None or self.mem_start is None:
             return 0.0
-        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S)
+        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
+            if self.pending_jumps else 0
         growth = self.mem_bytes - self.mem_start
         return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
 
@@ -398,13 +400,34 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         # never be allocated, so the budget is used + free (ops-anchors §1)
         state.device_usable = sum(d.total_bytes if d.free_bytes is None
                                   else d.used_bytes + d.free_bytes for d in s.devices)
-    if s.host_total_bytes is not None and s.host_available_bytes is not None:
-        state.host_used = s.host_total_bytes - s.host_available_bytes
-        state.host_total = s.host_total_bytes
+    _host(state, s)
     mem, source = _server_memory(s, watched, attribution)
     if mem is None:
         return
     state.proc_bytes = _per_process(s, watched, source)
+    _memory(state, s, mem, source, cfg)
+
+
+def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig) -> None:
+    """`fold(state, [s], cfg)` for a sample that repeats the last one folded: the same devices'
+    numbers and processes (NVML up, GPUs read), with no event since, and the last fold read the
+    server's memory; only its time and the host's memory are new. The caller (core/step.py)
+    checks that; the devices' and the server's memory (and each process's) are then what they
+    were, and are not computed again."""
+    state.now = max(state.now, s.t)
+    _host(state, s)
+    _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    evaluate_causes(state, cfg)
+
+
+def _host(state: State, s: Sample) -> None:
+    if s.host_total_bytes is not None and s.host_available_bytes is not None:
+        state.host_used = s.host_total_bytes - s.host_available_bytes
+        state.host_total = s.host_total_bytes
+
+
+def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:
+    state.mem_read_t = s.t
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
         state.records_at_last_sample = state.records
@@ -487,14 +510,16 @@ def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
             "recompiles": state.recompiles, "reached_at": round(state.limit_t, 3),
             "new_shapes_without_compile": state.new_shapes_after_limit,
             "steady_ms_before": _round(state.steady_ms("before"), 3)})
-    b, conf = state.mb_per_graph, state.regression.confidence
+    # an active cause stays as it is (_activate): not computed again every poll and server
+    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active else None
     if (state.records >= cfg.min_records and b is not None and b > 0
-            and conf >= cfg.min_confidence):
+            and (conf := state.regression.confidence) >= cfg.min_confidence):
         _activate(state, t, "cudagraph_per_shape", {
             "recordings": state.records, "distinct_shapes": state.distinct_shapes,
             "mb_per_graph": round(b, 4), "confidence": round(conf, 3),
             "mb_so_far": round(b * state.records, 1)})
-    if state.unexplained_bytes() >= cfg.unexplained_bytes:
+    if "memory_growth_unexplained" not in state.active and \
+            state.unexplained_bytes() >= cfg.unexplained_bytes:
         _activate(state, t, "memory_growth_unexplained", {
             "unexplained_mb": round(state.unexplained_bytes() / 1e6, 1),
             "growth_mb": round((state.mem_bytes - state.mem_start) / 1e6, 1)})

@@ -84,23 +84,32 @@ class _View:
     share: float
 
 
-def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Forecast:
-    """The nearest time to OOM over the server's budgets (each GPU on its own)."""
+def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
+             rates_now: Optional[tuple] = None) -> Forecast:
+    """The nearest time to OOM over the server's budgets (each GPU on its own). `rates_now`:
+    what `rates(state, cfg)` gives now, when the caller has it already."""
     if state.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
         return Forecast(None, None)
     views = _views(state, cfg)
     if not views:
         level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
-    since = state.now - cfg.window_s
-    slope, leak = state.samples.rate(since), state.samples.leak_rate(since)
-    model = _discovery(state, cfg, min_records)
+    slope, leak, request_rate = rates_now if rates_now is not None else rates(state, cfg)
+    model = _discovery(state, cfg, min_records, request_rate)
     best: Optional[Forecast] = None
     for view in views:
         fc = _forecast_view(state, view, slope, leak, model)
         if best is None or fc.seconds < best.seconds:
             best = fc
     return best
+
+
+def rates(state: State, cfg: ForecastConfig) -> tuple:
+    """The forecast's inputs that move with time alone: the memory's growth rate and its rate
+    outside recordings over the window, and the request rate. With these and the rest of the
+    state unchanged, the forecast is the same (core/step.py keeps it then)."""
+    slope, leak = state.samples.rates(state.now - cfg.window_s)
+    return slope, leak, _request_rate(state, cfg.window_s)
 
 
 def _views(state: State, cfg: ForecastConfig) -> list[_View]:
@@ -136,7 +145,8 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
     return views
 
 
-def _discovery(state: State, cfg: ForecastConfig, min_records: int) -> Optional[dict]:
+def _discovery(state: State, cfg: ForecastConfig, min_records: int,
+               request_rate: Optional[float]) -> Optional[dict]:
     """The discovery model's inputs, or None when it does not apply (yet)."""
     n, distinct = state.requests, state.distinct_shapes
     space = shape_space(n, distinct)
@@ -153,7 +163,7 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int) -> Optional[
     # observed/expected recordings: graph partitions, serving threads, non-uniform traffic
     scale = state.records / model_now if model_now > 0 else 1.0
     return {"saturated": False, "space": space, "scale": scale, "per_graph": b * 1e6,
-            "rate": _request_rate(state, cfg.window_s)}
+            "rate": request_rate}
 
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],

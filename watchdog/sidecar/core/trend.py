@@ -77,6 +77,31 @@ class Trend:
             rates.append(rate)
         return min(rates)
 
+    def rates(self, since: float) -> tuple[Optional[float], Optional[float]]:
+        """(rate(since), leak_rate(since)) in one pass, the same numbers: the forecast asks
+        for both every poll and every server (5.4 us as two calls, ~2 us as one)."""
+        t, sums = self._t, self._sums
+        j = len(t) - 1
+        i = bisect.bisect_left(t, since)
+        if j - i < 2 or t[j] <= t[i]:
+            return None, None
+        first, last = t[i], t[j]
+        sj = sums[j]
+        slope = (sj[0] - sums[i][0]) / (last - first)
+        leak: Optional[float] = None
+        for part in (1.0, 0.5, 0.25):
+            k = bisect.bisect_left(t, last - part * (last - first))
+            if j - k < 2:
+                return slope, None
+            sk = sums[k]
+            span, used = sj[2] - sk[2], sj[3] - sk[3]
+            if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - t[k]):
+                return slope, None
+            rate = (sj[1] - sk[1]) / span
+            if leak is None or rate < leak:  # min(), keeping the first of equals
+                leak = rate
+        return slope, leak
+
     def _outside(self, i: int, j: int) -> Optional[float]:
         if j - i < 2:
             return None

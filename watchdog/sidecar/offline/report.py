@@ -81,6 +81,7 @@ class _Series:
         self.thinned = Thinned(limit, higher)
         self.first: Optional[float] = None
         self.peak: Optional[float] = None
+        self.breaks: list[float] = []   # a new process's first point: the line breaks there
 
     def add(self, t: float, v: float) -> None:
         self.first = v if self.first is None else self.first
@@ -128,6 +129,8 @@ class _ServerLog:
         self.pids: set = set()
         self.gpus: set = set()
         self.agent_limit = False
+        self.sampled: Any = None               # the state of the last point charted
+        self.gap = False                       # samples skipped since (no process of its own)
 
     def track(self, t: float) -> None:
         s = self.server
@@ -143,8 +146,13 @@ class _ServerLog:
         if state.mem_source is None or state.mem_bytes is None or not s.pids:
             # no process of its own (after a reload, before the new one is known): the step
             # then folds every process's memory, which is not this server's
+            self.gap = self.sampled is not None
             return
-        self.series.setdefault(state.mem_source, _Series()).add(t, state.mem_bytes)
+        series = self.series.setdefault(state.mem_source, _Series())
+        if self.gap or (self.sampled is not None and state is not self.sampled):
+            series.breaks.append(t)  # a new process (a reload, a restart): not one line
+        self.gap, self.sampled = False, state
+        series.add(t, state.mem_bytes)
         if fc.budget_bytes is not None:
             # where the server's memory meets the budget with everything else as it is now
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
@@ -397,6 +405,7 @@ def _chart(series: Optional[_Series], marks: list, col: _Collector,
     steps = [[rel(t), v] for t, v in budget.points] if budget else []
     line, off = _on_scale(steps, series.peak if series else None)
     return {"points": points, "zoom": _zoom_range(points),
+            "breaks": [rel(t) for t in series.breaks] if series else [],
             "marks": [list(m) for m in shown], "marks_outside": outside,
             "mark_counts": dict(Counter(k for _, k in shown)),
             "budget": line, "budget_off_scale": off,
@@ -496,7 +505,7 @@ def write_report(paths: list[str], out: str, config: Config,
 def numbers(report: dict) -> dict:
     """What `--json` prints: everything the page shows but the charts' points and marks."""
     def lean(chart: dict) -> dict:
-        return {k: v for k, v in chart.items() if k not in ("points", "marks")}
+        return {k: v for k, v in chart.items() if k not in ("points", "marks", "breaks")}
     return {**report, "chart": lean(report["chart"]),
             "servers": [{**s, "chart": lean(s["chart"])} for s in report["servers"]]}
 

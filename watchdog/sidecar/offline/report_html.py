@@ -81,6 +81,7 @@ def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
     summary, chart = s["summary"], s["chart"]
     memory = plot.memory_chart([tuple(p) for p in chart["points"]],
                                [tuple(m) for m in chart["marks"]], budget=_budget(chart),
+                               breaks=chart.get("breaks", ()),
                                time_origin=0.0,  # the tables' times: from the trace's start
                                title=f"server memory ({_meter(summary['memory_source'])})")
     parts = [_summary_html(summary), f"<h{level}>Memory</h{level}>", memory, _zoom(chart),
@@ -113,7 +114,7 @@ def _zoom(chart: dict) -> str:
     return plot.memory_chart([tuple(p) for p in chart["points"] if since <= p[0] <= until],
                              [tuple(m) for m in chart["marks"] if since <= m[0] <= until],
                              budget=[(since, before[0][1])] + budget if before else budget,
-                             baseline=base, time_origin=0.0,
+                             baseline=base, time_origin=0.0, breaks=chart.get("breaks", ()),
                              title=f"growth above {human_bytes(base)} (zoomed: +{human_duration(since)} to "
                                    f"+{human_duration(until)})")
 

@@ -30,13 +30,15 @@ Budget = Union[float, Sequence[tuple[float, float]], None]
 def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[float, str]] = (), *,
                  budget: Budget = None, width: int = 900, height: int = 300,
                  title: str = "", baseline: Optional[float] = None,
-                 time_origin: Optional[float] = None) -> str:
+                 time_origin: Optional[float] = None, breaks: Sequence[float] = ()) -> str:
     """Memory (bytes) over time (seconds) as a line, event marks along the time axis, and the
     budget as a dashed line: one value for the whole chart, or (t, bytes) steps, each from
     when it applied (a SIGHUP's new budget, other processes' memory on the GPU). With
     `baseline`, the growth above it ("+40 MiB"): a zoom for small growth on top of a large
     footprint (weights, a ballast). Time is labelled from `time_origin` (default: the first
-    point or mark)."""
+    point or mark). `breaks`: times where the line stops and starts again (a reload's or a
+    restart's new process: nothing was measured in between, and a line across the gap would
+    draw memory that no process had); a point at or after a break starts a new stretch."""
     title = title or "memory over time"
     if not points:
         return _empty(title, "no memory samples yet", width)
@@ -55,15 +57,30 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
              _value_axis(box, y_unit, y_step, "" if baseline is None else "+")]
     if steps:
         parts += _budget_line(box, steps, "" if baseline is None else "+")
-    line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in pts)
-    # 2 px: a flat stretch then always covers one pixel row fully, whatever its y (1.5 px
-    # between two rows rendered as two light-grey rows: no line in a screenshot)
-    parts.append(f'<polyline class="memory-line" fill="none" stroke="#333" stroke-width="2" '
-                 f'points="{line}"/>')
+    for stretch in _stretches(pts, breaks):
+        line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in stretch)
+        # 2 px: a flat stretch then always covers one pixel row fully, whatever its y (1.5 px
+        # between two rows rendered as two light-grey rows: no line in a screenshot)
+        parts.append(f'<polyline class="memory-line" fill="none" stroke="#333" '
+                     f'stroke-width="2" points="{line}"/>')
     parts.extend(_marks(box, marks))
     parts.append(_legend(box, marks))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _stretches(pts: list, breaks: Sequence[float]) -> list[list]:
+    """The sorted points cut before the first point at or after each break."""
+    out: list[list] = [[]]
+    cuts = sorted(breaks)
+    i = 0
+    for t, v in pts:
+        while i < len(cuts) and cuts[i] <= t:
+            if out[-1]:
+                out.append([])
+            i += 1
+        out[-1].append((t, v))
+    return out
 
 
 def _budget_steps(budget: Budget, start: float) -> list[tuple[float, float]]:

@@ -1,0 +1,109 @@
+"""A poll that repeats the last one (no event, the same GPU numbers and processes) is folded
+cheaply (core/step.py `_Poll`): it must decide and report exactly what a full poll does."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from torch_watchdog import events
+from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.core import correlate
+from torch_watchdog.sidecar.core.step import Host, step
+from torch_watchdog.sidecar.offline.traces import Reader, read_all
+from torch_watchdog.sidecar.sources.samples import (ConfigChange, DeviceSample, ProcessSample,
+                                                    Sample)
+from tests.unit.test_step import CFG, GB, MB, calls, compile_event, hello
+
+FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
+
+
+@pytest.fixture
+def repeats(monkeypatch):
+    """How many polls took the repeat path."""
+    seen = [0]
+    fold_repeat = correlate.fold_repeat
+
+    def counted(*args):
+        seen[0] += 1
+        return fold_repeat(*args)
+
+    monkeypatch.setattr(correlate, "fold_repeat", counted)
+    return seen
+
+
+def observe(host: Host, observations, cfg: Config) -> list:
+    """Everything a user sees, after every observation: actions, and each server's forecast,
+    estimates, alerts and policy state."""
+    out = []
+    for obs in observations:
+        if isinstance(obs, ConfigChange):
+            cfg = obs.config
+            continue
+        out.append([a.as_dict() for a in step(host, obs, cfg)])
+        if isinstance(obs, Sample):
+            out.append({name: (s.forecast, s.state.estimates(cfg.correlate), s.firing,
+                               s.policy, [f.as_dict() for f in s.state.findings])
+                        for name, s in host.servers.items()})
+    return out
+
+
+def host_trace() -> list:
+    """Two replicas on two GPUs: long idle stretches (repeats; their RSS moves every poll, as
+    a live server's does), a warm-up, recordings, steady growth on one and a leak on the
+    other, a per-process reading NVML stops giving, NVML down for a while, the host's memory
+    moving now and then, and a restart."""
+    out, t, used = [], 1000.0, {"GPU-a": 20 * GB, "GPU-b": 78 * GB}
+    out += [hello(t, 11, "a", ["GPU-a"]), hello(t, 22, "b", ["GPU-b"])]
+    for k in range(3000):
+        t += 0.1
+        if k == 50:
+            out.append(compile_event(t, 11))
+        if 400 <= k < 900 and k % 5 == 0:       # a: recordings that cost memory
+            out.append(events.CudagraphRecord(t=t, pid=11, phase="record", compile_id="0/1",
+                                              key=[k], shape=[[1, k]], seconds=0.01))
+            used["GPU-a"] += 40 * MB
+        if k % 10 == 0 and k < 2480:
+            out.append(calls(t, 11, 50, min(k // 10, 80)))
+        if 1200 <= k < 1900 and k % 2 == 0:     # b: a leak toward its GPU's end
+            used["GPU-b"] += 4 * MB
+        if k == 2500:                           # a restarts
+            out.append(hello(t, 33, "a", ["GPU-a"]))
+        pids = {11: k < 2490, 22: True, 33: k >= 2500}
+        gone_gpu = 1700 <= k < 1720             # NVML stops listing b's process
+        nvml_up = not 1800 <= k < 1810
+        devices = tuple(DeviceSample(u, b, 80 * GB, 80 * GB - b) for u, b in used.items()) \
+            if nvml_up else ()
+        procs = tuple(ProcessSample(pid, alive, 2 * GB + k * 4096 if alive else None,
+                                    {} if not alive else
+                                    {("GPU-a" if pid != 22 else "GPU-b"):
+                                     None if gone_gpu and pid == 22 else used["GPU-a"] - GB
+                                     if pid != 22 else used["GPU-b"] - GB})
+                      for pid, alive in sorted(pids.items()))
+        host_available = 100 * GB - (k // 300) * GB  # moves now and then
+        out.append(Sample(t=t, devices=devices, processes=procs, nvml_up=nvml_up,
+                          host_total_bytes=128 * GB, host_available_bytes=host_available))
+    return out
+
+
+def test_repeated_polls_decide_and_report_what_full_polls_do(repeats):
+    trace = host_trace()
+    full = observe(Host(repeats=False), trace, CFG)
+    assert repeats[0] == 0
+    fast = observe(Host(), trace, CFG)
+    assert repeats[0] > 3000  # most polls of both servers repeat the last one
+    assert fast == full
+    decided = {a["action"] for x in full if isinstance(x, list) for a in x}
+    assert {"restart", "alert", "reload", "execute"} <= decided
+
+
+@pytest.mark.parametrize("name", ["h200x2-two-replicas-samples.jsonl.gz",
+                                  "h200-leak-bucketed-samples.jsonl.gz"])
+def test_recorded_traces_replay_the_same_with_repeats(name, repeats):
+    def trace():
+        return read_all([Reader(os.path.join(FIX, name))])
+
+    full = observe(Host(repeats=False), trace(), Config())
+    fast = observe(Host(), trace(), Config())
+    assert repeats[0] > 500
+    assert fast == full
