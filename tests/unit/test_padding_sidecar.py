@@ -121,3 +121,20 @@ def test_no_padding_no_section_no_alert():
     assert "padding" not in format_terminal(status, "u", T + 2)
     assert "padding_refused" not in host.servers["srv"].firing
     assert not [k for k in scrape(snap) if k and k[0].startswith("torch_watchdog_padding")]
+
+
+def test_the_report_shows_each_padded_model_and_the_refusal(tmp_path):
+    from torch_watchdog.sidecar.offline import report
+
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"\n".join(events.encode(e) for e in (
+        hello(T), stats(T + 1, "llm"), stats(T + 1, "pooler"), refused(T + 2))) + b"\n")
+    out = tmp_path / "report.html"
+    rep = report.write_report([str(log)], str(out), Config())
+    (server,) = rep["servers"]
+    rows = {r["model"]: r for r in server["padding"]}
+    assert rows["llm"]["on"] and rows["llm"]["padding_fraction"] == 0.1
+    assert not rows["pooler"]["on"] and rows["pooler"]["error"] == 0.31
+    page = out.read_text()
+    assert "Padding by the agent" in page and "differs by 0.31" in page
+    assert "256, 512, 1024, 2048" in page and "1,200" in page
