@@ -287,3 +287,11 @@ def test_padding_events_carry_the_totals(emitted):
 
 def test_watch_without_pad_is_the_plain_watched_wrapper():
     assert type(watch(lambda x: x, "plain")).__mro__[1] is Watched
+
+
+def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
+    shapes = []
+    model = watch(lambda x: shapes.append(tuple(x.shape)) or x, "unbatched",
+                  pad=pad.Tokens(buckets=(16,)))
+    model(torch.arange(5))  # no dimension 1: not padded, and padding stays on
+    assert shapes == [(5,)] and model.on and model.padded_calls == 0

@@ -42,7 +42,7 @@ import torch
 
 from torch_watchdog import buckets as advisor
 from torch_watchdog import events
-from torch_watchdog.agent import timing
+from torch_watchdog.agent import _AFTER_FORK, timing
 
 # Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
 # Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has
@@ -125,6 +125,8 @@ class Tokens(Policy):
     def length(self, args: tuple, kwargs: dict) -> Optional[int]:
         n = None
         for t in self._tokens(args, kwargs):
+            if t.dim() <= self.dim:
+                return None  # no such dimension (an unbatched call): not padded
             m = t.shape[self.dim]
             if n is not None and m != n:
                 return None  # token tensors of different lengths: not ours to pad
@@ -245,12 +247,9 @@ def compare(served: Any, reference: Any, tolerance: Optional[float] = None
         if x.shape != y.shape:
             return False, errors, (f"output {list(path)} has shape {list(x.shape)} padded, "
                                    f"{list(y.shape)} unpadded")
-        if y.is_floating_point() or y.is_complex():
-            d = (x.detach().double() - y.detach().double()).abs()
-            d = torch.where(torch.isnan(x.detach()) & torch.isnan(y.detach()),
-                            torch.zeros_like(d), d)
-            scale = float(y.detach().abs().nan_to_num(0, 0, 0).max()) if y.numel() else 0.0
-            err = float(d.max()) / (scale or 1.0) if d.numel() else 0.0
+        if y.is_floating_point():
+            diff, scale = _max_diff(x.detach(), y.detach())
+            err = diff / (scale or 1.0)
             err = err if err == err else float("inf")  # NaN on one side only
             limit = tolerance if tolerance is not None else TOLERANCE.get(y.dtype,
                                                                           DEFAULT_TOLERANCE)
@@ -262,6 +261,27 @@ def compare(served: Any, reference: Any, tolerance: Optional[float] = None
             ok, problem = False, (f"output {list(path)} ({name}) differs by {err:.3g} "
                                   f"(relative), over the tolerance {limit:g}")
     return ok, errors, problem
+
+
+CHUNK = 1 << 24  # elements compared at a time: a 2048 x 50257 fp16 logits tensor in float32
+                 # at once is 400 MB per temporary; 16M elements is 64 MB
+
+
+def _max_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(max |x - y|, max |y|) in float32 or wider, a chunk at a time; NaN in both is equal."""
+    x, y = x.reshape(-1), y.reshape(-1)
+    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+    diff = scale = 0.0
+    for i in range(0, y.numel(), CHUNK):
+        a, b = x[i:i + CHUNK].to(wide), y[i:i + CHUNK].to(wide)
+        d = (a - b).abs()
+        d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(d), d)
+        worst = float(d.max())
+        if worst != worst:  # NaN on one side only (max() of Python floats would drop it)
+            return worst, scale
+        diff = max(diff, worst)
+        scale = max(scale, float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()))
+    return diff, scale
 
 
 # -- the wrapper ----------------------------------------------------------------------------
@@ -310,14 +330,15 @@ class Padded:
             return model(*args, **kwargs)
         try:
             n = self.policy.length(args, kwargs)
-            if n is None or n < 1:
-                return model(*args, **kwargs)
-            self._observe(n)
-            plan = self.plan
-            i = bisect.bisect_left(plan, n)
+            n = None if n is None else int(n)
         except Exception as e:
             self._refuse(f"the policy could not read the call: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
+        if n is None or n < 1:
+            return model(*args, **kwargs)
+        self._observe(n)
+        plan = self.plan
+        i = bisect.bisect_left(plan, n)
         if i == len(plan):  # above the largest bucket (or no plan yet): as it comes
             return model(*args, **kwargs)
         bucket = plan[i]
@@ -355,7 +376,7 @@ class Padded:
             self._plan_at *= 2
             if len(self.plan) < self.policy.max_buckets:
                 self._planning = True
-                try:
+                try:  # another serving thread may be adding a length: then plan next time
                     threading.Thread(target=self._replan, args=(dict(sizes), self.plan),
                                      name="torch-watchdog-pad-plan", daemon=True).start()
                 except Exception:
@@ -389,7 +410,11 @@ class Padded:
         try:
             reference = self.reference(*args, **kwargs)
         except Exception:  # the check could not run; the served output stands, unchecked
-            return self.policy.unpad(out, n, bucket)
+            try:
+                return self.policy.unpad(out, n, bucket)
+            except Exception as e:
+                self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
+                return self.__wrapped__(*args, **kwargs)
         try:
             self.policy.learn(out, reference, n, bucket)
             served = self.policy.unpad(out, n, bucket)
@@ -436,6 +461,12 @@ class Padded:
             recordings_saved=max(0, len(self.served) - len(self.used)))
 
 
+def _after_fork() -> None:
+    """A forked child has no planning thread: whatever the parent's was doing, plan again."""
+    for p in list(padded_models):
+        p._planning = False
+
+
 def emit_stats(emit: Callable[[events.Event], None]) -> None:
     """A `padding` event per padded model that had calls since the last (the agent's thread,
     every heartbeat)."""
@@ -458,3 +489,6 @@ def wrap(watched: Any, policy: Any, name: str) -> Padded:
         raise TypeError(f"pad= needs a torch_watchdog.agent.pad.Policy (Tokens, Custom) or True, "
                         f"got {type(policy).__name__}")
     return Padded(watched, policy, name)
+
+
+_AFTER_FORK.append(_after_fork)
