@@ -253,6 +253,40 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
         return result
 
 
+def wrapper_overhead() -> dict:
+    """The agent's padding wrapper against the same padding by hand, on a callable that
+    returns its input (CPU, thread time per call, lengths 1-256 into 8 buckets, no checks):
+    what padding by the agent adds to a call beyond the padding itself."""
+    import torch
+
+    from torch_watchdog.agent import pad, watch
+
+    torch.set_num_threads(1)
+    hand_buckets = [32 * (i + 1) for i in range(8)]
+    agent = watch(lambda x: x, "overhead", pad=pad.Tokens(buckets=tuple(hand_buckets),
+                                                          max_buckets=8, sample=0.0))
+    watched = watch(lambda x: x, "overhead-hand")
+
+    def hand(ids):
+        n = ids.shape[1]
+        bucket = next(b for b in hand_buckets if b >= n)
+        if bucket > n:
+            ids = torch.cat([ids, ids.new_zeros(1, bucket - n)], dim=1)
+        return watched(ids).narrow(1, 0, n)
+
+    xs = [torch.randint(0, 100, (1, n)) for n in range(1, 257)]
+    for x in xs:
+        agent(x), hand(x)
+    us: dict = {"agent": [], "hand": []}
+    for _ in range(30):
+        for name, fn in (("agent", agent), ("hand", hand)):
+            t0 = time.thread_time_ns()
+            for x in xs:
+                fn(x)
+            us[name].append((time.thread_time_ns() - t0) / len(xs) / 1e3)
+    return {k: round(statistics.median(v), 2) for k, v in us.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="the CUDA configuration (H200)")
@@ -287,6 +321,7 @@ def main() -> int:
         results.append(result)
         print(row(result), flush=True)
     summary = summarise(results)
+    summary["wrapper_us_per_call"] = wrapper_overhead()
     print(json.dumps(summary, indent=1))
     out = args.out or (os.path.join(os.environ["WATCHDOG_GPU_RESULTS"], "padding.json")
                        if args.gpu and os.environ.get("WATCHDOG_GPU_RESULTS") else None)

@@ -303,8 +303,13 @@ class Padded:
         # the unpadded reference: the uncompiled model, so that a check never compiles or
         # records a graph for a length of its own
         fn = getattr(watched, "__wrapped__", watched)
-        self.reference = getattr(watched, "_eager", None) or getattr(fn, "_orig_mod", None) \
-            or getattr(fn, "_torchdynamo_orig_callable", None) or watched
+        self.reference = watched
+        for owner, attr in ((watched, "_eager"), (fn, "_orig_mod"),
+                            (fn, "_torchdynamo_orig_callable")):
+            eager = getattr(owner, attr, None)
+            if eager is not None:
+                self.reference = eager
+                break
         self.sizes: dict[int, int] = {}
         self.checked: set[int] = set()       # buckets whose first padded call was compared
         self.served: set[int] = set()        # lengths served through a bucket
@@ -319,6 +324,8 @@ class Padded:
         padded_models.add(self)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found on Padded
+        if name == "__wrapped__":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.__wrapped__, name)
 
     def __repr__(self) -> str:
