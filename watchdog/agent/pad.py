@@ -490,6 +490,8 @@ def wrap(watched: Any, policy: Any, name: str) -> Padded:
     """`watch(..., pad=policy)`: True is `Tokens()` (pad token 0, dimension 1), False none."""
     if isinstance(watched, Padded) or policy is False:
         return watched
+    if isinstance(getattr(watched, "__wrapped__", None), Padded):
+        return watched.__wrapped__  # watch(padded, pad=...): already padded, once is enough
     if policy is True:
         policy = Tokens()
     if not isinstance(policy, Policy):
