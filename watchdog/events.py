@@ -183,16 +183,40 @@ class Dropped(Event):
 
 @dataclass(frozen=True)
 class Mitigation(Event):
-    name: str                     # "graph_budget" or "recompile_guard"
-    action: str                   # "engaged" or "unavailable"
+    name: str                     # "graph_budget", "recompile_guard" or "padding"
+    action: str                   # "engaged" or "unavailable"; padding: "engaged" (a first
+                                  # plan), "plan" (buckets added), "refused" (padding changed an
+                                  # output, or failed: off for that model)
     detail: str
+    model: Optional[str] = None   # padding: the watched model
+    error: Optional[float] = None  # padding refused: the relative error seen at real positions
+    buckets: Optional[list[int]] = None  # padding: the plan
     kind = "mitigation"
+
+
+@dataclass(frozen=True)
+class Padding(Event):
+    """Per padded model (`watch(..., pad=...)`), every heartbeat with calls: totals since the
+    model was wrapped."""
+    name: str
+    on: bool                      # False once a check refused padding
+    buckets: list[int]            # the plan
+    calls: int                    # calls with a length the policy read
+    padded_calls: int             # of them, calls served through a bucket
+    real_tokens: int              # their real lengths, summed
+    padding_tokens: int           # the padding added to them (compute spent on padding)
+    checks: int                   # calls also run unpadded and compared
+    check_seconds: float          # the time those unpadded runs and comparisons took
+    max_error: dict[str, float]   # the largest relative error seen, per output dtype
+    recordings_saved: int         # lengths served through a bucket less the buckets used
+    kind = "padding"
 
 
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (Hello, Heartbeat, Compile, Recompile, RecompileLimit, CudagraphRecord,
-                CudagraphWarning, GraphBreak, NewShape, Stall, Calls, Oom, Dropped, Mitigation)
+                CudagraphWarning, GraphBreak, NewShape, Stall, Calls, Oom, Dropped, Mitigation,
+                Padding)
 }
 _HINTS = {kind: typing.get_type_hints(cls) for kind, cls in KINDS.items()}
 _FIELDS = {kind: [f.name for f in dataclasses.fields(cls)] for kind, cls in KINDS.items()}

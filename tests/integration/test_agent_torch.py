@@ -325,3 +325,30 @@ def test_a_cudnn_crash_on_a_full_gpu_reaches_the_sidecar_as_an_oom(agent, collec
     (oom,) = collector.of("oom")
     assert (oom.source, oom.device, oom.free_bytes) == ("crash", 0, 300 << 20)
     assert "mha_graph" in oom.message
+
+
+def test_padding_reaches_the_sidecar_socket_with_its_refusal_and_totals(collector):
+    """watch(pad=...) under an installed agent: the plan, the refusal of a model that right
+    padding changes, and the per-model totals arrive as events on the socket."""
+    from torch_watchdog.agent import pad
+
+    a = agent_mod.install(socket_path=collector.path, tick_s=0.02, heartbeat_s=0.1)
+    try:
+        causal = agent_mod.watch(lambda x: x.float().cumsum(1), "causal",
+                                 pad=pad.Tokens(buckets=(16,)))
+        pooled = agent_mod.watch(lambda x: x.float().mean(1), "pooled",
+                                 pad=pad.Tokens(buckets=(16,)))
+        for n in (3, 9, 16):
+            assert torch.equal(causal(torch.ones(1, n, dtype=torch.long)),
+                               torch.arange(1.0, n + 1)[None])
+        x = ids(1, 5)
+        assert torch.equal(pooled(x), x.float().mean(1))  # refused: the unpadded answer
+        assert collector.wait(lambda c: any(e.action == "refused" for e in c.of("mitigation")))
+        (refusal,) = [e for e in collector.of("mitigation") if e.action == "refused"]
+        assert refusal.model == "pooled" and refusal.error > 0.001
+        assert collector.wait(lambda c: {e.name for e in c.of("padding")} >= {"causal", "pooled"})
+        last = {e.name: e for e in collector.of("padding")}
+        assert last["causal"].on and last["causal"].padding_tokens == (16 - 3) + (16 - 9)
+        assert not last["pooled"].on
+    finally:
+        agent_mod.uninstall()

@@ -31,6 +31,11 @@ SAMPLES = [
                limit_bytes=1 << 37, free_bytes=1 << 20, message=None),
     events.Dropped(t=2.0, pid=7, reason="socket", count=3, total=10),
     events.Mitigation(t=2.0, pid=7, name="graph_budget", action="engaged", detail="64 sizes"),
+    events.Mitigation(t=2.0, pid=7, name="padding", action="refused", detail="off for llm",
+                      model="llm", error=0.25, buckets=[64, 128]),
+    events.Padding(t=2.0, pid=7, name="llm", on=True, buckets=[64, 128], calls=10,
+                   padded_calls=9, real_tokens=500, padding_tokens=76, checks=2,
+                   check_seconds=0.01, max_error={"float32": 2.5e-07}, recordings_saved=7),
 ]
 
 

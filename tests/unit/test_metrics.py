@@ -25,6 +25,9 @@ ESTIMATES = {
     "memory_growth_bytes": GIB, "explained_by_recordings_bytes": 500_000_000,
     "unexplained_bytes": 1_000_000, "device_used_bytes": 30 * GIB,
     "device_total_bytes": 80 * GIB, "steady_ms": 8.0, "steady_ms_after_fallback": None,
+    "padding": {"llm": {"on": True, "buckets": [256, 512], "real_tokens": 900,
+                        "padding_tokens": 100, "padding_fraction": 0.1, "recordings_saved": 40,
+                        "checks": 3, "check_seconds": 0.25, "max_error": {"float16": 0.002}}},
 }
 FORECAST = {
     "seconds_to_oom": 1234.5, "seconds_to_oom_linear": 5000.0, "seconds_to_oom_discovery": 1234.5,
@@ -197,8 +200,10 @@ def test_no_pid_or_shape_labels_anywhere():
     s = scrape(snapshot())
     labels = {label for key in s if key is not None for label, _ in key[1]}
     # all bounded: device UUIDs, servers (configured or announced), the four causes, actions,
-    # reasons, sources, configured URLs
-    assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url"}
+    # reasons, sources, configured URLs, padded models and their plans' buckets (at most
+    # max_buckets each) and output dtypes
+    assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url",
+                      "model", "bucket", "dtype"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 
@@ -303,3 +308,21 @@ def test_real_pipeline_output_renders_without_errors():
     assert value(s, "torch_watchdog_scrape_errors_total") == 0
     assert value(s, "torch_watchdog_cudagraph_recordings_total") == 0
     assert value(s, "torch_watchdog_oom_forecast_seconds") == math.inf
+
+
+def test_padding_per_model_on_off_plan_fraction_and_recordings_saved():
+    s = scrape(snapshot())
+    labels = {"server": "default", "model": "llm"}
+    assert value(s, "torch_watchdog_padding_on", **labels) == 1
+    assert value(s, "torch_watchdog_padding_buckets", **labels) == 2
+    assert value(s, "torch_watchdog_padding_plan", bucket="512", **labels) == 1
+    assert value(s, "torch_watchdog_padding_fraction_ratio", **labels) == pytest.approx(0.1)
+    assert value(s, "torch_watchdog_padding_tokens_total", **labels) == 100
+    assert value(s, "torch_watchdog_padding_recordings_saved", **labels) == 40
+    assert value(s, "torch_watchdog_padding_check_seconds_total", **labels) == 0.25
+    assert value(s, "torch_watchdog_padding_max_error_ratio", dtype="float16",
+                 **labels) == pytest.approx(0.002)
+    off = dict(ESTIMATES, padding={"llm": {**ESTIMATES["padding"]["llm"], "on": False}})
+    assert value(scrape(snapshot(estimates=off)), "torch_watchdog_padding_on", **labels) == 0
+    without = dict(ESTIMATES, padding={})
+    assert "torch_watchdog_padding_on" not in names(scrape(snapshot(estimates=without)))

@@ -146,6 +146,9 @@ class Agent:
                     t=time.time(), pid=os.getpid(), name=w.name, calls=calls,
                     seconds=total_ns / 1e9, stall_calls=stall_calls,
                     stall_seconds=stall_ns / 1e9, distinct_shapes=distinct, window_s=window))
+        padding = sys.modules.get("torch_watchdog.agent.pad")  # imported by watch(pad=...)
+        if padding is not None:
+            padding.emit_stats(self.emitter.emit)
 
     def hello(self) -> events.Hello:
         config: dict[str, events.Scalar] = {}

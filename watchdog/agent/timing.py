@@ -479,10 +479,16 @@ def gpu_memory(args: tuple, kwargs: dict, tensor_type: type
         return device, None, None
 
 
-def watch(fn: Callable, name: Optional[str] = None) -> Watched:
-    """Wrap a model or function: per-call shape and wall time, new shapes and stalls as events."""
+def watch(fn: Callable, name: Optional[str] = None, pad: Any = None) -> Watched:
+    """Wrap a model or function: per-call shape and wall time, new shapes and stalls as events.
+    `pad`: opt-in bucketed padding (agent/pad.py) around the watched model; None: none."""
     import torch  # the server has it; importing torch_watchdog.agent alone must not
 
+    if pad is not None:  # a wrapper around the Watched: the Watched's own path is unchanged
+        from torch_watchdog.agent import pad as padding
+
+        w = watch(fn, name)
+        return padding.wrap(w, pad, w.name)  # type: ignore[return-value]
     if isinstance(fn, Watched):
         return fn
     if not callable(fn):

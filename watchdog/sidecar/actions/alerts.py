@@ -33,6 +33,10 @@ FIXES = {
                     "if reloads are enabled.",
     "reload": "The sidecar restarted the server to avoid an OOM; fix the cause above or it "
               "will happen again.",
+    "padding_refused": "Right padding changed the model's outputs at real positions (e.g. "
+                       "pooling over the sequence without a mask), so the agent turned it off "
+                       "and the model runs unpadded: pass the attention mask, or pad in a way "
+                       "that is exact (agent/pad.py Custom), then restart the server.",
     "reload_record_unreadable": "<state_dir>/reloads.json could not be read: no reload for an "
                                 "hour. Look at it, remove it and restart the sidecar.",
 }
@@ -68,6 +72,12 @@ def describe(cause: str, detail: dict[str, Any], estimates: dict[str, Any],
         parts.append(f"reload ({detail.get('method')}): {detail.get('outcome')}")
     if cause == "reload_record_unreadable":
         parts.append(str(detail.get("detail")))
+    if cause == "padding_refused":
+        for model, why in sorted((detail.get("models") or {}).items()):
+            error = why.get("error")
+            parts.append(f"padding off for {model}"
+                         + (f": outputs differed by {error:.3g} (relative)" if error is not None
+                            else "") + (f" ({why['detail']})" if why.get("detail") else ""))
     if cause == "memory_growth_unexplained":
         parts.append(f"{detail.get('unexplained_mb', 0):,.0f} MB of growth unexplained")
     seconds, plateau = forecast.get("seconds_to_oom"), forecast.get("plateau_bytes")

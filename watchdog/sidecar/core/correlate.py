@@ -36,6 +36,7 @@ CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallb
           "memory_growth_unexplained")
 MAX_SHAPE_KEYS = 200_000  # unique shapes remembered per server (a few MB), then counted
 COMPILE_SETTLE_S = 10.0  # memory steps this long after a compile are the compile's
+MAX_PADDED_MODELS = 64   # padded models tracked per server (their names label metrics)
 PENDING_S = 60.0         # a step may belong to a compile still running (FACTS #7: 6-14 s each)
 
 
@@ -142,6 +143,9 @@ class State:
     last_compile_end: float = -math.inf
     active: dict = field(default_factory=dict)          # cause -> Finding
     findings: list = field(default_factory=list)
+    # the agent's padding (watch(..., pad=...)), per watched model: the latest `padding`
+    # totals and plan, and whether a check refused it (mitigation `padding` `refused`)
+    padding: dict = field(default_factory=dict)         # model -> dict (padding_view)
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -199,7 +203,14 @@ class State:
             "unexplained_bytes": round(self.unexplained_bytes()),
             "device_used_bytes": self.device_used, "device_total_bytes": self.device_total,
             "steady_ms": _round(before, 3), "steady_ms_after_fallback": _round(after, 3),
+            "padding": {m: dict(v, buckets=list(v["buckets"]), max_error=dict(v["max_error"]))
+                        for m, v in self.padding.items()},
         }
+
+    def padding_refused(self) -> dict[str, dict[str, Any]]:
+        """Models whose padding a check refused: model -> {error, detail, t}."""
+        return {m: {"error": v.get("error"), "detail": v.get("refused"), "t": v.get("off_t")}
+                for m, v in self.padding.items() if v.get("refused")}
 
 
 def _shape_key(shape: Any) -> Any:
@@ -350,11 +361,49 @@ def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
     state.agent_dropped += e.count
 
 
+def _padding(state: State, model: str) -> dict:
+    v = state.padding.get(model)
+    if v is None:
+        if len(state.padding) >= MAX_PADDED_MODELS:  # names come from the agent: bounded
+            return {}
+        v = state.padding[model] = {"on": True, "buckets": [], "calls": 0, "padded_calls": 0,
+                                    "real_tokens": 0, "padding_tokens": 0, "padding_fraction":
+                                    None, "checks": 0, "check_seconds": 0.0, "max_error": {},
+                                    "recordings_saved": 0, "error": None, "refused": None,
+                                    "off_t": None}
+    return v
+
+
+def _on_padding(state: State, e: events.Padding, cfg: CorrelateConfig) -> None:
+    v = _padding(state, e.name)
+    if not v:
+        return
+    total = e.real_tokens + e.padding_tokens
+    v.update(on=e.on and not v["refused"], buckets=list(e.buckets), calls=e.calls,
+             padded_calls=e.padded_calls, real_tokens=e.real_tokens,
+             padding_tokens=e.padding_tokens, checks=e.checks, check_seconds=e.check_seconds,
+             max_error=dict(e.max_error), recordings_saved=e.recordings_saved,
+             padding_fraction=round(e.padding_tokens / total, 6) if total else None)
+
+
+def _on_mitigation(state: State, e: events.Mitigation, cfg: CorrelateConfig) -> None:
+    if e.name != "padding" or not e.model:
+        return
+    v = _padding(state, e.model)
+    if not v:
+        return
+    if e.buckets is not None:
+        v["buckets"] = list(e.buckets)
+    if e.action == "refused":
+        v.update(on=False, refused=e.detail, error=e.error, off_t=e.t)
+
+
 _EVENT_HANDLERS = {
     "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
     "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
     "stall": _on_stall, "calls": _on_calls, "oom": _count("ooms"), "dropped": _on_dropped,
-    "graph_break": _count("graph_breaks"),
+    "graph_break": _count("graph_breaks"), "padding": _on_padding,
+    "mitigation": _on_mitigation,
 }
 
 

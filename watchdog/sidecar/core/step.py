@@ -373,6 +373,9 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     firing = {cause: dict(f.detail) for cause, f in server.state.active.items()}
     if server.policy.forecast_alerted:
         firing["oom_forecast"] = server.forecast.as_dict()
+    refused = server.state.padding_refused()
+    if refused:  # the agent's padding turned itself off: until the server's process changes
+        firing["padding_refused"] = {"models": refused}
     if server.note is not None:
         firing["reload"] = dict(server.note)
         if server.note.get("done"):

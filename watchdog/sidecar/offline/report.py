@@ -24,6 +24,7 @@ from torch_watchdog.sidecar.offline.buckets import advise, size_counts, varying_
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.present.history import Thinned, higher
 from torch_watchdog.sidecar.present.plot import human_duration
+from torch_watchdog.sidecar.present.status import padding_rows
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.forecast import FOREVER
 from torch_watchdog.sidecar.core.step import Host
@@ -336,8 +337,12 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
         "forecast": fc, **{k: fc.get(k) for k in ("seconds_to_oom", "will_oom",
                                                   "plateau_bytes", "budget_bytes")},
     }
+    padding: dict = {}  # the agent's padding per model, its latest word over the processes
+    for st in states:
+        padding.update(st.estimates(config.correlate)["padding"])
     return {"name": log.server.name, "pids": sorted(log.pids), "gpus": sorted(log.gpus),
             "summary": summary, "chart": chart, "shapes": shapes,
+            "padding": padding_rows(padding),
             "estimates": step.estimates(log.server, config),
             "processes": [{"from_t": col.rel(t), "pids": sorted(log.state_pids.get(id(st),
                                                                                     ()))}

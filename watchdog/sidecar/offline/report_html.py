@@ -86,9 +86,35 @@ def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
                                title=f"server memory ({_meter(summary['memory_source'])})")
     parts = [_summary_html(summary), f"<h{level}>Memory</h{level}>", memory, _zoom(chart),
              _chart_note(chart, report)]
+    parts.append(_padding_html(s.get("padding") or [], level))
     if shapes:
         parts.append(_shapes_html(s["shapes"], level))
     return "".join(parts)
+
+
+def _padding_html(rows: list, level: int) -> str:
+    """The agent's padding (watch(..., pad=...)): per model, on or refused, the plan, the
+    share of tokens that were padding, graphs not recorded, the checks and their error."""
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        share = r.get("padding_fraction")
+        state = "on" if r["on"] else "<span class=bad>off</span>"
+        checks = f"{r['checks']:,}" + (f" ({r['check_ms']:.1f} ms each)"
+                                       if r.get("check_ms") is not None else "")
+        errors = ", ".join(f"{k} {v:.2g}" for k, v in sorted((r.get("max_error") or {}).items()))
+        body.append(
+            f"<tr><td>{_e(r['model'])}</td><td>{state}</td>"
+            f"<td>{_e(', '.join(map(str, r['buckets'])) or '—')}</td>"
+            f"<td class=num>{'—' if share is None else f'{100 * share:.1f} %'}</td>"
+            f"<td class=num>{int(r.get('recordings_saved') or 0):,}</td>"
+            f"<td class=num>{_e(checks)}</td><td>{_e(errors or '—')}</td></tr>")
+        if r.get("refused"):
+            body.append(f"<tr><td></td><td colspan=6 class=bad>{_e(r['refused'])}</td></tr>")
+    return (f"<h{level}>Padding by the agent</h{level}><table><tr><th>model</th><th>padding</th>"
+            "<th>buckets</th><th>padding share</th><th>graphs not recorded</th><th>checks</th>"
+            f"<th>max error</th></tr>{''.join(body)}</table>")
 
 
 METERS = {"process": "its own GPU memory, NVML", "device": "the GPU's used memory, NVML",

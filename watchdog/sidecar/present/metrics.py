@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 GAUGE, COUNTER = "gauge", "counter"
 SCRAPE_ERRORS = "torch_watchdog_scrape_errors_total"
+# A padding plan's buckets are labels (bounded: the agent's max_buckets, 8 by default; a plan
+# only grows, so a series never goes away): at most this many per model.
+MAX_BUCKET_LABELS = 64
 # One sample: (label values, raw value); a raw value of None is skipped (the reading is unknown).
 Samples = Iterable["tuple[tuple[str, ...], Any]"]
 
@@ -94,6 +97,28 @@ def _fc_seconds(key: str) -> Callable[[Snapshot], Samples]:
 def _causes(s: Snapshot) -> Samples:
     return [((name, cause), 1 if cause in active else 0) for name, _, _, active in _servers(s)
             for cause in CAUSES]
+
+
+def _padded(s: Snapshot) -> Iterator[tuple[str, str, dict]]:
+    """(server, model, padding view) of every model padded by the agent (`watch(pad=...)`)."""
+    for name, est, _, _ in _servers(s):
+        for model, v in sorted((est.get("padding") or {}).items()):
+            yield name, str(model), v
+
+
+def _pad(key: str, get: Optional[Callable[[dict], Any]] = None) -> Callable[[Snapshot], Samples]:
+    return lambda s: [((name, model), get(v) if get else v.get(key))
+                      for name, model, v in _padded(s)]
+
+
+def _pad_buckets(s: Snapshot) -> Samples:
+    return [((name, model, str(b)), 1) for name, model, v in _padded(s)
+            for b in list(v.get("buckets") or ())[:MAX_BUCKET_LABELS]]
+
+
+def _pad_errors(s: Snapshot) -> Samples:
+    return [((name, model, str(dtype)), err) for name, model, v in _padded(s)
+            for dtype, err in sorted((v.get("max_error") or {}).items())]
 
 
 def _sources(s: Snapshot) -> Samples:
@@ -182,6 +207,31 @@ SPECS: tuple[Spec, ...] = (
     Spec("torch_watchdog_shape_space_estimate", GAUGE, _S,
          "Estimated number of distinct input shapes the traffic draws from.",
          _fc("shape_space_estimate")),
+    # the agent's padding (watch(..., pad=...)), per padded model
+    Spec("torch_watchdog_padding_on", GAUGE, ("server", "model"),
+         "1 while the agent pads this model's inputs to buckets, 0 once a check refused it.",
+         _pad("on", lambda v: int(bool(v.get("on"))))),
+    Spec("torch_watchdog_padding_buckets", GAUGE, ("server", "model"),
+         "Buckets in the model's padding plan (one CUDA graph each).",
+         _pad("buckets", lambda v: len(v.get("buckets") or ()))),
+    Spec("torch_watchdog_padding_plan", GAUGE, ("server", "model", "bucket"),
+         "1 for each bucket of the model's padding plan (a plan only grows).", _pad_buckets),
+    Spec("torch_watchdog_padding_real_tokens_total", COUNTER, ("server", "model"),
+         "Real tokens (lengths) of the calls served through a bucket.", _pad("real_tokens")),
+    Spec("torch_watchdog_padding_tokens_total", COUNTER, ("server", "model"),
+         "Padding tokens added to those calls.", _pad("padding_tokens")),
+    Spec("torch_watchdog_padding_fraction_ratio", GAUGE, ("server", "model"),
+         "Share of the padded calls' tokens that are padding (compute spent on padding).",
+         _pad("padding_fraction")),
+    Spec("torch_watchdog_padding_recordings_saved", GAUGE, ("server", "model"),
+         "Lengths served through a bucket less the buckets used: CUDA graphs not recorded.",
+         _pad("recordings_saved")),
+    Spec("torch_watchdog_padding_checks_total", COUNTER, ("server", "model"),
+         "Padded calls also run unpadded and compared.", _pad("checks")),
+    Spec("torch_watchdog_padding_check_seconds_total", COUNTER, ("server", "model"),
+         "Time those unpadded runs and comparisons took.", _pad("check_seconds")),
+    Spec("torch_watchdog_padding_max_error_ratio", GAUGE, ("server", "model", "dtype"),
+         "Largest relative error seen by the checks, per output dtype.", _pad_errors),
     # causes and actions
     Spec("torch_watchdog_cause_active", GAUGE, ("server", "cause"),
          "1 while the watchdog attributes memory growth or slowdown to this cause, else 0.",

@@ -167,6 +167,33 @@ def _forecast(status: dict[str, Any]) -> str:
             f"</p>{_table(rows)}</section>")
 
 
+def _padding(status: dict[str, Any]) -> str:
+    """The agent's padding per model: on/off, the plan, padding share, graphs not recorded,
+    the checks and the largest error they saw."""
+    rows = status.get("padding") or []
+    if not rows:
+        return ""
+    head = ("<tr><th>model</th><th>padding</th><th>buckets</th><th>padding share</th>"
+            "<th>graphs not recorded</th><th>checks</th><th>max error</th></tr>")
+    body = []
+    for r in rows:
+        state = '<span class="ok">on</span>' if r["on"] else '<span class="bad">off</span>'
+        share, saved = r.get("padding_fraction"), int(r.get("recordings_saved") or 0)
+        checks = f"{r['checks']:,}" + (f" ({r['check_ms']:.1f} ms each)" if r.get("check_ms")
+                                       is not None else "")
+        errors = ", ".join(f"{k} {v:.2g}" for k, v in sorted((r.get("max_error") or {}).items()))
+        body.append(
+            f"<tr><td>{_e(r['model'])}</td><td>{state}</td>"
+            f"<td>{_e(', '.join(map(str, r['buckets'])) or 'none yet')}</td>"
+            f'<td class="n">{_e("?" if share is None else f"{100 * share:.1f} %")}</td>'
+            f'<td class="n">{saved:,}</td>'
+            f'<td class="n">{_e(checks)}</td><td>{_e(errors or "-")}</td></tr>')
+        if r.get("refused"):
+            body.append(f'<tr><td></td><td colspan="6" class="bad">{_e(r["refused"])}</td></tr>')
+    return (f'<section id="padding"><h2>Padding (agent)</h2><table>{head}{"".join(body)}'
+            "</table></section>")
+
+
 def _servers(status: dict[str, Any]) -> str:
     """Every server on the host, one row each: a host with replicas is not one server."""
     servers = status.get("servers") or []
@@ -232,5 +259,5 @@ def render_page(status: dict[str, Any], now: float) -> str:
         '<a href="metrics">metrics</a></p>'
         + _servers(status) + _causes(status) + _forecast(status) + _chart(status)
         + _memory(status)
-        + _graphs(status) + _actions(status) + _sources(status)
+        + _graphs(status) + _padding(status) + _actions(status) + _sources(status)
         + "</body></html>\n")

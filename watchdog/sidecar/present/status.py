@@ -84,6 +84,44 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
     return ", ".join(f"{k}={v}" for k, v in list(detail.items())[:4])
 
 
+def padding_rows(padding: dict[str, Any]) -> list[dict[str, Any]]:
+    """The agent's padding, one row per padded model (`watch(..., pad=...)`)."""
+    rows = []
+    for model, v in sorted((padding or {}).items()):
+        checks, seconds = v.get("checks") or 0, v.get("check_seconds") or 0.0
+        rows.append({"model": model, "on": bool(v.get("on")), "buckets": list(v.get("buckets")
+                     or []), "padding_fraction": v.get("padding_fraction"),
+                     "recordings_saved": v.get("recordings_saved"), "checks": checks,
+                     "check_ms": round(1e3 * seconds / checks, 3) if checks else None,
+                     "max_error": dict(v.get("max_error") or {}), "error": v.get("error"),
+                     "refused": v.get("refused"), "summary": padding_summary(model, v)})
+    return rows
+
+
+def padding_summary(model: str, v: dict[str, Any]) -> str:
+    """A padded model in one line: "llm: on, 8 buckets (256 … 2048), 11.9 % of tokens padding,
+    1,990 CUDA graphs not recorded, 9 checks (12.1 ms each), max error float16 0.0021"."""
+    if not v.get("on"):
+        error = v.get("error")
+        return (f"{model}: OFF (a check refused it" + (f", error {error:.3g}" if error is not None
+                                                        else "") + f"): {v.get('refused') or ''}")
+    b = list(v.get("buckets") or [])
+    plan = f"{len(b)} buckets" + (f" ({b[0]} … {b[-1]})" if len(b) > 1 else
+                                  f" ({b[0]})" if b else "")
+    parts = [f"{model}: on, {plan}"]
+    if v.get("padding_fraction") is not None:
+        parts.append(f"{100 * v['padding_fraction']:.1f} % of tokens padding")
+    parts.append(f"{v.get('recordings_saved') or 0:,} CUDA graphs not recorded")
+    checks = v.get("checks") or 0
+    if checks:
+        parts.append(f"{checks} checks ({1e3 * (v.get('check_seconds') or 0) / checks:.1f} ms "
+                     "each)")
+    errors = v.get("max_error") or {}
+    if errors:
+        parts.append("max error " + ", ".join(f"{k} {e:.2g}" for k, e in sorted(errors.items())))
+    return ", ".join(parts)
+
+
 def over_budget(fc: dict[str, Any]) -> bool:
     """At or over the budget now: no time left to forecast ("~0.0 s" said nothing)."""
     level, budget = fc.get("level_bytes"), fc.get("budget_bytes")
@@ -134,6 +172,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
         return {"t": None, "age_s": None, "sidecar": {}, "memory": {"source": None,
                 "level_bytes": None, "devices": [], "server": {}}, "graphs": {}, "causes": [],
                 "forecast": {}, "forecast_summary": "no poll yet", "actions": [], "servers": [],
+                "padding": [],
                 "actions_total": {}, "sources": {}, "events": {},
                 "history": {"points": [], "marks": [], "marks_total": {}}}
     s = view.snapshot
@@ -158,6 +197,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
             "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
                        "rss_bytes": s.server_rss_bytes}},
         "graphs": graphs, "scope": _scope(view, focus), "causes": causes, "forecast": fc,
+        "padding": padding_rows(s.estimates.get("padding") or {}),
         "forecast_summary": forecast_summary(fc), "actions": actions,
         # every server on the host (the fields above are the one nearest to OOM)
         "servers": [{"server": name, "pids": v.get("pids", []), "gpus": v.get("gpus", []),
@@ -289,6 +329,9 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
     lines.append("causes   " + ("none" if not causes else
                                 f"{causes[0]['cause']}: {causes[0]['summary']}"))
     lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
+    padding = status.get("padding") or []
+    lines += [("padding  " if i == 0 else "         ") + row["summary"]
+              for i, row in enumerate(padding)]
     lines.append(f"forecast {status.get('forecast_summary', '?')}")
     sources = status.get("sources") or {}
     host_mode = host_memory_mode(status)

@@ -1,0 +1,389 @@
+"""Issue 14's table: a causal transformer served one request at a time with variable lengths,
+five ways, each in a process of its own (fresh compile state, fresh memory baseline):
+
+    eager          the model, uncompiled
+    as_is          torch.compile(mode="reduce-overhead"): one CUDA graph per length
+    graph_budget   the same with the agent installed, graph_budget=64
+    agent_padding  the same, watched with pad=pad.Tokens(buckets=(max_len,), max_buckets=8)
+    hand_padding   the same, padded by hand to 8 equal buckets (max_len/8, 2*max_len/8, ...)
+
+and the refusal case: a mean-pooling model (no mask) under the agent's padding, which must turn
+itself off with a `mitigation` event.
+
+Per variant: real tokens/s (the requests' own lengths, padding not counted), p50/p99 latency,
+memory growth and CUDA graphs recorded, all within the measuring window (the run's last
+`--window` share, and never before the first call, its compile, is done: at least 10 s after
+it); for the padded ones, the outputs of 16 lengths
+compared with the eager model unpadded (largest relative error per dtype), and the agent's own
+checks (count, time: the comparison's cost).
+
+    python benchmarks/padding.py                 # CPU (CI size): tiny model, ~35 s a variant
+    python benchmarks/padding.py --gpu           # CUDA: 12 layers x 768, fp16, lengths 16-2048,
+                                                 # 36 s a variant, < 5 min in all
+JSON results: --out FILE, else $WATCHDOG_GPU_RESULTS/padding.json (GPU) when set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+try:  # installed (pip install -e .)
+    import torch_watchdog  # noqa: F401
+except ImportError:  # a bare checkout: the import name is torch_watchdog, the folder watchdog/
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "torch_watchdog", os.path.join(ROOT, "watchdog", "__init__.py"),
+        submodule_search_locations=[os.path.join(ROOT, "watchdog")])
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["torch_watchdog"] = _module
+    _spec.loader.exec_module(_module)
+
+VARIANTS = ("eager", "as_is", "graph_budget", "agent_padding", "hand_padding")
+SIZES = {  # model and traffic per mode
+    "cpu": dict(vocab=1024, d=64, layers=2, heads=4, max_len=256, lo=8, dtype="float32",
+                seconds=35.0),
+    "gpu": dict(vocab=50257, d=768, layers=12, heads=12, max_len=2048, lo=16, dtype="float16",
+                seconds=36.0),
+}
+EXACT_LENGTHS = 16
+MIN_WINDOW_S = 10.0  # measured at least this long after the first call (its compile)
+MIN_WINDOW_CALLS = 50  # and at least this many calls (a recompile can take 40 s on a busy CPU)
+
+
+def build(torch, cfg: dict, device: str, pooled: bool = False):
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x, causal):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads) \
+                .permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        """GPT-2 shaped: token + position embeddings, pre-norm blocks, tied LM head."""
+
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(cfg["vocab"], cfg["d"])
+            self.pos = nn.Embedding(cfg["max_len"], cfg["d"])
+            self.blocks = nn.ModuleList(Block(cfg["d"], cfg["heads"])
+                                        for _ in range(cfg["layers"]))
+            self.ln = nn.LayerNorm(cfg["d"])
+
+        def forward(self, ids):
+            x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+            for block in self.blocks:
+                x = block(x, not pooled)
+            x = self.ln(x)
+            if pooled:  # mean over every position, no mask: right padding changes it
+                return x.mean(dim=1)
+            return x @ self.tok.weight.t()
+
+    torch.manual_seed(0)
+    model = GPT().eval().to(device=device, dtype=getattr(torch, cfg["dtype"]))
+    return model
+
+
+def memory(torch, device: str) -> int:
+    if device == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def count_recordings(torch) -> list:
+    """CUDA graphs recorded, counted at cudagraph trees' record_function."""
+    count = [0]
+    try:
+        from torch._inductor import cudagraph_trees as ct
+
+        original = ct.CUDAGraphTreeManager.record_function
+
+        def record(self, *args, **kwargs):
+            count[0] += 1
+            return original(self, *args, **kwargs)
+
+        ct.CUDAGraphTreeManager.record_function = record
+    except Exception:
+        count[0] = -1  # unknown
+    return count
+
+
+def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
+    import torch
+
+    import torch_watchdog.agent as agent
+    from torch_watchdog import events
+    from torch_watchdog.agent import pad, timing
+
+    cfg = SIZES[mode]
+    device = "cuda" if mode == "gpu" else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(1)  # steadier on a shared machine; the same for every variant
+    model = build(torch, cfg, device, pooled=name == "refusal")
+    recorded = count_recordings(torch) if device == "cuda" else [0]
+    mitigations: list = []
+    max_len, lo = cfg["max_len"], cfg["lo"]
+    hand = [max_len * (i + 1) // 8 for i in range(8)]
+    fn = model
+    if name != "eager":
+        # the refusal on a GPU runs uncompiled: its point is the check, not 15 s of compile
+        compiled = model if name == "refusal" and device == "cuda" else torch.compile(
+            model, mode="reduce-overhead")
+        fn = compiled
+        if name in ("graph_budget", "agent_padding", "refusal"):
+            agent.install(socket_path="", event_log=None, heartbeat_s=3600,
+                          graph_budget=64 if name == "graph_budget" else 0)
+            forward = timing.emit
+            timing.configure(emit=lambda e: (mitigations.append(e) if e.kind == "mitigation"
+                                             else None, forward(e)))
+        if name == "graph_budget":
+            fn = agent.watch(compiled, "llm")
+        elif name in ("agent_padding", "refusal"):
+            fn = agent.watch(compiled, "llm", pad=pad.Tokens(buckets=(max_len,), max_buckets=8))
+        elif name == "hand_padding":
+            def fn(ids, compiled=compiled):
+                n = ids.shape[1]
+                bucket = next(b for b in hand if b >= n)
+                if bucket > n:
+                    ids = torch.cat([ids, ids.new_zeros(1, bucket - n)], dim=1)
+                return compiled(ids).narrow(1, 0, n)
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rng = random.Random(1)
+    gen = torch.Generator().manual_seed(1)
+    calls: list = []  # (end time, length, seconds)
+    start = time.perf_counter()
+    window_at, end_at = start + seconds * (1 - window), start + seconds
+    first_call_s = mem_start = graphs_start = None
+    measured = 0
+    with torch.inference_mode():
+        if name == "refusal":
+            for n in (37, 100, 5):
+                ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+                out, want = fn(ids), model(ids)
+                calls.append((0.0, n, pad.compare(out, want)[1]))
+            return {"name": name, "padding_on": fn.on, "events": [
+                events.to_dict(e) for e in mitigations], "outputs_max_error": calls[0][2]}
+        while True:
+            n = rng.randint(lo, max_len)
+            ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+            t0 = time.perf_counter()
+            out = fn(ids)
+            sync()
+            t1 = time.perf_counter()
+            del out
+            if first_call_s is None:  # the first compile: a slow one still leaves a window
+                first_call_s = t1 - start
+                window_at = max(window_at, t1)
+                end_at = max(end_at, t1 + MIN_WINDOW_S)
+            if mem_start is None and t1 >= window_at:
+                mem_start, graphs_start = memory(torch, device), recorded[0]
+            calls.append((t1, n, t1 - t0))
+            if t1 >= window_at:
+                measured += 1
+            if (t1 >= end_at and measured >= MIN_WINDOW_CALLS) or t1 - start >= 3 * seconds:
+                break
+        mem_end, graphs_end = memory(torch, device), recorded[0]
+        in_window = [c for c in calls if c[0] >= window_at]
+        span = (in_window[-1][0] - window_at) if in_window else 0.0
+        result = {
+            "name": name, "calls": len(calls), "window_s": round(span, 3),
+            "first_call_s": round(first_call_s, 3),
+            "window_calls": len(in_window),
+            "real_tokens_per_s": round(sum(c[1] for c in in_window) / span, 1) if span else None,
+            "p50_ms": round(1e3 * statistics.median(c[2] for c in in_window), 3)
+            if in_window else None,
+            "p99_ms": round(1e3 * sorted(c[2] for c in in_window)[
+                math.ceil(0.99 * len(in_window)) - 1], 3) if in_window else None,
+            "memory_growth_bytes": None if mem_start is None else mem_end - mem_start,
+            "memory_end_bytes": mem_end,
+            "graphs_recorded": graphs_end if recorded[0] >= 0 else None,
+            "graphs_recorded_in_window": (graphs_end - graphs_start)
+            if recorded[0] >= 0 and graphs_start is not None else None,
+            "distinct_lengths": len({c[1] for c in calls}),
+        }
+        if name in ("agent_padding", "hand_padding"):
+            errors: dict = {}
+            for n in sorted(rng.sample(range(lo, max_len + 1), EXACT_LENGTHS)):
+                ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+                served = fn(ids)
+                served = served.clone() if hasattr(served, "clone") else served
+                ok, errs, _ = pad.compare(served, model(ids))
+                for k, v in errs.items():
+                    errors[k] = max(errors.get(k, 0.0), v)
+            result["outputs_max_error"] = errors
+        if name == "agent_padding":
+            stats = fn.stats()
+            result["agent"] = {
+                "on": fn.on, "buckets": list(fn.plan), "checks": stats.checks,
+                "check_seconds": round(stats.check_seconds, 4),
+                "check_ms_each": round(1e3 * stats.check_seconds / stats.checks, 3)
+                if stats.checks else None,
+                "check_share_of_run": round(stats.check_seconds / (time.perf_counter() - start),
+                                            5),
+                "max_error": stats.max_error, "padding_fraction": round(
+                    stats.padding_tokens / max(1, stats.padding_tokens + stats.real_tokens), 4),
+                "recordings_saved": stats.recordings_saved,
+                "events": [events.to_dict(e) for e in mitigations]}
+        if name == "hand_padding":
+            result["buckets"] = hand
+        return result
+
+
+def wrapper_overhead() -> dict:
+    """The agent's padding wrapper against the same padding by hand, on a callable that
+    returns its input (CPU, thread time per call, lengths 1-256 into 8 buckets, no checks):
+    what padding by the agent adds to a call beyond the padding itself."""
+    import torch
+
+    from torch_watchdog.agent import pad, watch
+
+    torch.set_num_threads(1)
+    hand_buckets = [32 * (i + 1) for i in range(8)]
+    agent = watch(lambda x: x, "overhead", pad=pad.Tokens(buckets=tuple(hand_buckets),
+                                                          max_buckets=8, sample=0.0))
+    watched = watch(lambda x: x, "overhead-hand")
+
+    def hand(ids):
+        n = ids.shape[1]
+        bucket = next(b for b in hand_buckets if b >= n)
+        if bucket > n:
+            ids = torch.cat([ids, ids.new_zeros(1, bucket - n)], dim=1)
+        return watched(ids).narrow(1, 0, n)
+
+    xs = [torch.randint(0, 100, (1, n)) for n in range(1, 257)]
+    for x in xs:
+        agent(x), hand(x)
+    us: dict = {"agent": [], "hand": []}
+    for _ in range(30):
+        for name, fn in (("agent", agent), ("hand", hand)):
+            t0 = time.thread_time_ns()
+            for x in xs:
+                fn(x)
+            us[name].append((time.thread_time_ns() - t0) / len(xs) / 1e3)
+    return {k: round(statistics.median(v), 2) for k, v in us.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="the CUDA configuration (H200)")
+    ap.add_argument("--seconds", type=float, help="per variant (default 35 CPU, 36 GPU)")
+    ap.add_argument("--window", type=float, default=0.6,
+                    help="measured share at the end of each run (default 0.6)")
+    ap.add_argument("--variants", default=",".join(VARIANTS) + ",refusal")
+    ap.add_argument("--out", help="JSON results (default $WATCHDOG_GPU_RESULTS/padding.json "
+                                  "with --gpu)")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)  # a child process: one variant
+    args = ap.parse_args()
+    mode = "gpu" if args.gpu else "cpu"
+    seconds = args.seconds or SIZES[mode]["seconds"]
+    if args.variant:
+        print(json.dumps(run_variant(args.variant, mode, seconds, args.window)))
+        return 0
+    results, started = [], time.time()
+    for name in args.variants.split(","):
+        cmd = [sys.executable, os.path.abspath(__file__), "--variant", name, "--seconds",
+               str(seconds), "--window", str(args.window)] + (["--gpu"] if args.gpu else [])
+        t0 = time.time()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+            line = (done.stdout.strip().splitlines() or [""])[-1]
+            result = json.loads(line) if done.returncode == 0 else {
+                "name": name, "error": done.stderr[-2000:]}
+        except subprocess.TimeoutExpired:
+            result = {"name": name, "error": f"timed out after {seconds + 120:.0f} s"}
+        except ValueError:
+            result = {"name": name, "error": done.stderr[-2000:]}
+        result["wall_s"] = round(time.time() - t0, 1)
+        results.append(result)
+        print(row(result), flush=True)
+    summary = summarise(results)
+    summary["wrapper_us_per_call"] = wrapper_overhead()
+    print(json.dumps(summary, indent=1))
+    out = args.out or (os.path.join(os.environ["WATCHDOG_GPU_RESULTS"], "padding.json")
+                       if args.gpu and os.environ.get("WATCHDOG_GPU_RESULTS") else None)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"mode": mode, "config": SIZES[mode], "seconds": seconds,
+                       "window": args.window, "total_s": round(time.time() - started, 1),
+                       "torch": _torch_version(), "results": results, "summary": summary},
+                      f, indent=1)
+        print(f"wrote {out}")
+    return 0
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+        return torch.__version__
+    except Exception:
+        return "?"
+
+
+def row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['name']:14s} FAILED: {r['error'][-400:]}"
+    if r["name"] == "refusal":
+        ev = (r.get("events") or [{}])[-1]
+        return (f"{'refusal':14s} padding on={r['padding_on']}; event {ev.get('name')}/"
+                f"{ev.get('action')} error={ev.get('error')}: {ev.get('detail')}")
+    mem = r.get("memory_growth_bytes")
+    text = (f"{r['name']:14s} {r['real_tokens_per_s'] or 0:>12,.0f} real tokens/s  p50 "
+            f"{r['p50_ms']} ms  p99 {r['p99_ms']} ms  memory "
+            f"{'?' if mem is None else f'{mem / 1e6:+.0f} MB'}  graphs "
+            f"{r.get('graphs_recorded')} ({r.get('graphs_recorded_in_window')} in window)  "
+            f"{r['window_calls']} calls in {r['window_s']} s")
+    if "outputs_max_error" in r:
+        text += f"  max error {r['outputs_max_error']}"
+    if "agent" in r:
+        a = r["agent"]
+        text += (f"\n{'':14s} agent: on={a['on']} buckets={a['buckets']} padding "
+                 f"{100 * a['padding_fraction']:.1f} %, {a['checks']} checks, "
+                 f"{a['check_ms_each']} ms each ({100 * a['check_share_of_run']:.3f} % of the run)")
+    return text
+
+
+def summarise(results: list) -> dict:
+    by = {r["name"]: r for r in results if "error" not in r}
+    out: dict = {}
+    agent, hand = by.get("agent_padding"), by.get("hand_padding")
+    if agent and hand and hand.get("real_tokens_per_s"):
+        ratio = agent["real_tokens_per_s"] / hand["real_tokens_per_s"]
+        out["agent_over_hand"] = round(ratio, 3)
+        out["agent_reaches_90_percent_of_hand"] = ratio >= 0.9
+    if agent:
+        out["agent_memory_growth_in_window_bytes"] = agent.get("memory_growth_bytes")
+        out["agent_outputs_max_error"] = agent.get("outputs_max_error")
+    if "refusal" in by:
+        out["refusal_turned_padding_off"] = by["refusal"]["padding_on"] is False and any(
+            e.get("action") == "refused" for e in by["refusal"]["events"])
+    out["failed"] = [r["name"] for r in results if "error" in r]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The agent's opt-in padding (agent/pad.py): exact for a causal model under a real
+torch.compile, refused for a model that right padding changes, outputs sliced back whatever
+their container, a plan that only grows, lengths above the plan served as they come."""
+import collections
+import random
+import time
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_watchdog import buckets, events
+from torch_watchdog.agent import pad, timing, watch
+from torch_watchdog.agent.timing import Watched
+
+VOCAB = 53
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, causal=True):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads) \
+            .permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A causal transformer: logits at each position depend on that position and before."""
+
+    def __init__(self, d: int = 32, layers: int = 2, heads: int = 2, max_len: int = 128):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(max_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB, bias=False)
+
+    def hidden(self, ids, causal=True):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        for block in self.blocks:
+            x = block(x, causal)
+        return self.ln(x)
+
+    def forward(self, ids):
+        return self.head(self.hidden(ids))
+
+
+class MeanPool(TinyGPT):
+    """An encoder pooled over every position, with no mask: padding changes its output."""
+
+    def forward(self, ids):
+        return self.hidden(ids, causal=False).mean(dim=1)
+
+
+@pytest.fixture
+def emitted():
+    got: list[events.Event] = []
+    timing.configure(emit=got.append)
+    yield got
+    timing.reset()
+
+
+def ids(n: int) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (1, n))
+
+
+def seen(model) -> set:
+    """The input shapes the watched (compiled) model itself was called with."""
+    inner = model.__wrapped__
+    assert isinstance(inner, Watched)
+    return {k[0] if isinstance(k, tuple) and k and isinstance(k[0], tuple) else k
+            for k in inner._h.keys()}
+
+
+# -- a real torch.compile ------------------------------------------------------------------
+def test_causal_model_padded_by_the_agent_equals_unpadded_and_compiles_two_buckets(emitted):
+    torch.manual_seed(0)
+    eager = TinyGPT().eval()
+    model = watch(torch.compile(eager), "gpt", pad=pad.Tokens(value=0, buckets=(32, 64)))
+    lengths = [5, 20, 32, 40, 64, 7, 63]
+    with torch.inference_mode():
+        for n in lengths:
+            x = ids(n)
+            out = model(x)
+            assert out.shape == (1, n, VOCAB)
+            torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-5)
+    # the compiled model only ever saw the two buckets: two graphs instead of six lengths
+    assert seen(model) == {(1, 32), (1, 64)}
+    assert model.on and model.checks == 2 and model.max_error["float32"] < 1e-4
+    stats = model.stats()
+    assert stats.real_tokens == sum(lengths)
+    assert stats.padding_tokens == (32 - 5) + (32 - 20) + (64 - 40) + (32 - 7) + (64 - 63)
+    assert stats.recordings_saved == len(set(lengths)) - 2
+    assert not [e for e in emitted if e.kind == "mitigation"]
+
+
+def test_padding_that_changes_the_result_turns_itself_off_with_the_error(emitted):
+    torch.manual_seed(0)
+    eager = MeanPool().eval()
+    model = watch(torch.compile(eager), "pooled", pad=pad.Tokens(buckets=(32,)))
+    with torch.inference_mode():
+        x = ids(20)
+        out = model(x)  # padded to 32, checked, refused: the caller gets the unpadded answer
+        torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-5)
+        y = ids(12)
+        torch.testing.assert_close(model(y), eager(y), rtol=1e-4, atol=1e-5)
+    assert not model.on
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert (event.name, event.action, event.model) == ("padding", "refused", "pooled")
+    assert event.error > pad.TOLERANCE[torch.float32]
+    assert "length 20 padded to 32" in event.detail
+    # after the refusal the model runs unpadded: it was called with (1, 12) itself
+    assert (1, 12) in seen(model)
+    assert events.decode(events.encode(event)) == event
+
+
+# -- outputs of every shape, on plain callables (no compile needed) ---------------------------
+class Pair(NamedTuple):
+    logits: torch.Tensor
+    pooled: torch.Tensor
+
+
+class FakeModelOutput(collections.OrderedDict):
+    """transformers' ModelOutput, as far as padding sees it: a dict with to_tuple(), built
+    from keywords, None fields left out."""
+
+    def __init__(self, **fields):
+        super().__init__((k, v) for k, v in fields.items() if v is not None)
+
+    def to_tuple(self):
+        return tuple(self.values())
+
+
+WIDTH = 16  # a pooled width equal to a bucket: it must not be sliced
+
+
+def outputs(kind: str):
+    def model(x, attention_mask=None):
+        logits = x.float().unsqueeze(-1).expand(*x.shape, 3) + 0.5   # (1, n, 3)
+        pooled = torch.full((1, WIDTH), float(x.shape[1] > 0))       # (1, 16), no length
+        cache = x.float().view(1, 1, -1, 1).expand(1, 2, x.shape[1], 4)  # length on dim 2
+        if kind == "tensor":
+            return logits
+        if kind == "tuple":
+            return (logits, pooled, [cache])
+        if kind == "dict":
+            return {"logits": logits, "pooled": pooled, "past": (cache,), "n": 7}
+        if kind == "namedtuple":
+            return Pair(logits, pooled)
+        return FakeModelOutput(logits=logits, pooled_output=pooled, past_key_values=(cache,),
+                               hidden_states=None)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tuple", "dict", "namedtuple", "model_output"])
+def test_outputs_are_sliced_back_to_the_real_length_in_their_own_types(emitted, kind):
+    model = watch(outputs(kind), f"m-{kind}", pad=pad.Tokens(buckets=(WIDTH, 64)))
+    want_fn = outputs(kind)
+    for n in (5, 9, 40):  # 5: first of bucket 16 (checked), 9: not checked, 40: bucket 64
+        x = ids(n)
+        got, want = model(x), want_fn(x)
+        assert type(got) is type(want)
+        assert [p for p, _ in pad.leaves(got)] == [p for p, _ in pad.leaves(want)]
+        for (path, a), (_, b) in zip(pad.leaves(got), pad.leaves(want)):
+            assert a.shape == b.shape, path
+            assert torch.equal(a, b), path
+        if kind == "dict":
+            assert got["n"] == 7
+    assert model.on and model.padded_calls == 3 and model.checks == 2
+
+
+def test_attention_mask_is_extended_with_zeros_and_ids_with_the_pad_value(emitted):
+    calls = []
+
+    def model(input_ids, attention_mask):
+        calls.append((input_ids.clone(), attention_mask.clone()))
+        return input_ids * attention_mask
+
+    padded = watch(model, "masked", pad=pad.Tokens(value=99, buckets=(8,)))
+    x, mask = ids(5), torch.ones(1, 5, dtype=torch.long)
+    assert torch.equal(padded(input_ids=x, attention_mask=mask), x)
+    sent_ids, sent_mask = calls[0]
+    assert sent_ids.shape == (1, 8) and sent_ids[0, 5:].tolist() == [99, 99, 99]
+    assert sent_mask[0].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert torch.equal(sent_ids[:, :5], x)
+
+
+def test_a_users_own_pad_and_unpad_pair(emitted):
+    def length(args, kwargs):
+        return args[0].shape[0]
+
+    def pad_fn(args, kwargs, n, bucket):
+        return (torch.cat([args[0], args[0].new_zeros(bucket - n)]),), kwargs
+
+    def unpad_fn(out, n, bucket):
+        return out[:n]
+
+    got = []
+    model = watch(lambda v: got.append(v.shape[0]) or v.cumsum(0), "cumsum",
+                  pad=pad.Custom(length, pad_fn, unpad_fn, buckets=(10,)))
+    v = torch.arange(1.0, 7.0)
+    assert torch.equal(model(v), v.cumsum(0))
+    assert got[0] == 10 and model.on
+
+
+def test_a_padded_call_that_fails_is_served_unpadded_and_padding_goes_off(emitted):
+    def strict(x):
+        if x.shape[1] % 7:
+            raise ValueError("lengths must be multiples of 7")
+        return x + 1
+
+    model = watch(strict, "strict", pad=pad.Tokens(buckets=(16,)))
+    assert torch.equal(model(ids(14) * 0), torch.ones(1, 14, dtype=torch.long))
+    assert not model.on
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert event.action == "refused" and "multiples of 7" in event.detail
+    with pytest.raises(ValueError):  # the model's own error, unpadded, is the caller's
+        model(ids(3))
+
+
+# -- the plan -------------------------------------------------------------------------------
+def test_lengths_above_the_largest_bucket_run_unpadded(emitted):
+    shapes = []
+    model = watch(lambda x: shapes.append(tuple(x.shape)) or x, "m",
+                  pad=pad.Tokens(buckets=(16,), max_buckets=1))
+    model(ids(10))  # padded to 16, then checked: the model itself is the unpadded reference
+    model(ids(40))
+    assert shapes == [(1, 16), (1, 10), (1, 40)]
+    assert model.plan == (16,)
+
+
+def test_the_plan_only_ever_adds_buckets_up_to_the_budget():
+    rng = random.Random(3)
+    counts: dict = {}
+    plan: tuple = (512,)
+    for _ in range(6):
+        for _ in range(50):
+            n = rng.randint(1, 700)
+            counts[n] = counts.get(n, 0) + 1
+        new = buckets.extend(counts, plan, 2, multiple=8)
+        assert set(plan) <= set(new) and len(new) <= len(plan) + 2
+        assert new[-1] >= max(counts)  # lengths above the old plan are covered first
+        plan = new
+    # given the fixed buckets, the added ones are the advisor's optimum (brute force)
+    small = {3: 5, 7: 1, 9: 4, 12: 2, 20: 3}
+    best = min((buckets.padding(small, sorted({12, 20, *extra})), extra)
+               for extra in ((a, b) for a in small for b in small if a < b))
+    got = buckets.extend(small, (12, 20), 2)
+    assert buckets.padding(small, got) == best[0] and len(got) == 4
+
+
+def test_the_plan_grows_from_traffic_without_dropping_a_bucket(emitted):
+    model = watch(lambda x: x, "plan", pad=pad.Tokens(max_buckets=4))
+    plans, deadline = [model.plan], time.monotonic() + 20
+    rng = random.Random(1)
+    while len(model.plan) < 4 and time.monotonic() < deadline:
+        model(ids(rng.randint(1, 100)))
+        if model.plan != plans[-1]:
+            plans.append(model.plan)
+    assert len(model.plan) == 4
+    assert all(set(a) <= set(b) for a, b in zip(plans, plans[1:]))
+    assert all(b % 8 == 0 for b in model.plan)
+    actions = [e.action for e in emitted if e.kind == "mitigation"]
+    assert actions[0] == "engaged" and set(actions[1:]) <= {"plan"}
+
+
+def test_padding_events_carry_the_totals(emitted):
+    model = watch(lambda x: x * 2, "stats", pad=pad.Tokens(buckets=(8,)))
+    model(ids(5))
+    model(ids(8))
+    got: list = []
+    pad.emit_stats(got.append)
+    pad.emit_stats(got.append)  # nothing new: no second event
+    (e,) = [e for e in got if e.name == "stats"]
+    assert (e.calls, e.padded_calls, e.real_tokens, e.padding_tokens, e.checks) == (2, 2, 13, 3, 1)
+    assert events.decode(events.encode(e)) == e
+
+
+def test_watch_without_pad_is_the_plain_watched_wrapper():
+    assert type(watch(lambda x: x, "plain")).__mro__[1] is Watched
+
+
+def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
+    shapes = []
+    model = watch(lambda x: shapes.append(tuple(x.shape)) or x, "unbatched",
+                  pad=pad.Tokens(buckets=(16,)))
+    model(torch.arange(5))  # no dimension 1: not padded, and padding stays on
+    assert shapes == [(5,)] and model.on and model.padded_calls == 0

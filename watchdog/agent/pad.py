@@ -1,0 +1,503 @@
+"""Opt-in bucketed padding of a watched model: `watch(model, "llm", pad=pad.Tokens(value=0))`.
+
+Why: under `mode="reduce-overhead"` every distinct input length records its own CUDA graph (a
+warm-up, a recording, memory). Padding lengths up to a few buckets keeps that to one graph per
+bucket: on an H200 (GPT-2 sized model, fp16, lengths uniform in 16-2048) hand padding to 8
+buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a graph budget of 64
+(issue 14). This module does the padding for the user, and checks that it is exact.
+
+- **What is padded** is a `Policy`: `Tokens` pads one dimension of the token-id tensor(s) on the
+  right with a value and extends an `attention_mask` keyword with zeros, then slices the outputs
+  (tensors, tuples, lists, dicts, HF-style ModelOutput objects) back to the real length; a
+  subclass (or `Custom`) brings its own length/pad/unpad.
+- **The plan** (`buckets.extend`): the bucket advisor over the lengths seen, under
+  `max_buckets`, starting from the configured `buckets`, refined at 32, 64, 128, ... calls (each
+  time using half the buckets still free) on a short-lived thread, never on the request. A plan
+  only ever adds buckets (a recorded graph is never thrown away); a length above the largest
+  bucket runs unpadded.
+- **Exact or off.** The first padded call in each bucket, and a `sample` fraction after, is also
+  run unpadded on the uncompiled model, and the outputs are compared at the real positions with a
+  tolerance for the dtype (`TOLERANCE`, relative to the reference's largest magnitude). A
+  mismatch turns padding off for that model for good, returns the unpadded (correct) output, and
+  emits a `mitigation` event (`padding`, `refused`) with the error seen. Checks cost one eager
+  call each, on the calls that are checked only; `padding` events report their count and time.
+
+Nothing here raises into the server: a policy that fails, a padded call that fails, outputs that
+cannot be sliced, all turn padding off (with the event) and run the call unpadded; the model's
+own exception from that unpadded call is the caller's, as without padding.
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+import os
+import random
+import threading
+import time
+import weakref
+from time import perf_counter_ns
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from torch_watchdog import buckets as advisor
+from torch_watchdog import events
+from torch_watchdog.agent import _AFTER_FORK, timing
+
+# Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
+# Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has
+# a 2^-10 epsilon and 12 layers of it; a padding error (a mean over the pads) is of the order of
+# the values themselves (0.1-1 in tests/unit/test_pad.py).
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2,
+             torch.bfloat16: 5e-2}
+DEFAULT_TOLERANCE = 1e-3
+MAX_SIZES = 16_384            # distinct lengths remembered per model (the plan's input)
+PLAN_FIRST_AT = 32            # calls before the first plan; then at 2x, 4x, ... calls
+
+
+class Policy:
+    """How a call is padded, and the plan's settings. Subclass and implement `length`, `pad`
+    and `unpad` for inputs of your own (or use `Custom`).
+
+    buckets: the starting plan (e.g. the model's maximum length, or a hand-made plan);
+    max_buckets: the graph budget (at most this many buckets, the starting ones included);
+    multiple: buckets the plan adds are rounded up to a multiple of this (kernel-friendly sizes);
+    sample: the fraction of padded calls checked after the first of each bucket;
+    tolerance: overrides TOLERANCE (a float for every dtype)."""
+
+    def __init__(self, *, buckets: Any = (), max_buckets: int = 8, multiple: int = 8,
+                 sample: float = 0.001, tolerance: Optional[float] = None):
+        start = sorted({int(b) for b in buckets})
+        if any(b < 1 for b in start):
+            raise ValueError(f"buckets must be >= 1, got {start}")
+        if isinstance(max_buckets, bool) or int(max_buckets) < 1:
+            raise ValueError(f"max_buckets must be >= 1, got {max_buckets!r}")
+        if len(start) > max_buckets:
+            raise ValueError(f"{len(start)} buckets over max_buckets={max_buckets}")
+        if not 0.0 <= sample <= 1.0:
+            raise ValueError(f"sample must be in [0, 1], got {sample!r}")
+        if int(multiple) < 1:
+            raise ValueError(f"multiple must be >= 1, got {multiple!r}")
+        self.buckets = tuple(start)
+        self.max_buckets = int(max_buckets)
+        self.multiple = int(multiple)
+        self.sample = float(sample)
+        self.tolerance = tolerance
+
+    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
+        """The call's real length, or None: this call is not padded."""
+        raise NotImplementedError
+
+    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
+        """The arguments padded from `length` to `bucket` (new objects; never the caller's)."""
+        raise NotImplementedError
+
+    def unpad(self, out: Any, length: int, bucket: int) -> Any:
+        """The padded call's output as the unpadded call would have returned it."""
+        raise NotImplementedError
+
+    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
+        """Called with a padded output and the unpadded one, before the first comparison."""
+
+
+class Tokens(Policy):
+    """Right-pads dimension `dim` of the token-id tensor(s): the first positional argument if it
+    is a tensor, and the keywords in `keys`, with `value`; keywords in `masks` with 0. Outputs
+    are sliced back along the dimension where the padded and the unpadded outputs differ (found
+    at the first check: `dim` for logits, another for a KV cache; a tensor whose shape does not
+    depend on the length, like a pooled output, is left whole)."""
+
+    def __init__(self, value: int = 0, *, dim: int = 1, keys: tuple = ("input_ids",),
+                 masks: tuple = ("attention_mask",), **plan: Any):
+        super().__init__(**plan)
+        self.value, self.dim = value, dim
+        self.keys, self.masks = tuple(keys), tuple(masks)
+        self.cut: Optional[dict] = None  # leaf path -> dim to slice, learned at a check
+
+    def _tokens(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+        if args and isinstance(args[0], torch.Tensor):
+            yield args[0]
+        for k in self.keys:
+            v = kwargs.get(k)
+            if isinstance(v, torch.Tensor):
+                yield v
+
+    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
+        n = None
+        for t in self._tokens(args, kwargs):
+            if t.dim() <= self.dim:
+                return None  # no such dimension (an unbatched call): not padded
+            m = t.shape[self.dim]
+            if n is not None and m != n:
+                return None  # token tensors of different lengths: not ours to pad
+            n = m
+        if n is None:
+            return None
+        for k in self.masks:
+            v = kwargs.get(k)
+            if isinstance(v, torch.Tensor) and v.shape[self.dim] != n:
+                return None
+        return int(n)
+
+    def _grow(self, t: torch.Tensor, extra: int, value: Any) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[self.dim] = extra
+        return torch.cat([t, t.new_full(shape, value)], dim=self.dim)
+
+    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
+        extra = bucket - length
+        if args and isinstance(args[0], torch.Tensor):
+            args = (self._grow(args[0], extra, self.value), *args[1:])
+        if kwargs:
+            kwargs = dict(kwargs)
+            for k in self.keys:
+                if isinstance(kwargs.get(k), torch.Tensor):
+                    kwargs[k] = self._grow(kwargs[k], extra, self.value)
+            for k in self.masks:
+                if isinstance(kwargs.get(k), torch.Tensor):
+                    kwargs[k] = self._grow(kwargs[k], extra, 0)
+        return args, kwargs
+
+    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
+        ref = dict(leaves(reference))
+        cut = {}
+        for path, t in leaves(padded):
+            r = ref.get(path)
+            if r is None or r.dim() != t.dim():
+                continue
+            differ = [d for d in range(t.dim()) if t.shape[d] != r.shape[d]]
+            if len(differ) == 1 and t.shape[differ[0]] == bucket and r.shape[differ[0]] == length:
+                cut[path] = differ[0]
+        self.cut = cut
+
+    def unpad(self, out: Any, length: int, bucket: int) -> Any:
+        cut, dim = self.cut, self.dim
+
+        def one(path: tuple, t: torch.Tensor) -> torch.Tensor:
+            d = cut.get(path) if cut is not None else (
+                dim if t.dim() > dim and t.shape[dim] == bucket else None)
+            return t if d is None else t.narrow(d, 0, length)
+
+        return rebuild(out, one)
+
+
+class Custom(Policy):
+    """A policy from three functions: length(args, kwargs) -> int | None; pad(args, kwargs,
+    length, bucket) -> (args, kwargs); unpad(out, length, bucket) -> out."""
+
+    def __init__(self, length: Callable, pad: Callable, unpad: Callable, **plan: Any):
+        super().__init__(**plan)
+        self._length, self._pad, self._unpad = length, pad, unpad
+
+    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
+        return self._length(args, kwargs)
+
+    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
+        return self._pad(args, kwargs, length, bucket)
+
+    def unpad(self, out: Any, length: int, bucket: int) -> Any:
+        return self._unpad(out, length, bucket)
+
+
+# -- outputs: tensors inside tuples, lists, dicts and ModelOutput objects ----------------------
+def _is_model_output(x: Any) -> bool:
+    return isinstance(x, dict) and hasattr(x, "to_tuple")  # transformers' ModelOutput
+
+
+def leaves(out: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) of every tensor in `out`, in order."""
+    if isinstance(out, torch.Tensor):
+        yield path, out
+    elif isinstance(out, dict):
+        for k, v in out.items():
+            yield from leaves(v, path + (k,))
+    elif isinstance(out, (tuple, list)):
+        for i, v in enumerate(out):
+            yield from leaves(v, path + (i,))
+
+
+def rebuild(out: Any, fn: Callable[[tuple, torch.Tensor], Any], path: tuple = ()) -> Any:
+    """`out` with every tensor replaced by fn(path, tensor), of the same types."""
+    if isinstance(out, torch.Tensor):
+        return fn(path, out)
+    if _is_model_output(out):  # a dataclass: rebuilt from its (non-None) fields
+        return type(out)(**{k: rebuild(v, fn, path + (k,)) for k, v in out.items()})
+    if isinstance(out, dict):
+        items = [(k, rebuild(v, fn, path + (k,))) for k, v in out.items()]
+        return dict(items) if type(out) is dict else type(out)(items)
+    if isinstance(out, tuple):
+        items = [rebuild(v, fn, path + (i,)) for i, v in enumerate(out)]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    if isinstance(out, list):
+        return type(out)(rebuild(v, fn, path + (i,)) for i, v in enumerate(out))
+    return out
+
+
+def compare(served: Any, reference: Any, tolerance: Optional[float] = None
+            ) -> tuple[bool, dict[str, float], Optional[str]]:
+    """(within tolerance, the largest relative error per dtype, what differed). Floating
+    tensors: max |a - b| / max |b| (NaN where both are NaN is equal); other tensors: equal or
+    error 1.0; a different structure or shape is a mismatch."""
+    a, b = list(leaves(served)), list(leaves(reference))
+    if [p for p, _ in a] != [p for p, _ in b]:
+        return False, {}, f"outputs differ in structure ({len(a)} tensors, {len(b)} unpadded)"
+    ok, errors, problem = True, {}, None
+    for (path, x), (_, y) in zip(a, b):
+        name = str(y.dtype).replace("torch.", "")
+        if x.shape != y.shape:
+            return False, errors, (f"output {list(path)} has shape {list(x.shape)} padded, "
+                                   f"{list(y.shape)} unpadded")
+        if y.is_floating_point():
+            diff, scale = _max_diff(x.detach(), y.detach())
+            err = diff / (scale or 1.0)
+            err = err if err == err else float("inf")  # NaN on one side only
+            limit = tolerance if tolerance is not None else TOLERANCE.get(y.dtype,
+                                                                          DEFAULT_TOLERANCE)
+        else:
+            err = 0.0 if torch.equal(x, y) else 1.0
+            limit = 0.0
+        errors[name] = max(errors.get(name, 0.0), err)
+        if err > limit and ok:
+            ok, problem = False, (f"output {list(path)} ({name}) differs by {err:.3g} "
+                                  f"(relative), over the tolerance {limit:g}")
+    return ok, errors, problem
+
+
+CHUNK = 1 << 24  # elements compared at a time: a 2048 x 50257 fp16 logits tensor in float32
+                 # at once is 400 MB per temporary; 16M elements is 64 MB
+
+
+def _max_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(max |x - y|, max |y|) in float32 or wider, a chunk at a time; NaN in both is equal."""
+    x, y = x.reshape(-1), y.reshape(-1)
+    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+    diff = scale = 0.0
+    for i in range(0, y.numel(), CHUNK):
+        a, b = x[i:i + CHUNK].to(wide), y[i:i + CHUNK].to(wide)
+        d = (a - b).abs()
+        d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(d), d)
+        worst = float(d.max())
+        if worst != worst:  # NaN on one side only (max() of Python floats would drop it)
+            return worst, scale
+        diff = max(diff, worst)
+        scale = max(scale, float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()))
+    return diff, scale
+
+
+# -- the wrapper ----------------------------------------------------------------------------
+padded_models: "weakref.WeakSet[Padded]" = weakref.WeakSet()
+
+
+class Padded:
+    """Calls the watched model with padded inputs; other attributes are the model's.
+
+    The serving thread reads `plan` (an immutable tuple, swapped whole by the planning
+    thread) and `on`; counters are plain ints (several serving threads: best effort)."""
+
+    def __init__(self, watched: Any, policy: Policy, name: str):
+        self.__wrapped__ = watched
+        self.name = name
+        self.policy = copy.copy(policy)  # one per model: Tokens learns its outputs' layout
+        self.on = True
+        self.plan: tuple[int, ...] = self.policy.buckets
+        # the unpadded reference: the uncompiled model, so that a check never compiles or
+        # records a graph for a length of its own
+        fn = getattr(watched, "__wrapped__", watched)
+        self.reference = watched
+        for owner, attr in ((watched, "_eager"), (fn, "_orig_mod"),
+                            (fn, "_torchdynamo_orig_callable")):
+            eager = getattr(owner, attr, None)
+            if eager is not None:
+                self.reference = eager
+                break
+        self.sizes: dict[int, int] = {}
+        self.checked: set[int] = set()       # buckets whose first padded call was compared
+        self.served: set[int] = set()        # lengths served through a bucket
+        self.used: set[int] = set()          # buckets that served a call
+        self.calls = self.padded_calls = self.real_tokens = self.padding_tokens = 0
+        self.checks = self.check_ns = 0
+        self.max_error: dict[str, float] = {}
+        self.refused: Optional[str] = None
+        self._plan_at = PLAN_FIRST_AT
+        self._planning = False
+        self._reported = -1                  # `calls` at the last padding event
+        padded_models.add(self)
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found on Padded
+        if name == "__wrapped__":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return f"<padded {self.name!r} buckets={list(self.plan)} on={self.on}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self.__wrapped__
+        if not self.on:
+            return model(*args, **kwargs)
+        try:
+            n = self.policy.length(args, kwargs)
+            n = None if n is None else int(n)
+        except Exception as e:
+            self._refuse(f"the policy could not read the call: {type(e).__name__}: {e}")
+            return model(*args, **kwargs)
+        if n is None or n < 1:
+            return model(*args, **kwargs)
+        self._observe(n)
+        plan = self.plan
+        i = bisect.bisect_left(plan, n)
+        if i == len(plan):  # above the largest bucket (or no plan yet): as it comes
+            return model(*args, **kwargs)
+        bucket = plan[i]
+        self._served(n, bucket)
+        if bucket == n:
+            return model(*args, **kwargs)
+        try:
+            pargs, pkwargs = self.policy.pad(args, kwargs, n, bucket)
+        except Exception as e:
+            self._refuse(f"padding failed: {type(e).__name__}: {e}")
+            return model(*args, **kwargs)
+        try:
+            out = model(*pargs, **pkwargs)
+        except Exception as e:  # perhaps padding's doing: never again, and serve this one
+            self._refuse(f"the padded call failed: {type(e).__name__}: {events.clip(str(e), 300)}")
+            return model(*args, **kwargs)
+        if bucket not in self.checked or (self.policy.sample and
+                                          random.random() < self.policy.sample):
+            return self._check(out, args, kwargs, n, bucket)
+        try:
+            return self.policy.unpad(out, n, bucket)
+        except Exception as e:
+            self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
+            return model(*args, **kwargs)
+
+    # -- bookkeeping (never raises) ----------------------------------------------------------
+    def _observe(self, n: int) -> None:
+        self.calls += 1
+        sizes = self.sizes
+        if n in sizes:
+            sizes[n] += 1
+        elif len(sizes) < MAX_SIZES:
+            sizes[n] = 1
+        if self.calls >= self._plan_at and not self._planning:
+            self._plan_at *= 2
+            if len(self.plan) < self.policy.max_buckets:
+                self._planning = True
+                try:  # another serving thread may be adding a length: then plan next time
+                    threading.Thread(target=self._replan, args=(dict(sizes), self.plan),
+                                     name="torch-watchdog-pad-plan", daemon=True).start()
+                except Exception:
+                    self._planning = False
+
+    def _served(self, n: int, bucket: int) -> None:
+        self.padded_calls += 1
+        self.real_tokens += n
+        self.padding_tokens += bucket - n
+        if len(self.served) < MAX_SIZES:
+            self.served.add(n)
+        self.used.add(bucket)
+
+    def _replan(self, sizes: dict[int, int], plan: tuple[int, ...]) -> None:
+        """On a thread of its own: the advisor's plan with the buckets still free (half of
+        them, at least one: later traffic refines the rest), swapped in whole."""
+        try:
+            free = self.policy.max_buckets - len(plan)
+            new = advisor.extend(sizes, plan, max(1, free // 2), self.policy.multiple)
+            if new != plan and self.on:
+                self.plan = new
+                self._emit("engaged" if not plan else "plan",
+                           f"{len(new)} buckets from {len(sizes)} lengths seen: {list(new)}")
+        except Exception:
+            pass
+        finally:
+            self._planning = False
+
+    def _check(self, out: Any, args: tuple, kwargs: dict, n: int, bucket: int) -> Any:
+        t0 = perf_counter_ns()
+        try:
+            reference = self.reference(*args, **kwargs)
+        except Exception:  # the check could not run; the served output stands, unchecked
+            try:
+                return self.policy.unpad(out, n, bucket)
+            except Exception as e:
+                self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
+                return self.__wrapped__(*args, **kwargs)
+        try:
+            self.policy.learn(out, reference, n, bucket)
+            served = self.policy.unpad(out, n, bucket)
+            ok, errors, problem = compare(served, reference, self.policy.tolerance)
+        except Exception as e:
+            ok, errors, problem = False, {}, f"comparison failed: {type(e).__name__}: {e}"
+        self.checks += 1
+        self.check_ns += perf_counter_ns() - t0
+        for dtype, err in errors.items():
+            self.max_error[dtype] = max(self.max_error.get(dtype, 0.0), err)
+        if ok:
+            self.checked.add(bucket)
+            return served
+        self._refuse(f"length {n} padded to {bucket}: {problem}",
+                     max(errors.values(), default=None))
+        return reference  # the unpadded output: this caller still gets the right answer
+
+    def _refuse(self, why: str, error: Optional[float] = None) -> None:
+        if not self.on:
+            return
+        self.on = False
+        self.refused = why
+        self._emit("refused", f"padding off for {self.name}: {why}", error)
+
+    def _emit(self, action: str, detail: str, error: Optional[float] = None) -> None:
+        try:
+            finite = error if error is not None and error == error and error != float("inf") \
+                else None
+            timing.emit(events.Mitigation(
+                t=time.time(), pid=os.getpid(), name="padding", action=action,
+                detail=events.clip(detail, 500), model=self.name, error=finite,
+                buckets=list(self.plan)))
+        except Exception:
+            pass
+
+    def stats(self) -> events.Padding:
+        """Totals since the model was wrapped, as a `padding` event."""
+        return events.Padding(
+            t=time.time(), pid=os.getpid(), name=self.name, on=self.on,
+            buckets=list(self.plan), calls=self.calls, padded_calls=self.padded_calls,
+            real_tokens=self.real_tokens, padding_tokens=self.padding_tokens,
+            checks=self.checks, check_seconds=self.check_ns / 1e9,
+            max_error={k: v for k, v in self.max_error.items() if v == v and v != float("inf")},
+            recordings_saved=max(0, len(self.served) - len(self.used)))
+
+
+def _after_fork() -> None:
+    """A forked child has no planning thread: whatever the parent's was doing, plan again."""
+    for p in list(padded_models):
+        p._planning = False
+
+
+def emit_stats(emit: Callable[[events.Event], None]) -> None:
+    """A `padding` event per padded model that had calls since the last (the agent's thread,
+    every heartbeat)."""
+    for p in list(padded_models):
+        try:
+            if p.calls != p._reported:
+                p._reported = p.calls
+                emit(p.stats())
+        except Exception:
+            pass
+
+
+def wrap(watched: Any, policy: Any, name: str) -> Padded:
+    """`watch(..., pad=policy)`: True is `Tokens()` (pad token 0, dimension 1), False none."""
+    if isinstance(watched, Padded) or policy is False:
+        return watched
+    if isinstance(getattr(watched, "__wrapped__", None), Padded):
+        return watched.__wrapped__  # watch(padded, pad=...): already padded, once is enough
+    if policy is True:
+        policy = Tokens()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"pad= needs a torch_watchdog.agent.pad.Policy (Tokens, Custom) or True, "
+                        f"got {type(policy).__name__}")
+    return Padded(watched, policy, name)
+
+
+_AFTER_FORK.append(_after_fork)
