@@ -249,16 +249,15 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
                 self._slow(sig, dt, t0, new)
             return out
 
-        # several arguments, keywords, none, or not a tensor
-        if x is not _NO_ARG:
-            args = (x, *args)
+        # keywords, several arguments, none, or not a tensor
         try:
-            if kwargs and not args:  # e.g. model(input_ids=..., attention_mask=...)
-                parts = []
-                for a in kwargs.values():
-                    parts.append(a.shape if type(a) is tensor else _other(a, tensor))
-                sig = tuple(parts)
+            if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
+                a, b = kwargs.values()
+                sig = (a.shape if type(a) is tensor else _other(a, tensor),
+                       b.shape if type(b) is tensor else _other(b, tensor))
             else:
+                if x is not _NO_ARG:
+                    args = (x, *args)
                 sig = shape_signature(args, kwargs, tensor)
         except Exception:  # a hostile argument: read each one on its own
             sig = shape_signature(args, kwargs, tensor)
