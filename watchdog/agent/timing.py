@@ -402,16 +402,20 @@ class Watched:
             new = new and key is not None and h.unseen(key)
             if new:
                 h.add(key)
-            now, pid = time.time(), os.getpid()
-            shape = as_shape(sig) if key is not None else []
+            # the event's shape is built only for an event: a shape past the ration costs its
+            # key and nothing more
+            shape = None
             if new and self._rationed(t0 + dt):
-                emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
-                                     seconds=dt / 1e9, distinct=h.count))
+                shape = as_shape(sig) if key is not None else []
+                emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
+                                     shape=shape, seconds=dt / 1e9, distinct=h.count))
             if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
+                if shape is None:
+                    shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
-                emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
+                emit(events.Stall(t=time.time(), pid=os.getpid(), name=self.name, shape=shape,
                                   seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
