@@ -196,18 +196,20 @@ _NO_ARG = object()  # "no first positional argument" for the hot path's signatur
 
 def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     """The hot path of one watched callable, and a reader of its running totals (calls, total
-    ns): one exact-type check, `.shape`, two clock reads, one set lookup, two counters.
+    ns): one exact-type check, `.shape`, two clock reads, one comparison (or set lookup), two
+    counters.
 
-    Measured choices (benchmarks/agent_overhead.py, thread CPU time, a shared 2-core VM where
-    `x.shape` costs ~130 ns, a clock read ~105 ns and `sig in set` ~80 ns of it): a call with
-    one tensor binds it to a positional-only parameter and calls `fn(x)`, not
-    `fn(*args, **kwargs)` (~150 ns less), on a branch of its own that builds no tuple and
-    tests nothing else; the counters and everything the call reads are closure variables
-    (~30 ns less than attributes of an object, ~10 ns less than globals); the set lookup
-    comes last and a known shape returns at once, so the common call does one membership
-    test and no attribute load; keyword calls read their shapes inline, one branch for
-    keywords only (~300 ns less than a helper with two comprehensions). Try blocks cost
-    nothing until they catch (Python 3.11+).
+    Measured choices (thread CPU time on a shared 2-core VM, where `x.shape` alone costs
+    ~130 ns, a clock read 67-108 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
+    floor of the +500 ns target is there): a call with one tensor binds it to a
+    positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less), on
+    a branch of its own that builds no tuple; a signature equal to the last known one skips
+    the set lookup (`sig == last` ~45 ns: consecutive calls of one shape, as decode steps
+    are); the counters and what the call reads are closure variables (~30 ns less than
+    attributes of an object); two keyword arguments are read unrolled (~40 ns less than a
+    loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
+    they catch (Python 3.11+). Against the previous version in the same batches
+    (benchmarks/agent_overhead.py --baseline): 0.92-0.94x of its added time.
     """
     fn, tensor, seen, current, clock = h.fn, h.tensor, h.seen, _current, perf_counter_ns
     calls = total_ns = 0
@@ -472,8 +474,14 @@ def _after_fork() -> None:
     """In a forked child (the agent's `_AFTER_FORK`, run inside os.fork()): every watched
     callable starts with no shapes, no calls and a full new_shape ration, whether or not an
     agent is installed. Only the forking thread exists here: plain assignments, no locks."""
+    failed = None
     for w in list(watched):
-        w._forget()
+        try:
+            w._forget()
+        except Exception as e:  # the others still start fresh; the hook counts the error
+            failed = e
+    if failed is not None:
+        raise failed
 
 
 _AFTER_FORK.append(_after_fork)
