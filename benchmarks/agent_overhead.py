@@ -288,13 +288,17 @@ def main() -> int:
     e = results.get("emit")
     if e:
         print(f"emit() x{e['emits']} with no sidecar: total {e['total_ms']} ms, median "
-              f"{e['median_ns']} ns, p99 {e['p99_ns']} ns, max {e['max_ns']} ns; dropped {e['dropped']}")
+              f"{e['median_ns']} ns, p99 {e['p99_ns']} ns, max {e['max_ns']} ns; dropped "
+              f"{e['dropped']}")
     if "gpu_reduce_overhead" in results:
         g = results["gpu_reduce_overhead"]
         print(f"GPU reduce-overhead call: bare {g['bare_ns'] / 1e3:.1f} us, watched "
               f"{g['watched_ns'] / 1e3:.1f} us, ratio {g['ratio']:.3f}x (a bare passthrough "
               f"wrapper: {g['passthrough']['ratio']:.3f}x); GPU sync raised under "
               f"set_sync_debug_mode('error'): {g['sync_under_debug_mode_error']}")
+    out_dir = os.environ.get("WATCHDOG_GPU_RESULTS")
+    if not args.json and out_dir:  # on the GPU host: the results go where they are collected
+        args.json = os.path.join(out_dir, "agent_overhead.json")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

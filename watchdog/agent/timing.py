@@ -209,7 +209,7 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     attributes of an object); two keyword arguments are read unrolled (~40 ns less than a
     loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
     they catch (Python 3.11+). Against the previous version in the same batches
-    (benchmarks/agent_overhead.py --baseline): 0.92-0.94x of its added time.
+    (benchmarks/agent_overhead.py --baseline, medians of 5 runs): 0.91-0.96x of its added time.
     """
     fn, tensor, seen, current, clock = h.fn, h.tensor, h.seen, _current, perf_counter_ns
     calls = total_ns = 0
