@@ -138,6 +138,8 @@ def _combinations():
         yield (a,), {}
         yield (), {"x": a}
         yield (torch.ones(2), a), {"mask": torch.ones(2)}
+        yield (), {"input_ids": torch.ones(2), "attention_mask": a}  # two keywords: its own path
+        yield (), {"input_ids": a, "attention_mask": torch.ones(2)}
     for a, b in itertools.islice(itertools.permutations(objs, 2), 0, None, 17):
         yield (a, b), {"k": a}
     yield tuple(objs), {f"k{i}": o for i, o in enumerate(objs)}  # many args at once
@@ -197,6 +199,31 @@ def test_a_torch_function_mode_that_hijacks_shape(runtime):
     with Hijack():
         assert f(torch.ones(2)) == "ok"
         assert f(torch.ones(2), y=torch.ones(3)) == "ok"
+
+
+def test_a_torch_function_mode_whose_shape_is_hostile(runtime):
+    """`.shape` of a real tensor answering objects that fail the known-shape checks (equality
+    with the last shape, hashing, truth value), on the one-tensor and the keyword paths."""
+    values = [BadBool(), BadHash(), CollidesAndRaises(), WeirdTuple((2, 3)), [2, 3],
+              torch.Size([2, 3]), (2, 3)]
+    answer = iter(itertools.cycle(values))
+
+    class HostileShape(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func == torch.Tensor.shape.__get__:  # reading `.shape`
+                return next(answer)
+            return func(*args, **(kwargs or {}))
+
+    out = Sentinel()
+    f = watch(lambda x=None, mask=None: out, name="hostile-shape")
+    x = torch.ones(2, 3)
+    with HostileShape():
+        for _ in range(3 * len(values)):
+            assert f(x) is out
+            assert f(x=x, mask=x) is out
+    assert f.calls == 6 * len(values)
+    for key in f._h.keys():
+        assert key in ((2, 3), ((2, 3), (2, 3))), key
 
 
 def test_routing_to_eager_with_hostile_shapes(runtime):

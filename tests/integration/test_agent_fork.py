@@ -206,3 +206,52 @@ def test_gunicorn_preload_workers_each_say_hello(short_tmp, collector):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
         err.close()
+
+
+FORK_SHAPES = r"""
+import json, os, sys
+import torch, torch_watchdog.agent as agent
+
+agent.install(socket_path=sys.argv[1], heartbeat_s=60)
+plus = agent.watch(lambda x: x + 1, name="plus")
+plus(torch.zeros(2, 3))                            # the master's warm-up shapes
+plus(torch.zeros(4, 3))
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        plus(torch.zeros(2, 3))                    # the master saw it; this worker has not
+        plus(torch.zeros(2, 3))
+        plus(torch.zeros(7, 3))
+        agent.uninstall()                          # flushes the worker's `calls`
+        code = 0
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+plus(torch.zeros(7, 3))                            # the worker's shapes are not the master's
+print(json.dumps({"master": os.getpid(), "worker": pid,
+                  "worker_exit": os.waitstatus_to_exitcode(status)}))
+agent.uninstall()
+"""
+
+
+def test_a_forked_worker_reports_the_shapes_it_meets_itself(collector):
+    done = run_script(FORK_SHAPES, collector.path, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    master, worker = info["master"], info["worker"]
+    assert info["worker_exit"] == 0, done.stderr
+
+    def by(pid: int, kind: str) -> list:
+        return [e for e in collector.of(kind) if e.pid == pid]
+
+    assert collector.wait(lambda c: by(worker, "calls") and by(master, "calls"), 10), \
+        collector.events
+    # the worker's own new shapes, counted from its own first one, the master's included
+    assert [(s.shape, s.distinct) for s in by(worker, "new_shape")] == [([[2, 3]], 1),
+                                                                          ([[7, 3]], 2)]
+    calls = by(worker, "calls")
+    assert sum(c.calls for c in calls) == 3 and calls[-1].distinct_shapes == 2
+    # and the master's memory is its own: the worker's shapes did not go into it
+    assert [(s.shape, s.distinct) for s in by(master, "new_shape")] == [
+        ([[2, 3]], 1), ([[4, 3]], 2), ([[7, 3]], 3)]

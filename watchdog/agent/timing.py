@@ -22,6 +22,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
+from torch_watchdog.agent import _AFTER_FORK
 
 # Per serving thread, written by hooks.py (rare): `activity`/`activity_ns` of the last compile
 # or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
@@ -195,57 +196,94 @@ _NO_ARG = object()  # "no first positional argument" for the hot path's signatur
 
 def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     """The hot path of one watched callable, and a reader of its running totals (calls, total
-    ns): one exact-type check, `.shape`, two clock reads, one set lookup, two counters.
+    ns): one exact-type check, `.shape`, two clock reads, one comparison (or set lookup), two
+    counters.
 
-    Measured choices (benchmarks/agent_overhead.py): a call with one tensor binds it to a
-    positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less);
-    the counters are closure variables (~30 ns less than attributes of an object); keyword
-    calls read their shapes inline (~300 ns less than a helper with two comprehensions). Try
-    blocks cost nothing until they catch (Python 3.11+).
+    Measured choices (thread CPU time on a shared 2-core VM, where `x.shape` alone costs
+    ~130 ns, a clock read 67-108 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
+    floor of the +500 ns target is there): a call with one tensor binds it to a
+    positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less), on
+    a branch of its own that builds no tuple; a signature equal to the last known one skips
+    the set lookup (`sig == last` ~45 ns: consecutive calls of one shape, as decode steps
+    are); the counters and what the call reads are closure variables (~30 ns less than
+    attributes of an object); two keyword arguments are read unrolled (~40 ns less than a
+    loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
+    they catch (Python 3.11+). Against the previous version in the same batches
+    (benchmarks/agent_overhead.py --baseline, medians of 5 runs): 0.91-0.96x of its added time.
     """
-    fn, tensor, seen, current = h.fn, h.tensor, h.seen, _current
+    fn, tensor, seen, current, clock = h.fn, h.tensor, h.seen, _current, perf_counter_ns
     calls = total_ns = 0
+    last: Any = _NO_ARG  # the last signature found in `seen`, so it is known (see below)
 
     def totals() -> tuple[int, int]:
         return calls, total_ns
 
     def __call__(self: "Watched", x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal calls, total_ns
-        try:
-            if not (args or kwargs) and type(x) is tensor:
-                one = True
+        nonlocal calls, total_ns, last
+        if type(x) is tensor and not args and not kwargs:  # model(x): the common call
+            try:
                 sig = x.shape
-            else:  # several arguments, keywords, none, or not a tensor
-                one = False
+            except Exception:  # a torch function mode that hijacks `.shape`
+                sig = None
+            current.sig = sig
+            t0 = clock()
+            try:
+                out = self._route(sig)(x) if route_eager else fn(x)
+            except BaseException as e:
+                current.sig = None
+                calls += 1
+                self._failed(e, sig, t0, (x,), {})
+                raise
+            dt = clock() - t0
+            current.sig = None
+            calls += 1
+            total_ns += dt
+            try:
+                if sig == last or sig in seen:  # known: nothing more to do unless it stalled
+                    last = sig
+                    if dt >= stall_ns:
+                        self._slow(sig, dt, t0, False)
+                    return out
+                new = not h.full and (not h.cold or _not_in(h.cold, sig))
+            except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
+                new = False
+            if new or dt >= stall_ns:
+                self._slow(sig, dt, t0, new)
+            return out
+
+        # keywords, several arguments, none, or not a tensor
+        try:
+            if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
+                a, b = kwargs.values()
+                sig = (a.shape if type(a) is tensor else _other(a, tensor),
+                       b.shape if type(b) is tensor else _other(b, tensor))
+            else:
                 if x is not _NO_ARG:
                     args = (x, *args)
-                if kwargs:  # e.g. model(input_ids=..., attention_mask=...)
-                    parts = [a.shape if type(a) is tensor else _other(a, tensor)
-                             for a in args] if args else []
-                    for a in kwargs.values():
-                        parts.append(a.shape if type(a) is tensor else _other(a, tensor))
-                    sig = tuple(parts)
-                else:
-                    sig = shape_signature(args, kwargs, tensor)
-        except Exception:  # a hostile argument, or a torch function mode that hijacks `.shape`
-            sig = None if one else shape_signature(args, kwargs, tensor)  # each on its own
+                sig = shape_signature(args, kwargs, tensor)
+        except Exception:  # a hostile argument: read each one on its own
+            sig = shape_signature(args, kwargs, tensor)
         current.sig = sig
-        t0 = perf_counter_ns()
+        t0 = clock()
         try:
-            call = self._route(sig) if route_eager else fn
-            out = call(x) if one else call(*args, **kwargs)
+            out = (self._route(sig) if route_eager else fn)(*args, **kwargs)
         except BaseException as e:
             current.sig = None
             calls += 1
-            self._failed(e, sig, t0, (x,) if one else args, kwargs)
+            self._failed(e, sig, t0, args, kwargs)
             raise
-        dt = perf_counter_ns() - t0
+        dt = clock() - t0
         current.sig = None
         calls += 1
         total_ns += dt
         try:
-            new = sig not in seen and not h.full and (not h.cold or _not_in(h.cold, sig))
-        except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
+            if sig == last or sig in seen:
+                last = sig
+                if dt >= stall_ns:
+                    self._slow(sig, dt, t0, False)
+                return out
+            new = not h.full and (not h.cold or _not_in(h.cold, sig))
+        except Exception:
             new = False
         if new or dt >= stall_ns:
             self._slow(sig, dt, t0, new)
@@ -343,6 +381,16 @@ class Watched:
             pass
         return self._h.fn
 
+    def _forget(self) -> None:
+        """A fresh shape memory and running totals (in a forked child: see `_after_fork`)."""
+        _inherited.append(self._h)
+        self._h = _Hot(self._h.fn, self._h.tensor)
+        call, self._totals = _make_call(self._h)
+        type(self).__call__ = call  # the hot path closes over the memory: a new closure
+        self.stall_calls = self.stall_ns = 0
+        self._taken = (0, 0, 0, 0)
+        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
+
     def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
         return getattr(self._h.fn, name)
 
@@ -356,16 +404,20 @@ class Watched:
             new = new and key is not None and h.unseen(key)
             if new:
                 h.add(key)
-            now, pid = time.time(), os.getpid()
-            shape = as_shape(sig) if key is not None else []
+            # the event's shape is built only for an event: a shape past the ration costs its
+            # key and nothing more
+            shape = None
             if new and self._rationed(t0 + dt):
-                emit(events.NewShape(t=now, pid=pid, name=self.name, shape=shape,
-                                     seconds=dt / 1e9, distinct=h.count))
+                shape = as_shape(sig) if key is not None else []
+                emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
+                                     shape=shape, seconds=dt / 1e9, distinct=h.count))
             if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
+                if shape is None:
+                    shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
-                emit(events.Stall(t=now, pid=pid, name=self.name, shape=shape,
+                emit(events.Stall(t=time.time(), pid=os.getpid(), name=self.name, shape=shape,
                                   seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
@@ -407,6 +459,32 @@ class Watched:
         delta = tuple(a - b for a, b in zip(now, self._taken))
         self._taken = now
         return (*delta, self._h.count)
+
+
+# The shape memories a forked child inherited, kept and never touched. Why: a worker must
+# report the shapes *it* meets (a master's warm-up shapes are not in the worker's CUDA graphs),
+# so each wrapper starts a fresh memory after fork; freeing the master's would write to every
+# remembered key (its refcount) inside os.fork(), copying those pages into each worker for
+# nothing: with 65,536 shapes, 62-72 ms inside os.fork() and 6.7 MB more private memory per
+# worker (a 2-core VM), while kept they stay shared with the master.
+_inherited: list = []
+
+
+def _after_fork() -> None:
+    """In a forked child (the agent's `_AFTER_FORK`, run inside os.fork()): every watched
+    callable starts with no shapes, no calls and a full new_shape ration, whether or not an
+    agent is installed. Only the forking thread exists here: plain assignments, no locks."""
+    failed = None
+    for w in list(watched):
+        try:
+            w._forget()
+        except Exception as e:  # the others still start fresh; the hook counts the error
+            failed = e
+    if failed is not None:
+        raise failed
+
+
+_AFTER_FORK.append(_after_fork)
 
 
 def is_oom(exc: BaseException) -> bool:
