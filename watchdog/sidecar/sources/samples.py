@@ -109,17 +109,21 @@ class ReloadOutcome:
     ok: bool
     detail: str
     seconds: float = 0.0
+    failed: bool = False   # carried out, but the server did not come back (no hello in time)
     kind = "reload_outcome"
 
 
 def outcome_to_dict(o: ReloadOutcome) -> dict[str, Any]:
-    return {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
+    line = {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
             "detail": o.detail, "seconds": o.seconds}
+    if o.failed:  # only then: other lines stay as they were
+        line["failed"] = True
+    return line
 
 
 def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
     """Raises KeyError/TypeError/ValueError on a malformed line."""
-    if not isinstance(d["ok"], bool):
-        raise ValueError("ok must be a boolean")
+    if not isinstance(d["ok"], bool) or not isinstance(d.get("failed", False), bool):
+        raise ValueError("ok and failed must be booleans")
     return ReloadOutcome(float(d["t"]), str(d["server"]), d["ok"], str(d["detail"]),
-                         float(d.get("seconds", 0.0)))
+                         float(d.get("seconds", 0.0)), d.get("failed", False))
