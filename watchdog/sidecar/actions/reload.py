@@ -287,6 +287,18 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+def _wait_gone(p: psutil.Process, timeout: float) -> bool:
+    """Whether `p` exited within `timeout`. A worker is its master's child, not ours: psutil's
+    wait sees it alive until the master reaps it, and a busy master (uvicorn's supervisor
+    pinging a starting worker) can take seconds to."""
+    deadline = time.monotonic() + timeout
+    while not _gone(p):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _no_master(method: str, pids: set[int]) -> str:
     return (f"{method}: no master with workers among pids {sorted(pids)} (workers are known from "
             f"their agents' hellos, re-sent every 30 s; a single worker needs its master in "
@@ -319,11 +331,13 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
         mark = hellos.mark()
         p = _signal(pid, signal.SIGTERM)
         killed = ""
-        if p is not None:
-            _, alive = psutil.wait_procs([p], timeout=grace_s)
-            if alive and _signal(pid, signal.SIGKILL) is not None:
-                psutil.wait_procs(alive, timeout=5)
+        if p is not None and not _wait_gone(p, grace_s):
+            try:
+                p.kill()
                 killed = f" (SIGKILL after {grace_s:g} s)"
+            except psutil.Error:
+                pass
+            _wait_gone(p, 5)
         new = hellos.wait_for(lambda h: h.pid not in old and h.ppid == master, mark,
                               hello_timeout_s, give_up=lambda: not psutil.pid_exists(master))
         if new is None:
