@@ -64,7 +64,7 @@ reload: {{method: signal, grace_s: 5, hello_timeout_s: 5}}
             assert entry["ok"] is False and "dry run" in entry["detail"]
         elif case == "restarted":
             assert code == 0 and open(marker).read() == "graceful"
-            assert entry["ok"] is True, entry
+            assert entry["ok"] is True, entry["detail"]
             assert entry["detail"] == f"exited after SIGTERM; back: pid {again.pid} said hello"
         else:  # nothing restarted it: reload_failed, not reload_ok
             assert code == 0 and open(marker).read() == "graceful"
