@@ -10,7 +10,8 @@ OOM against a budget set just above the server's memory, and the sidecar reloads
 scenario's `reload.method`. Asserted: at most 1 % of the requests made during the reload
 failed, every worker was replaced, its replacement said hello to the sidecar and served, and
 the master kept running. The figures (failed requests, time until every worker was back) are
-printed (`pytest -s`) and appended to `$WATCHDOG_REAL_SERVERS_RESULTS` when set.
+printed (`pytest -s`) and appended to `$WATCHDOG_REAL_SERVERS_RESULTS` when set;
+`REAL_SERVERS_DEBUG=1` also prints the failed requests and the server's and sidecar's logs.
 """
 from __future__ import annotations
 
