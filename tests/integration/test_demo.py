@@ -69,7 +69,7 @@ def test_the_short_demo_shows_every_step_and_each_one_happened(short_tmp):
     first_pid = next(e["pid"] for e in evs if e["kind"] == "recompile_limit")
     # ... the sidecar's record of the reload ...
     (reload,) = json.load(open(os.path.join(work, "state", "reloads.json")))["reloads"]
-    assert reload["ok"] is True and reload["detail"] == "exited after SIGTERM"
+    assert reload["ok"] is True and reload["detail"].startswith("exited after SIGTERM; back: pid ")
     logs = [json.loads(line) for line in open(os.path.join(work, "sidecar.log"))]
     (reloading,) = [e for e in logs if e["event"] == "reloading the server"]
     assert reloading["pids"] == [first_pid]

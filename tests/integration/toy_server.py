@@ -1,4 +1,4 @@
-"""A toy server for the reload tests: announces itself to the sidecar like the agent does,
+"""A toy server for the reload tests: announces itself to the sidecar like the agent does (hello),
 grows its memory 5 MB every 0.1 s, and stops gracefully on SIGTERM (writing a marker)."""
 import os
 import signal
@@ -19,6 +19,9 @@ def stop(*_):
 
 signal.signal(signal.SIGTERM, stop)
 em = Emitter(sock, None)
+em.emit(events.Hello(t=time.time(), pid=os.getpid(), torch="", agent="toy", devices=[],
+                     config={}, capabilities={}, watched=[], argv="toy_server", server=None,
+                     ppid=os.getppid()))
 hoard = []
 for i in range(600):
     hoard.append(bytearray(5 << 20))  # touched: it counts in RSS

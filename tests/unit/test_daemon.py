@@ -301,7 +301,8 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
                  forecast=ForecastConfig(process_budget_bytes=2_050 * MB, window_s=1.0),
                  policy=PolicyConfig(reload_lead_s=10, alert_lead_s=20, hold_polls=1,
                                      warmup_s=0, cooldown_s=600),
-                 reload=ReloadConfig(method="command", command=["true"], timeout_s=10))
+                 reload=ReloadConfig(method="command", command=["true"], timeout_s=10,
+                                     hello_timeout_s=0))
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)
     d.start()
@@ -361,7 +362,8 @@ def test_a_replay_of_the_sample_log_takes_the_same_actions_as_the_live_daemon(sh
                      f"forecast: {{process_budget_bytes: {2_050 * MB}, window_s: 1.0}}\n"
                      f"policy: {{reload_lead_s: 10, alert_lead_s: {alert_lead_s}, "
                      "hold_polls: 1, warmup_s: 0, cooldown_s: 600}\n"
-                     "reload: {method: command, command: [\"true\"], timeout_s: 10}\n")
+                     "reload: {method: command, command: [\"true\"], timeout_s: 10, "
+                     "hello_timeout_s: 0}\n")
 
     write(20)
     nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,

@@ -350,3 +350,155 @@ def test_a_cancelled_decision_is_kept_but_not_counted(tmp_path):
     log.record(200.0, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast")
     assert len(ReloadLog(path).entries) == 2
     assert ReloadLog(path).times() == [200.0]  # the cooldown counts what was done
+
+
+# -- masters with workers (a real forking master; the hellos fed as the daemon would) --------
+MASTER = r"""
+import os, signal, sys, time
+kids, hup = set(), []
+
+def spawn():
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+        while True:
+            time.sleep(1)
+    kids.add(pid)
+
+signal.signal(signal.SIGHUP, lambda *a: hup.append(1))
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+for _ in range(2):
+    spawn()
+print("up", flush=True)
+while True:
+    if hup:                      # gunicorn's way: new workers first, then the old ones stopped
+        hup.clear()
+        old = set(kids)
+        spawn(); spawn()
+        for k in old:
+            os.kill(k, signal.SIGTERM)
+    try:
+        pid = os.waitpid(-1, os.WNOHANG)[0]
+    except ChildProcessError:
+        pid = 0
+    if pid:
+        kids.discard(pid)
+        if len(kids) < 2 and os.environ.get("RESPAWN") == "1":
+            spawn()
+    time.sleep(0.02)
+"""
+
+
+class Announcer(threading.Thread):
+    """The master's children say hello (ppid: the master) as they appear, like agents."""
+
+    def __init__(self, master: int, board, server: str = "llm"):
+        super().__init__(daemon=True)
+        self.master, self.board, self.server = master, board, server
+        self.seen: set = set()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from types import SimpleNamespace
+        while not self.stop.is_set():
+            try:
+                kids = {c.pid for c in psutil.Process(self.master).children()
+                        if c.status() != psutil.STATUS_ZOMBIE}
+            except psutil.Error:
+                return
+            self.board.add(SimpleNamespace(pid=k, ppid=self.master, server=self.server)
+                           for k in kids - self.seen)
+            self.seen |= kids
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def master(request):
+    respawn = getattr(request, "param", True)
+    p = subprocess.Popen([sys.executable, "-c", MASTER], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, RESPAWN="1" if respawn else "0"))
+    assert p.stdout.readline().strip() == "up"
+    yield p
+    for c in psutil.Process(p.pid).children():
+        c.kill()
+    p.kill()
+    p.wait(5)
+
+
+def announced(master_pid: int):
+    from torch_watchdog.sidecar.actions.reload import Hellos
+    board = Hellos()
+    ann = Announcer(master_pid, board)
+    ann.start()
+    deadline = time.monotonic() + 10
+    while len(ann.seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return board, ann, sorted(ann.seen)
+
+
+def test_rolling_replaces_the_workers_one_at_a_time_and_keeps_the_master(master):
+    from torch_watchdog.sidecar.actions.reload import rolling
+    board, ann, old = announced(master.pid)
+    try:
+        done = rolling(set(old), 5, 10, board)
+        assert done.ok and not done.failed, done.detail
+        new = {c.pid for c in psutil.Process(master.pid).children()}
+        assert master.poll() is None and len(new) == 2 and not new & set(old)
+        assert all(f"{pid}->" in done.detail for pid in old)
+    finally:
+        ann.stop.set()
+
+
+@pytest.mark.parametrize("master", [False], indirect=True)
+def test_rolling_stops_at_a_worker_not_replaced_and_reports_failure(master):
+    from torch_watchdog.sidecar.actions.reload import rolling
+    board, ann, old = announced(master.pid)
+    try:
+        done = rolling(set(old), 5, 1.0, board)
+        assert not done.ok and done.failed
+        assert "no hello from its replacement within 1 s" in done.detail
+        assert psutil.pid_exists(old[1])  # the next worker was left serving
+    finally:
+        ann.stop.set()
+
+
+def test_signal_leaves_the_master_of_the_workers_running(master):
+    board, ann, old = announced(master.pid)
+    try:
+        board.add([type("H", (), {"pid": master.pid, "ppid": os.getpid(), "server": "llm"})])
+        done = signal_processes({master.pid, *old}, 5, hellos=board)
+        assert done.ok and f"master {master.pid} not signalled" in done.detail
+        assert master.poll() is None
+    finally:
+        ann.stop.set()
+
+
+def test_master_hup_waits_for_every_new_worker_and_every_old_one_gone(master):
+    from torch_watchdog.sidecar.actions.reload import master_hup
+    board, ann, old = announced(master.pid)
+    try:
+        done = master_hup(set(old), 5, 10, board)
+        assert done.ok, done.detail
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                       for p in old)
+    finally:
+        ann.stop.set()
+
+
+def test_a_single_server_with_children_without_agents_has_no_master():
+    """A server with inductor's compile workers: its children said no hello; `signal` signals
+    it as before, and `rolling` refuses."""
+    from types import SimpleNamespace
+
+    from torch_watchdog.sidecar.actions.reload import Hellos, master_and_workers, rolling
+    server = child(GRACEFUL)
+    helper = subprocess.Popen(["sleep", "30"])
+    board = Hellos()
+    board.add([SimpleNamespace(pid=server.pid, ppid=os.getpid(), server="llm")])
+    try:
+        assert master_and_workers({server.pid, helper.pid}, board) == (None, [])
+        done = rolling({server.pid}, 5, 1, board)
+        assert not done.ok and not done.failed and "no master" in done.detail
+    finally:
+        server.kill()
+        helper.kill()

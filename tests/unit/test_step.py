@@ -290,3 +290,35 @@ def test_a_reload_refused_for_now_is_asked_again_soon_and_not_counted():
         h.poll(grow_a=10 * MB)
     again = h.of("reload")[1].t
     assert refused_at + 10.0 <= again < refused_at + 12.0 and again > decided
+
+
+def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_is_back():
+    """Carried out, but no new process said hello in time: `reload_failed` (alerted, critical),
+    not `reload_ok` and no reset; a hello from a new process of the server clears it. An
+    outcome read back from the sample log is the same observation (replay = live)."""
+    from torch_watchdog.sidecar.actions import alerts
+    from torch_watchdog.sidecar.sources.samples import outcome_from_dict, outcome_to_dict
+
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("execute") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    failed = ReloadOutcome(h.t, "replica-a", False, "exited after SIGTERM; no hello from a new "
+                           "process of the server within 120 s", 125.0, failed=True)
+    assert outcome_from_dict(outcome_to_dict(failed)) == failed
+    assert "failed" not in outcome_to_dict(dataclasses.replace(failed, failed=False))
+    (done,) = h.feed(outcome_from_dict(outcome_to_dict(failed)))
+    assert done.action == "reload_failed" and done.server == "replica-a" and not h.of("reload_ok")
+    h.poll()
+    a = h.host.servers["replica-a"]
+    assert a.firing["reload_failed"]["outcome"] == failed.detail
+    built = alerts.build(a.firing, {}, {}, {"server": "replica-a"})
+    (label,) = [dict(k) for k in built if dict(k)["cause"] == "reload_failed"]
+    assert label["alertname"] == "TorchCompileReloadFailed" and label["severity"] == "critical"
+    h.feed(hello(h.t, 101, "replica-a", [A]))  # the old process's periodic hello: not back
+    h.poll()
+    assert "reload_failed" in a.firing
+    h.feed(hello(h.t, 111, "replica-a", [A]))  # a new process of it: back
+    h.poll()
+    assert "reload_failed" not in a.firing

@@ -80,13 +80,18 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class ReloadConfig:
-    method: str = "none"                  # none | signal | systemd | http | command | evict
+    method: str = "none"                  # none | signal | rolling | master-hup | systemd | http
+                                          # | command | evict
     unit: Optional[str] = None            # systemd: the unit to restart (default: server.unit)
     url: Optional[str] = None             # http: POSTed to drain and reload the server
     command: Optional[list[str]] = None   # command: argv to run
     grace_s: float = 30.0                 # signal: SIGKILL this long after SIGTERM
     timeout_s: float = 120.0              # systemd, http, command, evict: the longest a reload
                                           # may take
+    # after a reload, a new process of the server must say hello within this (rolling: each
+    # replacement): else reload_failed. The hello comes at the agent's import, after torch's
+    # and before the model's load (GPU seed scenario: back 19.1 s after SIGTERM); 0: no check
+    hello_timeout_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -485,6 +490,7 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("alerts.timeout_s", _positive, "must be > 0 seconds"),   # 0: every POST fails at once
     ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
     ("gpu.attribution", lambda v: v in GPU_ATTRIBUTIONS, "one of " + ", ".join(GPU_ATTRIBUTIONS)),
+    ("reload.hello_timeout_s", _not_negative, "must be >= 0 seconds (0: no check)"),
 )
 
 
@@ -498,13 +504,13 @@ def semantic_problems(config: Config) -> list[str]:
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
-    if (config.reload.method == "signal" and config.server.unit is None
+    if (config.reload.method in SIGNALLING and config.server.unit is None
             and config.server.pidfile is None and not config.servers
             and config.agent.allowed_uids is None):
         # the pids to signal then come only from the agents' hellos, on a socket any local
         # uid may write to (a 0660 socket narrows it to a group, not to the server)
-        problems.append("reload.method: signal, with the pids from the agents alone: any "
-                        "local process able to write to the socket could get processes "
+        problems.append(f"reload.method: {config.reload.method}, with the pids from the agents "
+                        "alone: any local process able to write to the socket could get processes "
                         "killed: set server.unit, server.pidfile, servers or "
                         "agent.allowed_uids")
     return problems + _servers_problems(config) + _reload_problems(config)
@@ -536,7 +542,9 @@ def _servers_problems(config: Config) -> list[str]:
     return problems
 
 
-RELOAD_METHODS = ("none", "signal", "systemd", "http", "command", "evict")
+RELOAD_METHODS = ("none", "signal", "rolling", "master-hup", "systemd", "http", "command",
+                  "evict")
+SIGNALLING = ("signal", "rolling", "master-hup")   # the sidecar signals processes itself
 
 
 def _reload_problems(config: Config) -> list[str]:
@@ -548,6 +556,9 @@ def _reload_problems(config: Config) -> list[str]:
              "http": (r.url, "reload.url"), "command": (r.command, "reload.command")}
     if r.method in needs and not needs[r.method][0]:
         return [f"reload.method {r.method} needs {needs[r.method][1]}"]
+    if r.method in ("rolling", "master-hup") and r.hello_timeout_s <= 0:
+        return [f"reload.method {r.method} waits for the new workers' hellos: "
+                f"reload.hello_timeout_s must be > 0"]
     return []
 
 

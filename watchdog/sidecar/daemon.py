@@ -87,6 +87,8 @@ class Daemon:
         # machine's clock (a reused pid started after it is never signalled)
         self.reloaders: dict[str, reload.Reloader] = {}   # per server, while one runs
         self.reloading: dict[str, policy.Action] = {}
+        self.hellos = reload.Hellos()   # the agents' hellos, for a reload's thread: masters
+        # and workers, and the replacements it waits for
         self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
                                           on_failure=self._alert_failed)
                        if cfg.alerts.urls else None)
@@ -241,7 +243,7 @@ class Daemon:
         started = time.perf_counter()
         now = self.clock()
         observations: list = self._receive()
-        observations += self._outcomes(now)
+        observations += self._outcomes(now, observations)
         configured = self.configured_pids()
         pids = {p for ps in configured.values() for p in ps}
         heard = {o.pid for o in observations if isinstance(o, events.Event)}
@@ -354,7 +356,8 @@ class Daemon:
     def _act(self, action: policy.Action) -> None:
         """Carry out what the step decided; decisions and outcomes go to reloads.json first."""
         self.actions_total[action.action] += 1
-        log = self.log.info if action.action in ("restart", "reload_ok") else self.log.warning
+        log = (self.log.info if action.action in ("restart", "reload_ok") else
+               self.log.error if action.action == "reload_failed" else self.log.warning)
         log("action", **action.as_dict())
         if action.action == "reload":
             self.decided_wall[action.server] = time.time()
@@ -372,7 +375,8 @@ class Daemon:
             run = reload.executor(self.cfg.reload, self._unit_of(action.server),
                                   decided_t=self.decided_wall.pop(action.server, None),
                                   expected_start={p: self.started[p] for p in action.pids
-                                                  if self.started.get(p) is not None})
+                                                  if self.started.get(p) is not None},
+                                  hellos=self.hellos)
             if run is None:
                 return
             self.reload_log.executing(action.detail["decided_t"], action.server)
@@ -382,8 +386,10 @@ class Daemon:
             self.reloading[action.server] = action
             self.reloaders[action.server].start(set(action.pids))
 
-    def _outcomes(self, now: float) -> list[ReloadOutcome]:
-        """Reloads that finished since the last poll, as observations for the step."""
+    def _outcomes(self, now: float, received: list = ()) -> list[ReloadOutcome]:
+        """Reloads that finished since the last poll, as observations for the step; the
+        hellos `received` go to the reloads' threads first."""
+        self.hellos.add(e for e in received if isinstance(e, events.Hello))
         out = []
         for server, reloader in list(self.reloaders.items()):
             result = reloader.poll()
@@ -396,7 +402,7 @@ class Daemon:
                 "reload finished", server=server, ok=result.ok, detail=result.detail,
                 seconds=result.seconds)
             out.append(ReloadOutcome(now, server, result.ok, result.detail, result.seconds,
-                                     result.retry_after_s))
+                                     result.retry_after_s, result.failed))
         return out
 
     def _record(self, t: float, outcome: Optional[reload.Outcome], action: policy.Action) -> None:

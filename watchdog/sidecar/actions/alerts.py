@@ -37,9 +37,15 @@ FIXES = {
                        "pooling over the sequence without a mask), so the agent turned it off "
                        "and the model runs unpadded: pass the attention mask, or pad in a way "
                        "that is exact (agent/pad.py Custom), then restart the server.",
+    "reload_failed": "The server did not come back after the reload (no agent hello in "
+                     "reload.hello_timeout_s): check that it runs and serves, and that its "
+                     "supervisor (systemd Restart=, the master) restarts it.",
     "reload_record_unreadable": "<state_dir>/reloads.json could not be read: no reload for an "
                                 "hour. Look at it, remove it and restart the sidecar.",
 }
+
+
+CRITICAL = ("oom_forecast", "reload_failed")  # the server is about to stop, or did
 
 
 def rfc3339(t: float) -> str:
@@ -70,6 +76,8 @@ def describe(cause: str, detail: dict[str, Any], estimates: dict[str, Any],
                      + (f" in {detail['function']}" if detail.get("function") else ""))
     if cause == "reload":
         parts.append(f"reload ({detail.get('method')}): {detail.get('outcome')}")
+    if cause == "reload_failed":
+        parts.append(f"reload failed: {detail.get('outcome')}")
     if cause == "reload_record_unreadable":
         parts.append(str(detail.get("detail")))
     if cause == "padding_refused":
@@ -94,7 +102,7 @@ def build(active: dict[str, dict[str, Any]], estimates: dict[str, Any],
     out = {}
     for cause, detail in active.items():
         alert_labels = {**labels, "alertname": alertname(cause), "cause": cause,
-                        "severity": "critical" if cause == "oom_forecast" else "warning"}
+                        "severity": "critical" if cause in CRITICAL else "warning"}
         out[tuple(sorted(alert_labels.items()))] = {
             "labels": alert_labels,
             "annotations": {"summary": f"torch.compile watchdog: {cause.replace('_', ' ')}",

@@ -2,17 +2,28 @@
 
 Executors (config `reload.method`):
 - `signal`: SIGTERM to the server's processes, SIGKILL to those still alive after `grace_s`;
-  a pid is signalled only if it is still the process that was seen (pid reuse, below);
+  a pid is signalled only if it is still the process that was seen (pid reuse, below). A master
+  among them (the parent of the server's agents) is left running: it replaces its workers,
+  keeps the listening socket, and a master signalled with its workers stops for good
+  (`gunicorn --preload`: 285 of 300 requests refused, on main);
+- `rolling`: a master's workers one at a time: SIGTERM one, and the next only once its
+  replacement's agent said hello (`hello_timeout_s` each, else stop: a failed reload);
+- `master-hup`: SIGHUP to the master (gunicorn and uvicorn --workers replace their workers),
+  then every old worker gone and as many new ones said hello;
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
   model twice on the GPU (ops-anchors §4.1);
 - `http`: POST to the server's own drain/reload hook;
 - `command`: run a command;
 - `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py).
-One reload runs at a time, on a thread, so the poll loop keeps going. Each decision is written
-to `<state_dir>/reloads.json` *before* it is carried out, and marked when its execution starts
-(`ReloadLog.executing`), so a sidecar that restarts mid-reload does not reload again (the
-cooldown and the hourly maximum count it), while a decision it never got to carry out does
-not hold the next reload back for a whole cooldown.
+After any method but `evict` (the sidecar goes with its pod), a reload succeeded only once a
+new process of the server said hello within `hello_timeout_s` (else `Outcome.failed`: the
+`reload_failed` outcome, not `reload_ok`; 0 skips the check, for a server without the agent);
+the hellos come from the daemon's loop through `Hellos`. One reload runs at a time, on a
+thread, so the poll loop keeps going. Each decision is written to `<state_dir>/reloads.json`
+*before* it is carried out, and marked when its execution starts (`ReloadLog.executing`), so a
+sidecar that restarts mid-reload does not reload again (the cooldown and the hourly maximum
+count it), while a decision it never got to carry out does not hold the next reload back for a
+whole cooldown.
 
 The record is the reload guard rail's memory, so a record that cannot be trusted fails
 closed: a file that cannot be read or has the wrong shape is reported (`ReloadLog.unreadable`)
@@ -21,6 +32,7 @@ and the hourly maximum counts as reached for an hour from the sidecar's start (o
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -32,7 +44,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import psutil
 
@@ -45,6 +57,7 @@ class Outcome:
     # not done, and not to be counted as a reload: ask again after this many seconds (an
     # eviction refused by the PodDisruptionBudget while another replica restarts)
     retry_after_s: Optional[float] = None
+    failed: bool = False  # carried out, but the server did not come back (no hello in time)
 
 
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
@@ -100,11 +113,19 @@ def refusal(pid: int, decided_t: Optional[float] = None,
 
 
 def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] = None,
-                     expected_start: Optional[Mapping[int, float]] = None) -> Outcome:
+                     expected_start: Optional[Mapping[int, float]] = None,
+                     hellos: Optional["Hellos"] = None) -> Outcome:
     """SIGTERM `pids`, SIGKILL those alive after `grace_s`. `decided_t` (the decision's
     wall-clock time) and `expected_start` (pid -> `process_start_time` when the pid was seen)
-    let it refuse a reused pid (`refusal`)."""
+    let it refuse a reused pid (`refusal`). A master among `pids` (`master_and_workers`, from
+    the agents' `hellos`) is not signalled: its workers are, and it replaces them."""
     started = time.monotonic()
+    kept = ""
+    if hellos is not None:
+        master, workers = master_and_workers(pids, hellos)
+        if master in pids and workers:
+            pids = set(pids) - {master}
+            kept = f"; master {master} not signalled (it replaces its workers)"
     procs, refused = [], []
     for pid in sorted(pids):
         why = refusal(pid, decided_t, (expected_start or {}).get(pid))
@@ -119,7 +140,7 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
             procs.append(p)
         except psutil.Error:
             continue
-    skipped = f"; refused {'; '.join(refused)}" if refused else ""
+    skipped = kept + (f"; refused {'; '.join(refused)}" if refused else "")
     if not procs:
         return Outcome(False, "no server process to signal" + skipped,
                        time.monotonic() - started)
@@ -162,26 +183,292 @@ def post_hook(url: str, timeout_s: float) -> Outcome:
         return Outcome(False, f"{type(e).__name__}: {e}", time.monotonic() - started)
 
 
+# -- the agents' hellos, and masters with workers ----------------------------------------------
+@dataclass(frozen=True)
+class Heard:
+    """A hello as the sidecar received it; `seq` orders arrivals."""
+    seq: int
+    pid: int
+    ppid: Optional[int]
+    server: Optional[str]
+
+
+class Hellos:
+    """The agents' hellos, fed by the daemon's loop each poll, read by a reload's thread: who
+    said hello (a worker has an agent; a master's other children, inductor's compile workers
+    or multiprocessing's resource tracker, have none) and who said it since a reload began.
+    Bounded: the last `keep` hellos and the latest of `keep` pids."""
+
+    def __init__(self, keep: int = 4096):
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._keep = keep
+        self._recent: collections.deque = collections.deque(maxlen=keep)
+        self._last: dict[int, Heard] = {}
+
+    def add(self, hellos: Iterable) -> None:
+        hellos = list(hellos)
+        if not hellos:
+            return
+        with self._cond:
+            for h in hellos:
+                self._seq += 1
+                heard = Heard(self._seq, h.pid, h.ppid if isinstance(h.ppid, int) else None,
+                              h.server if isinstance(h.server, str) else None)
+                self._recent.append(heard)
+                self._last.pop(h.pid, None)
+                self._last[h.pid] = heard
+                if len(self._last) > self._keep:
+                    del self._last[next(iter(self._last))]
+            self._cond.notify_all()
+
+    def mark(self) -> int:
+        with self._cond:
+            return self._seq
+
+    def heard(self, pid: int) -> Optional[Heard]:
+        with self._cond:
+            return self._last.get(pid)
+
+    def since(self, mark: int) -> list[Heard]:
+        with self._cond:
+            return [h for h in self._recent if h.seq > mark]
+
+    def wait_for(self, match: Callable[[Heard], bool], mark: int, timeout: float,
+                 give_up: Callable[[], bool] = lambda: False) -> Optional[Heard]:
+        """The first hello after `mark` that `match`es, waiting up to `timeout` seconds for it;
+        None on time out or once `give_up()` (checked every 0.2 s)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = next((h for h in self._recent if h.seq > mark and match(h)), None)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0 or give_up():
+                    return found
+                self._cond.wait(min(left, 0.2))
+
+
+def parent_of(pid: int) -> Optional[int]:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def master_and_workers(pids: set[int], hellos: Hellos) -> tuple[Optional[int], list[int]]:
+    """The server's master and its workers. Workers are processes among `pids` whose agents
+    said hello and whose parent (read now) is the master: one process among `pids`
+    (`gunicorn --preload`, or a configured unit or pidfile whose main pid is the master), else
+    the common parent of two or more of them (uvicorn --workers, gunicorn without --preload: a
+    master without the agent; one worker alone cannot be told from a shell that started one
+    server). (None, []) for a single process, even with children of its own (inductor's
+    compile workers say no hello), and when it is ambiguous (parents at several levels)."""
+    agents = {pid: parent_of(pid) for pid in pids if hellos.heard(pid) is not None}
+    agents = {pid: pp for pid, pp in agents.items() if pp is not None and pp > 1}
+    inside = {pp for pp in agents.values() if pp in pids}
+    if len(inside) == 1:
+        master = inside.pop()
+    elif not inside and len(agents) >= 2 and len(set(agents.values())) == 1:
+        master = next(iter(agents.values()))
+    else:
+        return None, []
+    return master, sorted(pid for pid, pp in agents.items() if pp == master)
+
+
+def _signal(pid: int, sig: int) -> Optional[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        p.send_signal(sig)
+        return p
+    except psutil.Error:
+        return None
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Exited (a zombie its master has not reaped yet counts as exited)."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _wait_gone(p: psutil.Process, timeout: float) -> bool:
+    """Whether `p` exited within `timeout`. A worker is its master's child, not ours: psutil's
+    wait sees it alive until the master reaps it, and a busy master (uvicorn's supervisor
+    pinging a starting worker) can take seconds to."""
+    deadline = time.monotonic() + timeout
+    while not _gone(p):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _no_master(method: str, pids: set[int]) -> str:
+    return (f"{method}: no master with workers among pids {sorted(pids)} (workers are known from "
+            f"their agents' hellos, re-sent every 30 s; a single worker needs its master in "
+            f"server.unit or server.pidfile): not carried out")
+
+
+def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
+            decided_t: Optional[float] = None,
+            expected_start: Optional[Mapping[int, float]] = None) -> Outcome:
+    """The master's workers one at a time: SIGTERM (SIGKILL after `grace_s`), the master forks
+    a replacement, and the next worker only once the replacement's agent said hello (its ppid
+    the master). No hello within `hello_timeout_s`: stop, the other workers still serving, and
+    report the reload failed."""
+    started = time.monotonic()
+    master, workers = master_and_workers(pids, hellos)
+    if master is None:
+        return Outcome(False, _no_master("rolling", pids), time.monotonic() - started)
+    expected = expected_start or {}
+    why = refusal(master, decided_t, expected.get(master))
+    if why is not None:
+        return Outcome(False, f"rolling: master {why}: not carried out",
+                       time.monotonic() - started)
+    old, done = set(pids) | set(workers), []
+    for i, pid in enumerate(workers, 1):
+        where = f"rolling: worker {pid} ({i} of {len(workers)}, master {master})"
+        why = refusal(pid, decided_t, expected.get(pid))
+        if why is not None:
+            return Outcome(False, f"{where}: refused {why}", time.monotonic() - started,
+                           failed=bool(done))
+        mark = hellos.mark()
+        p = _signal(pid, signal.SIGTERM)
+        killed = ""
+        if p is not None and not _wait_gone(p, grace_s):
+            try:
+                p.kill()
+                killed = f" (SIGKILL after {grace_s:g} s)"
+            except psutil.Error:
+                pass
+            _wait_gone(p, 5)
+        new = hellos.wait_for(lambda h: h.pid not in old and h.ppid == master, mark,
+                              hello_timeout_s, give_up=lambda: not psutil.pid_exists(master))
+        if new is None:
+            gone = "the master exited" if not psutil.pid_exists(master) else \
+                f"no hello from its replacement within {hello_timeout_s:g} s"
+            return Outcome(False, f"{where} stopped{killed}, {gone}; the next workers were "
+                                  f"left running", time.monotonic() - started, failed=True)
+        old.add(new.pid)
+        done.append(f"{pid}->{new.pid}{killed}")
+    return Outcome(True, f"rolling: {len(workers)} workers of master {master} replaced one at a "
+                         f"time, each replacement said hello ({', '.join(done)})",
+                   time.monotonic() - started)
+
+
+def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
+               decided_t: Optional[float] = None,
+               expected_start: Optional[Mapping[int, float]] = None) -> Outcome:
+    """SIGHUP to the master, which replaces its workers its own way (gunicorn: starts new ones
+    and stops the old at once; uvicorn >= 0.54: one at a time, each replacement ready before
+    the old one stops). Done when every old worker has exited and as many new children of the
+    master are alive and said hello; failed when that makes no progress (a hello or an exit)
+    for `hello_timeout_s` + `grace_s`. Stragglers are the master's to stop: not killed."""
+    started = time.monotonic()
+    master, workers = master_and_workers(pids, hellos)
+    if master is None:
+        return Outcome(False, _no_master("master-hup", pids), time.monotonic() - started)
+    why = refusal(master, decided_t, (expected_start or {}).get(master))
+    if why is not None:
+        return Outcome(False, f"master-hup: master {why}: not carried out",
+                       time.monotonic() - started)
+    old = set(pids) | set(workers)
+    procs = [p for p in (_try_process(w) for w in workers) if p is not None]
+    mark = hellos.mark()
+    if _signal(master, signal.SIGHUP) is None:
+        return Outcome(False, f"master-hup: master {master} is gone: not carried out",
+                       time.monotonic() - started)
+    stall = hello_timeout_s + grace_s
+    deadline, progress = time.monotonic() + stall, None
+    while True:
+        new = sorted({h.pid for h in hellos.since(mark)
+                      if h.pid not in old and h.ppid == master and psutil.pid_exists(h.pid)})
+        left = [p.pid for p in procs if not _gone(p)]
+        if len(new) >= len(workers) and not left:
+            return Outcome(True, f"master-hup: master {master} replaced its {len(workers)} "
+                                 f"workers {workers} by {new}, each said hello",
+                           time.monotonic() - started)
+        if (len(new), len(left)) != progress:
+            progress, deadline = (len(new), len(left)), time.monotonic() + stall
+        if time.monotonic() >= deadline or not psutil.pid_exists(master):
+            what = "the master exited" if not psutil.pid_exists(master) else \
+                f"no progress for {stall:g} s"
+            return Outcome(False, f"master-hup: {what}: {len(new)} of {len(workers)} new "
+                                  f"workers said hello, old workers {left} still running",
+                           time.monotonic() - started, failed=True)
+        hellos.wait_for(lambda h: False, hellos.mark(), 0.2)  # wakes early on a hello
+
+
+def _try_process(pid: int) -> Optional[psutil.Process]:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
+               timeout_s: float) -> Callable[[set[int]], Outcome]:
+    """`run`, then wait up to `timeout_s` for a new process of the server to say hello: its
+    pid new, and its server name one the old processes' agents gave, or its parent one of the
+    old processes or their parent (a supervisor: systemd, a shell loop, a master). No hello in
+    time: the reload failed (the server did not come back). `hellos` None or `timeout_s` 0:
+    `run` alone."""
+    if hellos is None or timeout_s <= 0:
+        return run
+
+    def reload_and_wait(pids: set[int]) -> Outcome:
+        started = time.monotonic()
+        mark = hellos.mark()
+        names = {h.server for h in map(hellos.heard, pids) if h is not None and h.server}
+        near = set(pids) | {pp for pp in map(parent_of, pids) if pp is not None and pp > 1}
+        near.discard(os.getpid())
+        done = run(pids)
+        if not done.ok:
+            return done
+        new = hellos.wait_for(lambda h: h.pid not in pids and (h.server in names or
+                                                                h.ppid in near),
+                              mark, timeout_s)
+        took = time.monotonic() - started
+        if new is None:
+            return Outcome(False, f"{done.detail}; no hello from a new process of the server "
+                                  f"within {timeout_s:g} s", took, failed=True)
+        return Outcome(True, f"{done.detail}; back: pid {new.pid} said hello", took)
+
+    return reload_and_wait
+
+
 def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
              expected_start: Optional[Mapping[int, float]] = None,
-             ) -> Optional[Callable[[set[int]], Outcome]]:
+             hellos: Optional[Hellos] = None) -> Optional[Callable[[set[int]], Outcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
-    `decided_t` and `expected_start`: see `signal_processes`."""
+    `decided_t` and `expected_start`: see `signal_processes`; `hellos`: the agents' hellos,
+    for masters and workers and for the server coming back (`back_after`)."""
+    wait = getattr(cfg, "hello_timeout_s", 0.0)
+    if cfg.method in ("rolling", "master-hup"):
+        how = rolling if cfg.method == "rolling" else master_hup
+        board = hellos if hellos is not None else Hellos()
+        return lambda pids: how(pids, cfg.grace_s, wait or DEFAULT_HELLO_TIMEOUT_S, board,
+                                decided_t, expected_start)
     if cfg.method == "signal":
-        return lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start)
-    if cfg.method == "systemd":
-        return lambda pids: run_command(["systemctl", "restart", cfg.unit or unit],
-                                        cfg.timeout_s)
-    if cfg.method == "http":
-        return lambda pids: post_hook(cfg.url, cfg.timeout_s)
-    if cfg.method == "command":
-        return lambda pids: run_command(list(cfg.command), cfg.timeout_s)
-    if cfg.method == "evict":  # Kubernetes fleet mode: the pod's own eviction (evict.py)
-        from torch_watchdog.sidecar.actions import evict
+        run = lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start,
+                                            hellos)
+    elif cfg.method == "systemd":
+        run = lambda pids: run_command(["systemctl", "restart", cfg.unit or unit],
+                                       cfg.timeout_s)
+    elif cfg.method == "http":
+        run = lambda pids: post_hook(cfg.url, cfg.timeout_s)
+    elif cfg.method == "command":
+        run = lambda pids: run_command(list(cfg.command), cfg.timeout_s)
+    elif cfg.method == "evict":  # Kubernetes fleet mode: the pod's own eviction (evict.py);
+        from torch_watchdog.sidecar.actions import evict  # this sidecar goes with the pod
         return evict.executor(cfg.timeout_s)
-    return None
+    else:
+        return None
+    return back_after(run, hellos, wait)
 
 
+DEFAULT_HELLO_TIMEOUT_S = 120.0
 CANCELLED = "cancelled: the forecast cleared"
 NOT_CARRIED_OUT = "not carried out: the sidecar stopped before acting"
 OUTCOME_UNKNOWN = "outcome unknown: the sidecar stopped while acting"

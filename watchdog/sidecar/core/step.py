@@ -50,6 +50,8 @@ class Server:
     parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
     events: int = 0                                # events folded into it so far
     last: Optional["_Poll"] = None                 # its last poll's inputs (a repeat is cheap)
+    failed: Optional[dict] = None                  # the last reload did not bring it back: the
+    # `reload_failed` alert's detail, until a new process of it says hello
 
     @property
     def busy(self) -> bool:
@@ -164,6 +166,8 @@ def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
                                {"old_pids": sorted(server.pids), "new_pid": e.pid}))
         _reset(host, server)
     server.gpus.update(e.devices)
+    if server.failed is not None and e.pid not in server.failed["old_pids"]:
+        server.failed = None  # back after all
     if isinstance(e.ppid, int):
         server.parents.add(e.ppid)
     return server
@@ -376,6 +380,8 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     refused = server.state.padding_refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
+    if server.failed is not None:
+        firing["reload_failed"] = {k: v for k, v in server.failed.items() if k != "old_pids"}
     if server.note is not None:
         firing["reload"] = dict(server.note)
         if server.note.get("done"):
@@ -389,14 +395,23 @@ def _on_outcome(host: Host, o: ReloadOutcome) -> list[policy.Action]:
     decision, server.reloading = server.reloading, None
     server.note = {"outcome": o.detail, "reload_seconds": round(o.seconds, 3), "done": True,
                    "cause": decision.detail.get("cause") if decision else None}
-    kind = "reload_ok" if o.ok else "reload_not_done"
+    # carried out but not back (no new hello in time): reload_failed, alerted until it is back
+    kind = "reload_ok" if o.ok else "reload_failed" if o.failed else "reload_not_done"
     action = _action(o.t, kind, "oom_forecast", server, dict(server.note))
     if not o.ok and o.retry_after_s is not None and decision is not None:
         # refused for now (a PodDisruptionBudget): no cooldown, not counted; asked again
         policy.forget_reload(server.policy, decision.t)
         server.policy.not_before = o.t + o.retry_after_s
-    if o.ok:  # the old processes are gone: the new one starts a fresh state
+    old = set(decision.pids) if decision else set(server.pids)
+    if o.failed:
+        server.failed = {**server.note, "old_pids": sorted(old)}
+    if o.ok:  # the old processes are gone: the new ones start a fresh state, keeping the
+        # replacements heard during the reload (a rolling reload's, whose hellos came first)
+        fresh = {pid: t for pid, t in server.pids.items() if pid not in old}
         _reset(host, server)
+        server.failed = None
+        server.pids.update(fresh)
+        host.owner.update(dict.fromkeys(fresh, server.name))
     return [action]
 
 

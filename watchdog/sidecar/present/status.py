@@ -158,9 +158,10 @@ def action_summary(a: dict[str, Any]) -> str:
         return f"alert {reason}{eta_text if forecast else ''}"
     if action == "reload":
         return f"reload decided ({reason}{eta_text}){' — dry run' if d.get('dry_run') else ''}"
-    if action in ("reload_ok", "reload_not_done"):
+    if action in ("reload_ok", "reload_not_done", "reload_failed"):
         took = d.get("reload_seconds")
-        done = "reload done" if action == "reload_ok" else "reload not done"
+        done = {"reload_ok": "reload done", "reload_failed": "reload failed"}.get(
+            action, "reload not done")
         return f"{done}: {d.get('outcome', '')}" + (f" ({took:.1f} s)" if took else "")
     return f"{action} {reason}"
 

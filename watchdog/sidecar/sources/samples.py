@@ -120,6 +120,7 @@ class ReloadOutcome:
     detail: str
     seconds: float = 0.0
     retry_after_s: Optional[float] = None  # not done, not counted: decide again after this
+    failed: bool = False   # carried out, but the server did not come back (no hello in time)
     kind = "reload_outcome"
 
 
@@ -128,13 +129,16 @@ def outcome_to_dict(o: ReloadOutcome) -> dict[str, Any]:
             "detail": o.detail, "seconds": o.seconds}
     if o.retry_after_s is not None:
         line["retry_after_s"] = o.retry_after_s
+    if o.failed:  # only then: other lines stay as they were
+        line["failed"] = True
     return line
 
 
 def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
     """Raises KeyError/TypeError/ValueError on a malformed line."""
-    if not isinstance(d["ok"], bool):
-        raise ValueError("ok must be a boolean")
+    if not isinstance(d["ok"], bool) or not isinstance(d.get("failed", False), bool):
+        raise ValueError("ok and failed must be booleans")
     retry = d.get("retry_after_s")
     return ReloadOutcome(float(d["t"]), str(d["server"]), d["ok"], str(d["detail"]),
-                         float(d.get("seconds", 0.0)), None if retry is None else float(retry))
+                         float(d.get("seconds", 0.0)), None if retry is None else float(retry),
+                         d.get("failed", False))
