@@ -31,6 +31,10 @@ SAMPLES = [
                limit_bytes=1 << 37, free_bytes=1 << 20, message=None),
     events.Dropped(t=2.0, pid=7, reason="socket", count=3, total=10),
     events.Mitigation(t=2.0, pid=7, name="graph_budget", action="engaged", detail="64 sizes"),
+    events.Drain(t=2.0, pid=7, phase="drained", grace_s=30.0, seconds=1.5, in_flight=0,
+                 exit_code=75, detail="1 callback"),
+    events.Warm(t=2.0, pid=7, action="loaded", path="/var/cache/torch-watchdog/x.bundle",
+                bytes=4096, seconds=0.2, detail=None),
 ]
 
 

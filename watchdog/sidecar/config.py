@@ -83,6 +83,10 @@ class ReloadConfig:
     command: Optional[list[str]] = None   # command: argv to run
     grace_s: float = 30.0                 # signal: SIGKILL this long after SIGTERM
     timeout_s: float = 120.0              # systemd, http, command: the longest a reload may take
+    # agent: the control socket the agents connect to (None: <agent.socket_path>.ctl); grace_s
+    # is the agent's bound on the calls in hand
+    control_path: Optional[str] = None
+    control_mode: int = 0o660
 
 
 @dataclass(frozen=True)
@@ -419,7 +423,7 @@ def _octal_mode(raw: Any) -> Any:
     return raw  # left as text: the type check reports it
 
 
-_COERCE = {"agent.socket_mode": _octal_mode}
+_COERCE = {"agent.socket_mode": _octal_mode, "reload.control_mode": _octal_mode}
 
 
 # --- semantic checks, run after the type checks on the typed Config ----------------------------
@@ -464,6 +468,8 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("alerts.resend_s", lambda v: v >= 1, "must be >= 1 second"),
     ("alerts.timeout_s", _positive, "must be > 0 seconds"),   # 0: every POST fails at once
     ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
+    ("reload.control_path", lambda v: v is None or os.path.isabs(v), "must be an absolute path"),
+    ("reload.control_mode", lambda v: 0 <= v <= 0o777, "must be a file mode 0..0o777"),
 )
 
 
@@ -473,7 +479,7 @@ def semantic_problems(config: Config) -> list[str]:
     for key, ok, what in _RULES:
         value = _lookup(config, key)
         if not ok(value):
-            shown = oct(value) if key == "agent.socket_mode" else repr(value)
+            shown = oct(value) if key.endswith("_mode") else repr(value)
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
@@ -515,7 +521,7 @@ def _servers_problems(config: Config) -> list[str]:
     return problems
 
 
-RELOAD_METHODS = ("none", "signal", "systemd", "http", "command")
+RELOAD_METHODS = ("none", "signal", "systemd", "http", "command", "agent")
 
 
 def _reload_problems(config: Config) -> list[str]:

@@ -6,7 +6,9 @@ Executors (config `reload.method`):
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
   model twice on the GPU (ops-anchors §4.1);
 - `http`: POST to the server's own drain/reload hook;
-- `command`: run a command.
+- `command`: run a command;
+- `agent`: ask the server's agents to drain and exit over the control socket
+  (actions/control.py, agent/drain.py); their supervisor starts the server again.
 One reload runs at a time, on a thread, so the poll loop keeps going. Each decision is written
 to `<state_dir>/reloads.json` *before* it is carried out, and marked when its execution starts
 (`ReloadLog.executing`), so a sidecar that restarts mid-reload does not reload again (the
@@ -159,10 +161,15 @@ def post_hook(url: str, timeout_s: float) -> Outcome:
 
 
 def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
-             expected_start: Optional[Mapping[int, float]] = None,
+             expected_start: Optional[Mapping[int, float]] = None, control=None,
              ) -> Optional[Callable[[set[int]], Outcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
-    `decided_t` and `expected_start`: see `signal_processes`."""
+    `decided_t` and `expected_start`: see `signal_processes`; `control`: the ControlServer
+    (method agent)."""
+    if cfg.method == "agent":
+        if control is None:
+            return lambda pids: Outcome(False, "the control socket is not open", 0.0)
+        return lambda pids: control.drain(pids, cfg.grace_s, decided_t)
     if cfg.method == "signal":
         return lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start)
     if cfg.method == "systemd":
