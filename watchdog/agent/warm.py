@@ -228,8 +228,7 @@ class _Skip(Exception):
 def _describe(info: Any) -> str:
     """CacheInfo: artifact counts per kind (inductor, aot_autograd, pgo, ...)."""
     try:
-        counts = {k.replace("_artifacts", ""): len(v) for k, v in vars(info).items()
-                  if isinstance(v, list) and v}
+        counts = {k: len(v) for k, v in dict(info.artifacts).items() if v}
         return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no artifacts"
     except Exception:
         return "artifacts"
