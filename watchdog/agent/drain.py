@@ -7,7 +7,8 @@ kubelet) starts the server again:
    (`<socket_path>.ctl`), connecting with backoff; it never blocks and never raises into
    the server. The agent only ever connects out: no other process can reach it, and it
    trusts the peer only if the kernel says (SO_PEERCRED, read at connect, no race with the
-   path) that the socket was bound by root, this process's own uid, or `control_uid`;
+   path) that the socket was bound by root, this process's own uid, `control_uid`, or the
+   owner of the socket's directory when only that owner may write there (`dir_owner`);
 2. on `{"v":1,"kind":"drain","grace_s":G}` a drain thread: `ready()` turns False (the
    server's health endpoint reads it: the load balancer stops sending work), the `on_drain`
    callbacks run, the watched calls in hand finish (at most G seconds in all), the compile
@@ -79,6 +80,18 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
         return None
 
 
+def dir_owner(path: str) -> frozenset:
+    """The owner of the socket's directory when no one else may create entries in it (no
+    group or other write bit): only that uid, or root, can have bound a socket there. The
+    packaged sidecar runs as its own user in /run/torch-watchdog (0750): trusted without
+    setting `control_uid`."""
+    try:
+        st = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return frozenset()
+    return frozenset() if st.st_mode & 0o022 else frozenset({st.st_uid})
+
+
 class ControlClient:
     """The agent's end of the control channel, polled by the sender thread every tick."""
 
@@ -134,7 +147,7 @@ class ControlClient:
             self._later(now)
             return
         uid = peer_uid(sock)
-        if uid is None or uid not in self.trusted:
+        if uid is None or uid not in self.trusted | dir_owner(self.path):
             sock.close()
             self.refused = (f"{self.path}: bound by uid {uid}, not one of "
                             f"{sorted(self.trusted)}: not the sidecar, ignored")
