@@ -158,6 +158,12 @@ class Run:
 
 
 def compile_facts(log: str) -> dict:
+    """From the new process's event log (its agent writes it every 0.1 s: wait for the
+    compile event a moment, it may come after the first answer was written down)."""
+    try:
+        wait_until(lambda: any(e["kind"] == "compile" for e in read_lines(log)), 10, "")
+    except TimeoutError:
+        pass
     ev = read_lines(log)
     compiles = [e for e in ev if e["kind"] in ("compile", "recompile")]
     warm = [{"action": e["action"], "seconds": round(e["seconds"] or 0, 3), "bytes": e["bytes"],
