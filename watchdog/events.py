@@ -212,11 +212,36 @@ class Padding(Event):
     kind = "padding"
 
 
+@dataclass(frozen=True)
+class Drain(Event):
+    """A cooperative drain (reload method `agent`, agent/drain.py): "draining" when the sidecar
+    asked (ready() is False from then on), "drained" right before the process exits."""
+    phase: str                    # "draining" | "drained"
+    grace_s: float                # the longest the agent waits for the calls in hand
+    seconds: Optional[float] = None   # drained: from the request to the exit
+    in_flight: Optional[int] = None   # drained: watched calls still running (0: all finished)
+    exit_code: Optional[int] = None   # drained: the code the process exits with
+    detail: Optional[str] = None
+    kind = "drain"
+
+
+@dataclass(frozen=True)
+class Warm(Event):
+    """The compile-artifact bundle (agent/warm.py): loaded at install, saved after warm-up and
+    before a planned exit, or skipped (mismatched, corrupt, unsupported) with the reason."""
+    action: str                   # "loaded" | "saved" | "skipped" | "missing"
+    path: Optional[str]
+    bytes: Optional[int]
+    seconds: Optional[float]
+    detail: Optional[str]
+    kind = "warm"
+
+
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (Hello, Heartbeat, Compile, Recompile, RecompileLimit, CudagraphRecord,
                 CudagraphWarning, GraphBreak, NewShape, Stall, Calls, Oom, Dropped, Mitigation,
-                Padding)
+                Padding, Drain, Warm)
 }
 _HINTS = {kind: typing.get_type_hints(cls) for kind, cls in KINDS.items()}
 _FIELDS = {kind: [f.name for f in dataclasses.fields(cls)] for kind, cls in KINDS.items()}

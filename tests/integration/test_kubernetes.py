@@ -170,6 +170,10 @@ def test_the_liveness_backstop_fails_only_while_the_requesting_process_lives(tmp
         with open(marker, "w") as fh:
             fh.write(f"{live.pid} {_start_time(live.pid)}")         # no newline: still read
         assert _liveness(marker) != 0
+        # the file the agent writes when it drains: the probe reads it as such
+        from torch_watchdog.agent.drain import write_restart_file
+        assert write_restart_file(marker, live.pid, "drain") is None
+        assert _liveness(marker) != 0
     finally:
         live.kill()
         live.wait()

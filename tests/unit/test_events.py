@@ -36,6 +36,10 @@ SAMPLES = [
     events.Padding(t=2.0, pid=7, name="llm", on=True, buckets=[64, 128], calls=10,
                    padded_calls=9, real_tokens=500, padding_tokens=76, checks=2,
                    check_seconds=0.01, max_error={"float32": 2.5e-07}, recordings_saved=7),
+    events.Drain(t=2.0, pid=7, phase="drained", grace_s=30.0, seconds=1.5, in_flight=0,
+                 exit_code=75, detail="1 callback"),
+    events.Warm(t=2.0, pid=7, action="loaded", path="/var/cache/torch-watchdog/x.bundle",
+                bytes=4096, seconds=0.2, detail=None),
 ]
 
 

@@ -36,8 +36,11 @@ _AFTER_FORK: list[Callable[[], None]] = []
 from torch_watchdog.agent.config import AgentConfig, resolve  # noqa: E402
 from torch_watchdog.agent import identity, timing  # noqa: E402
 from torch_watchdog.agent.timing import Watched, watch, watched  # noqa: E402
+from torch_watchdog.agent import drain  # noqa: E402
+from torch_watchdog.agent.drain import on_drain, ready  # noqa: E402
 
-__all__ = ["install", "uninstall", "watch", "current", "Agent", "AgentConfig", "Watched"]
+__all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Agent",
+           "AgentConfig", "Watched"]
 
 log = logging.getLogger("torch_watchdog.agent")
 _lock = threading.RLock()
@@ -71,11 +74,49 @@ class Agent:
         emit = self.emitter.emit
         self.budget = GraphBudget(torch, config.graph_budget, config.graph_budget_mode, emit)
         self.guard = RecompileGuard(torch, config.recompile_guard_after, emit)
-        self.hooks = TorchHooks(torch, emit, self.on_error, on_recompile=self.guard.note_recompile,
+        self.warm = self._warm(torch)
+        self.hooks = TorchHooks(torch, self._compile_emit if self.warm else emit, self.on_error,
+                                on_recompile=self.guard.note_recompile,
                                 on_cudagraph_key=self.budget.note_key)
         self.torch_version = str(torch.__version__)
+        control = config.control_path or drain.default_path(config.socket_path)
+        self.control = (drain.ControlClient(control, {0, os.geteuid(), config.control_uid},
+                                            self.drain, self.on_error, config.reconnect_s)
+                        if config.control and control else None)
+        self.drainer = drain.Drainer(self)
+
+    def _warm(self, torch: Any) -> Any:
+        from torch_watchdog.agent.warm import Warm
+
+        cfg = self.config
+        if not (cfg.warm and cfg.warm_dir and Warm.supported(torch)):
+            return None
+        name = cfg.warm_name or (self.server if not self.server.startswith(("pgid:", "pid:"))
+                                 else os.path.basename(sys.argv[0] or "") or "python")
+        return Warm(torch, cfg.warm_dir, name, self.emitter.emit, cfg.warm_save_quiet_s)
+
+    def _compile_emit(self, event: events.Event) -> None:
+        """The hooks' events (compiles, recordings: rare): what the warm bundle waits for."""
+        if event.kind in ("compile", "recompile", "cudagraph_record"):
+            self.warm.note_compile()
+        self.emitter.emit(event)
+
+    def drain(self, grace_s: float) -> None:
+        """The sidecar asked (control channel): drain and exit (drain.Drainer)."""
+        if self.drainer.start(grace_s):
+            log.warning("torch-watchdog agent: the sidecar asked this process to drain "
+                        "(grace %.0f s); exiting with %d once done", grace_s,
+                        self.config.drain_exit_code)
 
     def start(self) -> None:
+        if self.config.restart_file:
+            drain.clear_stale_restart_file(self.config.restart_file)
+        if self.warm is not None:  # before the hooks and the first compile
+            try:
+                self.warm.set_job_id()
+                self.warm.load()
+            except Exception as e:
+                self.on_error(e)
         self.hooks.install()
         timing.configure(emit=self.emitter.emit, max_shapes=self.config.max_shapes,
                          stall_ns=int(self.config.stall_threshold_s * 1e9))
@@ -90,6 +131,8 @@ class Agent:
         self.guard.release()
         self._emit_calls()
         self.emitter.stop()
+        if self.control is not None:
+            self.control.close()
 
     def after_fork(self) -> None:
         """In a forked child (at-fork hook): this agent becomes the child's. Plain assignments
@@ -107,6 +150,9 @@ class Agent:
         self.hooks.pid = os.getpid()  # the hooks' events name the child, not the master
         for w in list(watched):
             w.take_window()  # calls made before the fork are the master's to report
+        if self.control is not None:
+            self.control.after_fork()
+        self.drainer = drain.Drainer(self)
         running = self.emitter.after_fork()
         self.emitter.emit(self.hello())
         if running:
@@ -122,6 +168,10 @@ class Agent:
         """Every `tick_s` on the sender thread: heal hooks, mitigations, heartbeat, hello."""
         self.hooks.heal()
         self.guard.tick()
+        if self.control is not None:
+            self.control.poll()
+        if self.warm is not None and self.warm.due():
+            self.warm.save_in_background(self.on_error)
         now = time.monotonic()
         devices = self._devices or self.hooks.devices()  # known once CUDA is up
         if now >= self._next_hello or devices != self._devices:

@@ -39,6 +39,18 @@ class AgentConfig:
     recompile_guard_after: int = 0                # 0: off; else eager_on_recompile after N
     oom_observer: bool = True
     debug: bool = False                           # agent errors to stderr
+    # cooperative drain (drain.py): the sidecar's control socket; None: <socket_path>.ctl
+    control: bool = True
+    control_path: Optional[str] = None
+    control_uid: int = 0                          # the sidecar's uid, trusted besides root and
+                                                  # this process's own
+    drain_exit_code: int = 75                     # EX_TEMPFAIL: RestartForceExitStatus=75
+    restart_file: Optional[str] = "/run/torch-watchdog/restart-requested"
+    # warm restart (warm.py): torch.compiler cache artifacts, one bundle per (name, torch, GPU)
+    warm: bool = True
+    warm_dir: Optional[str] = "/var/cache/torch-watchdog"
+    warm_name: Optional[str] = None               # None: the server's name, else argv[0]
+    warm_save_quiet_s: float = 10.0               # saved once calls ran this long compile-free
 
 
 _ENV = {
@@ -56,6 +68,15 @@ _ENV = {
     "recompile_guard_after": "TORCH_WATCHDOG_RECOMPILE_GUARD_AFTER",
     "oom_observer": "TORCH_WATCHDOG_OOM_OBSERVER",
     "debug": "TORCH_WATCHDOG_DEBUG",
+    "control": "TORCH_WATCHDOG_CONTROL",
+    "control_path": "TORCH_WATCHDOG_CONTROL_PATH",
+    "control_uid": "TORCH_WATCHDOG_CONTROL_UID",
+    "drain_exit_code": "TORCH_WATCHDOG_DRAIN_EXIT_CODE",
+    "restart_file": "TORCH_WATCHDOG_RESTART_FILE",
+    "warm": "TORCH_WATCHDOG_WARM",
+    "warm_dir": "TORCH_WATCHDOG_WARM_DIR",
+    "warm_name": "TORCH_WATCHDOG_WARM_NAME",
+    "warm_save_quiet_s": "TORCH_WATCHDOG_WARM_SAVE_QUIET_S",
 }
 ENV_VARS = tuple(_ENV.values())
 _TYPES = {f.name: f.type for f in dataclasses.fields(AgentConfig)}
@@ -75,7 +96,8 @@ def parse_value(name: str, raw: Any) -> Any:
         raise ValueError(f"{name}: expected a boolean, got {raw!r}")
     if kind == "Optional[str]":
         value = None if raw is None or raw == "" else str(raw)
-        return check_name(value) if name == "server" and value is not None else value
+        named = name in ("server", "warm_name") and value is not None
+        return check_name(value) if named else value
     if kind == "str":
         if raw not in BUDGET_MODES:
             raise ValueError(f"{name}: expected one of {BUDGET_MODES}, got {raw!r}")
@@ -88,6 +110,8 @@ def parse_value(name: str, raw: Any) -> Any:
         raise ValueError(f"{name}: expected a number >= 0, got {raw!r}")
     if name in ("queue_size", "max_shapes", "tick_s", "heartbeat_s") and value == 0:
         raise ValueError(f"{name}: must be > 0")
+    if name == "drain_exit_code" and value > 255:
+        raise ValueError(f"{name}: an exit status is 0..255, got {raw!r}")
     return value
 
 

@@ -92,6 +92,10 @@ class ReloadConfig:
     # replacement): else reload_failed. The hello comes at the agent's import, after torch's
     # and before the model's load (GPU seed scenario: back 19.1 s after SIGTERM); 0: no check
     hello_timeout_s: float = 120.0
+    # agent: the control socket the agents connect to (None: <agent.socket_path>.ctl); grace_s
+    # is the agent's bound on the calls in hand
+    control_path: Optional[str] = None
+    control_mode: int = 0o660
 
 
 @dataclass(frozen=True)
@@ -441,7 +445,7 @@ def _octal_mode(raw: Any) -> Any:
     return raw  # left as text: the type check reports it
 
 
-_COERCE = {"agent.socket_mode": _octal_mode}
+_COERCE = {"agent.socket_mode": _octal_mode, "reload.control_mode": _octal_mode}
 
 
 # --- semantic checks, run after the type checks on the typed Config ----------------------------
@@ -491,6 +495,8 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
     ("gpu.attribution", lambda v: v in GPU_ATTRIBUTIONS, "one of " + ", ".join(GPU_ATTRIBUTIONS)),
     ("reload.hello_timeout_s", _not_negative, "must be >= 0 seconds (0: no check)"),
+    ("reload.control_path", lambda v: v is None or os.path.isabs(v), "must be an absolute path"),
+    ("reload.control_mode", lambda v: 0 <= v <= 0o777, "must be a file mode 0..0o777"),
 )
 
 
@@ -500,7 +506,7 @@ def semantic_problems(config: Config) -> list[str]:
     for key, ok, what in _RULES:
         value = _lookup(config, key)
         if not ok(value):
-            shown = oct(value) if key == "agent.socket_mode" else repr(value)
+            shown = oct(value) if key.endswith("_mode") else repr(value)
             problems.append(f"{key}: {what}, got {shown}")
     if config.server.unit is not None and config.server.pidfile is not None:
         problems.append("server: set only one of server.unit and server.pidfile")
@@ -543,7 +549,7 @@ def _servers_problems(config: Config) -> list[str]:
 
 
 RELOAD_METHODS = ("none", "signal", "rolling", "master-hup", "systemd", "http", "command",
-                  "evict")
+                  "evict", "agent")
 SIGNALLING = ("signal", "rolling", "master-hup")   # the sidecar signals processes itself
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
-from torch_watchdog.sidecar.actions import alerts, reload
+from torch_watchdog.sidecar.actions import alerts, control, reload
 from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
@@ -72,6 +72,7 @@ class Daemon:
         self.actions_total: collections.Counter = collections.Counter()
         self.findings_logged: dict[str, int] = {}  # per server
         self.receiver: Optional[Receiver] = None
+        self.control: Optional[control.ControlServer] = None  # reload.method agent
         self.pending: list = []
         self.sample_log = (JsonLines(cfg.sample_log, 5.0, cfg.sample_log_max_bytes)
                            if cfg.sample_log else None)
@@ -107,6 +108,10 @@ class Daemon:
         agent = self.cfg.agent
         self.receiver = Receiver(agent.socket_path, set(agent.allowed_uids)
                                  if agent.allowed_uids is not None else None, agent.socket_mode)
+        if self.cfg.reload.method == "agent":
+            self.control = control.ControlServer(
+                control.path_for(self.cfg), self.cfg.reload.control_mode,
+                set(agent.allowed_uids) if agent.allowed_uids is not None else None)
         if self.serve_metrics:
             self.http = serve(self.cfg.metrics_address, self.cfg.metrics_port, self.registry,
                               lambda: self.status)
@@ -227,6 +232,8 @@ class Daemon:
         self.notifier.stopping()
         if self.receiver is not None:
             self.receiver.close()
+        if self.control is not None:
+            self.control.close()
         self.nvml.close()
         self.processes.close()
         if self.sender is not None:
@@ -376,7 +383,7 @@ class Daemon:
                                   decided_t=self.decided_wall.pop(action.server, None),
                                   expected_start={p: self.started[p] for p in action.pids
                                                   if self.started.get(p) is not None},
-                                  hellos=self.hellos)
+                                  hellos=self.hellos, control=self.control)
             if run is None:
                 return
             self.reload_log.executing(action.detail["decided_t"], action.server)

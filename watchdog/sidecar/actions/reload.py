@@ -14,7 +14,9 @@ Executors (config `reload.method`):
   model twice on the GPU (ops-anchors §4.1);
 - `http`: POST to the server's own drain/reload hook;
 - `command`: run a command;
-- `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py).
+- `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py);
+- `agent`: ask the server's agents to drain and exit over the control socket
+  (actions/control.py, agent/drain.py); their supervisor starts the server again.
 After any method but `evict` (the sidecar goes with its pod), a reload succeeded only once a
 new process of the server said hello within `hello_timeout_s` (else `Outcome.failed`: the
 `reload_failed` outcome, not `reload_ok`; 0 skips the check, for a server without the agent);
@@ -440,16 +442,23 @@ def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
 
 def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
              expected_start: Optional[Mapping[int, float]] = None,
-             hellos: Optional[Hellos] = None) -> Optional[Callable[[set[int]], Outcome]]:
+             hellos: Optional[Hellos] = None, control=None,
+             ) -> Optional[Callable[[set[int]], Outcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
     `decided_t` and `expected_start`: see `signal_processes`; `hellos`: the agents' hellos,
-    for masters and workers and for the server coming back (`back_after`)."""
+    for masters and workers and for the server coming back (`back_after`); `control`: the
+    ControlServer (method agent)."""
     wait = getattr(cfg, "hello_timeout_s", 0.0)
     if cfg.method in ("rolling", "master-hup"):
         how = rolling if cfg.method == "rolling" else master_hup
         board = hellos if hellos is not None else Hellos()
         return lambda pids: how(pids, cfg.grace_s, wait or DEFAULT_HELLO_TIMEOUT_S, board,
                                 decided_t, expected_start)
+    if cfg.method == "agent":
+        if control is None:
+            return lambda pids: Outcome(False, "the control socket is not open", 0.0)
+        return back_after(lambda pids: control.drain(pids, cfg.grace_s, decided_t), hellos,
+                          wait)
     if cfg.method == "signal":
         run = lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start,
                                             hellos)

@@ -1,0 +1,363 @@
+"""Cooperative drain (reload method `agent`): `ready()`, `on_drain()`, the control channel.
+
+The sidecar asks; the agent drains; a supervisor (systemd `RestartForceExitStatus=75`, the
+kubelet) starts the server again:
+
+1. the agent's sender thread keeps a stream connection to the sidecar's control socket
+   (`<socket_path>.ctl`), connecting with backoff; it never blocks and never raises into
+   the server. The agent only ever connects out: no other process can reach it, and it
+   trusts the peer only if the kernel says (SO_PEERCRED, read at connect, no race with the
+   path) that the socket was bound by root, this process's own uid, `control_uid`, or the
+   owner of the socket's directory when only that owner may write there (`dir_owner`);
+2. on `{"v":1,"kind":"drain","grace_s":G}` a drain thread: `ready()` turns False (the
+   server's health endpoint reads it: the load balancer stops sending work), the `on_drain`
+   callbacks run, the watched calls in hand finish (at most G seconds in all), the compile
+   artifacts are saved (warm.py), `restart_file` is written (a Kubernetes exec liveness probe
+   fails on it, a backstop should the exit hang), a `drain` event ("drained") goes to the
+   sidecar and the reply to the control socket, the events are flushed, and the process
+   exits with `drain_exit_code` (75, EX_TEMPFAIL) through os._exit: atexit handlers do not
+   run; the server's own cleanup belongs in an on_drain callback.
+
+A call in hand is seen through timing's current-call slot (set by every watched call, None
+between calls: no change to the hot path). With several serving threads that slot is the
+last writer's, so the wait also asks for the call totals to stand still for QUIET_S.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from torch_watchdog import events
+from torch_watchdog.agent import _AFTER_FORK, timing
+
+EX_TEMPFAIL = 75
+QUIET_S = 0.05          # no watched call completed for this long, and none in hand: drained
+BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
+MAX_LINE = 4096         # a control message is ~60 bytes
+MAX_GRACE_S = 3600.0
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+_ready = True
+_callbacks: list[Callable[[], Any]] = []
+
+
+def ready() -> bool:
+    """False once a drain began: the server's health/readiness endpoint should report it."""
+    return _ready
+
+
+def on_drain(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Register `fn()` to run when the sidecar asks this process to drain (on the agent's
+    drain thread, before it waits for the calls in hand); usable as a decorator."""
+    _callbacks.append(fn)
+    return fn
+
+
+def _reset_after_fork() -> None:
+    global _ready
+    _ready = True  # a child forked by a draining master starts serving (its own agent)
+
+
+_AFTER_FORK.append(_reset_after_fork)
+
+
+def default_path(socket_path: Optional[str]) -> Optional[str]:
+    return socket_path + ".ctl" if socket_path else None
+
+
+def peer_uid(sock: socket.socket) -> Optional[int]:
+    """The uid that bound the listening end (Linux SO_PEERCRED; None elsewhere)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        return _PEERCRED.unpack(raw)[1]
+    except (OSError, AttributeError):
+        return None
+
+
+def dir_owner(path: str) -> frozenset:
+    """The owner of the socket's directory when no one else may create entries in it (no
+    group or other write bit): only that uid, or root, can have bound a socket there. The
+    packaged sidecar runs as its own user in /run/torch-watchdog (0750): trusted without
+    setting `control_uid`."""
+    try:
+        st = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return frozenset()
+    return frozenset() if st.st_mode & 0o022 else frozenset({st.st_uid})
+
+
+class ControlClient:
+    """The agent's end of the control channel, polled by the sender thread every tick."""
+
+    def __init__(self, path: str, trusted_uids: set[int], on_drain_request: Callable[[float], None],
+                 on_error: Callable[[BaseException], None], reconnect_s: float = 1.0):
+        self.path = path
+        self.trusted = frozenset(trusted_uids)
+        self._on_request = on_drain_request
+        self._on_error = on_error
+        self._base = max(reconnect_s, 0.05)
+        self._backoff = self._base
+        self._retry_at = 0.0
+        self._sock: Optional[socket.socket] = None
+        self._buf = b""
+        self._lock = threading.Lock()   # send() runs on the drain thread
+        self.refused: Optional[str] = None  # why the last peer was not trusted
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if self._sock is None:
+            if now < self._retry_at:
+                return
+            self._connect(now)
+            if self._sock is None:
+                return
+        try:
+            data = self._sock.recv(MAX_LINE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the sidecar went away: reconnect from the base period
+            self._drop(time.monotonic(), reset=True)
+            return
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self._message(line)
+        if len(self._buf) > MAX_LINE:
+            self._drop(time.monotonic(), reset=False)
+
+    def _connect(self, now: float) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.path)  # a Unix connect completes at once, or fails (EAGAIN)
+        except OSError:
+            sock.close()
+            self._later(now)
+            return
+        uid = peer_uid(sock)
+        if uid is None or uid not in self.trusted | dir_owner(self.path):
+            sock.close()
+            self.refused = (f"{self.path}: bound by uid {uid}, not one of "
+                            f"{sorted(self.trusted)}: not the sidecar, ignored")
+            self._later(now)  # backing off as for an absent sidecar: the real one may come
+            return
+        self.refused = None
+        self._sock, self._buf, self._backoff = sock, b"", self._base
+
+    def _later(self, now: float) -> None:
+        self._retry_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _drop(self, now: float, reset: bool) -> None:
+        self.close()
+        if reset:
+            self._backoff = self._base
+        self._later(now)
+
+    def _message(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+            if (isinstance(msg, dict) and msg.get("v") == 1 and msg.get("kind") == "drain"):
+                grace = msg.get("grace_s", 30.0)
+                if isinstance(grace, bool) or not isinstance(grace, (int, float)) or \
+                        not grace >= 0:
+                    grace = 30.0
+                self._on_request(min(float(grace), MAX_GRACE_S))
+        except Exception as e:  # a message we cannot read is ignored, never raised
+            self._on_error(e)
+
+    def send(self, obj: dict) -> bool:
+        """Best effort, from any thread, never waiting: one line to the sidecar (~150 bytes
+        into an idle connection's empty buffer; the sender thread may be in recv meanwhile)."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return False
+            data = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+            try:
+                return sock.send(data) == len(data)
+            except OSError:
+                return False
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's connection is the parent's (its peer pid)."""
+        self.close()  # the child's copy of the descriptor only
+        self._lock = threading.Lock()
+        self._buf, self._retry_at, self._backoff = b"", 0.0, self._base
+
+
+def in_flight() -> int:
+    """1 while a watched call runs (the last writer's view, see the module docstring)."""
+    return 0 if timing.current_shape() is None else 1
+
+
+def _total_calls() -> int:
+    total = 0
+    for w in list(timing.watched):
+        try:
+            total += w.calls
+        except Exception:
+            pass
+    return total
+
+
+def wait_idle(deadline: float, quiet_s: float = QUIET_S) -> int:
+    """Until no watched call is in hand and none completed for `quiet_s`, or `deadline`
+    (time.monotonic()); returns the calls still in hand then (0 or 1)."""
+    last, since = _total_calls(), time.monotonic()
+    while True:
+        now = time.monotonic()
+        calls = _total_calls()
+        if calls != last or in_flight():
+            last, since = calls, now
+        elif now - since >= quiet_s:
+            return 0
+        if now >= deadline:
+            return in_flight()
+        time.sleep(0.005)
+
+
+def write_restart_file(path: str, pid: int, reason: str) -> Optional[str]:
+    """The restart request an exec liveness probe reads (deploy/kubernetes/deployment.yaml):
+    one line "<pid> <start time in clock ticks, /proc/<pid>/stat field 22> <reason>". The probe
+    fails only while that very process still runs (the file is on a volume that outlives the
+    container, and a pid alone could be reused); None, or why it was not written."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{pid}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{pid} {_start_ticks(pid)} {reason}\n")
+        os.replace(tmp, path)
+        return None
+    except (OSError, ValueError, IndexError) as e:
+        return f"{path}: {getattr(e, 'strerror', None) or e}"
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[19])
+
+
+def clear_stale_restart_file(path: str) -> None:
+    """At install: a request left by a process that is gone (or that had our pid: a restarted
+    container's server is pid 1 again) no longer stands."""
+    try:
+        with open(path) as fh:
+            pid = int(fh.read(64).split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    alive = isinstance(pid, int) and pid > 0 and pid != os.getpid() and \
+        os.path.exists(f"/proc/{pid}")
+    if not alive:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+class Drainer:
+    """One drain, on its own thread: the steps of the module docstring, then os._exit."""
+
+    def __init__(self, agent: Any, exit: Callable[[int], None] = os._exit):
+        self.agent = agent
+        self._exit = exit
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self, grace_s: float) -> bool:
+        global _ready
+        if self.thread is not None:
+            return False  # one drain per process; a repeated request changes nothing
+        _ready = False
+        self.thread = threading.Thread(target=self._run, args=(grace_s,),
+                                       name="torch-watchdog-drain", daemon=True)
+        self.thread.start()
+        return True
+
+    def _run(self, grace_s: float) -> None:
+        agent, cfg = self.agent, self.agent.config
+        started = time.monotonic()
+        deadline = started + grace_s
+        pid, notes = os.getpid(), []
+        emit = agent.emitter.emit
+        try:
+            emit(events.Drain(t=time.time(), pid=pid, phase="draining", grace_s=grace_s))
+            failed = _run_callbacks(deadline)
+            if failed:
+                notes.append(failed)
+            left = wait_idle(deadline)
+            if agent.warm is not None:
+                note = agent.warm.save("drain")
+                if note:
+                    notes.append(note)
+            if cfg.restart_file:
+                why = write_restart_file(cfg.restart_file, pid, "drain")
+                if why:
+                    notes.append(f"restart file not written: {why}")
+            took = time.monotonic() - started
+            detail = "; ".join(notes) or None
+            emit(events.Drain(t=time.time(), pid=pid, phase="drained", grace_s=grace_s,
+                              seconds=took, in_flight=left, exit_code=cfg.drain_exit_code,
+                              detail=events.clip(detail, 500)))
+            if agent.control is not None:
+                agent.control.send({"v": 1, "kind": "drained", "pid": pid, "in_flight": left,
+                                    "seconds": round(took, 3),
+                                    "exit_code": cfg.drain_exit_code, "detail": detail})
+        except Exception as e:
+            agent.on_error(e)
+        finally:
+            self._leave(cfg.drain_exit_code)
+
+    def _leave(self, code: int) -> None:
+        from torch_watchdog import agent as package
+
+        try:
+            package.uninstall()  # flushes the queued events (the "drained" one) to the sidecar
+        except Exception:
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        self._exit(code)
+
+
+def _run_callbacks(deadline: float) -> Optional[str]:
+    """Each on_drain callback on its own daemon thread, joined until `deadline`: a callback
+    that hangs does not hold the exit. Returns what went wrong, or None."""
+    problems = []
+    for fn in list(_callbacks):
+        error: list = []
+
+        def call(fn: Callable[[], Any] = fn, error: list = error) -> None:
+            try:
+                fn()
+            except BaseException as e:  # the server's code: reported, never propagated
+                error.append(e)
+
+        t = threading.Thread(target=call, name="torch-watchdog-on-drain", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        name = getattr(fn, "__qualname__", repr(fn))
+        if t.is_alive():
+            problems.append(f"on_drain {name} still running at the grace deadline")
+        elif error:
+            problems.append(f"on_drain {name} raised {type(error[0]).__name__}: {error[0]}")
+    return "; ".join(problems) or None

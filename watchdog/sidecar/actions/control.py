@@ -1,0 +1,256 @@
+"""The sidecar's end of the control channel: reload method `agent` (cooperative drain).
+
+A Unix stream socket (`reload.control_path`, default `<agent.socket_path>.ctl`, mode
+`reload.control_mode`) that each agent connects to (agent/drain.py). Only the sidecar can
+use it: the agents connect out and trust the peer only if the kernel says it was bound by
+the sidecar's uid (or root); nothing a client sends is ever passed on to another one.
+
+The sidecar knows each connection's peer by SO_PEERCRED (pid and uid at connect, from the
+kernel) and its start time: a drain goes only to a pid that is one of the server's watched
+pids *and* is still the process that connected (a reused pid is refused, as for signals).
+With `agent.allowed_uids`, connections from other uids are closed at once.
+
+A thread accepts and reads (select, 0.5 s); the poll loop never waits on an agent. `drain()`
+runs on the reload thread: it sends `{"v":1,"kind":"drain","grace_s":G}` to each connected
+process of the server, waits for each one's "drained" reply (or the end of its connection)
+for G + REPLY_SLACK_S, then for the processes to exit (EXIT_WAIT_S).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import psutil
+
+from torch_watchdog.sidecar.actions.reload import Outcome, process_start_time, refusal
+from torch_watchdog.sidecar.sources.receiver import _remove_stale_socket
+
+MAX_PEERS = 1024        # connections held; more are closed (a local flood cannot use up fds)
+MAX_LINE = 4096
+REPLY_SLACK_S = 10.0    # past the grace: the agent saves its bundle and flushes its events
+EXIT_WAIT_S = 15.0      # from "drained" to the process gone (its flush is bounded by 2 s)
+_PEERCRED = struct.Struct("3i")
+
+
+@dataclass
+class Peer:
+    sock: socket.socket
+    pid: int
+    uid: int
+    started: Optional[float]          # process_start_time at accept
+    buf: bytes = b""
+    replies: list = field(default_factory=list)
+    closed: bool = False
+
+
+class ControlServer:
+    def __init__(self, path: str, mode: int = 0o660, allowed_uids: Optional[set[int]] = None):
+        self.path = path
+        self.allowed = None if allowed_uids is None else frozenset(allowed_uids)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o750, exist_ok=True)
+        _remove_stale_socket(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(path)
+            os.chmod(path, mode)
+            sock.listen(64)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._peers: dict[int, Peer] = {}       # by pid: the latest connection of a process
+        self._by_fd: dict[int, Peer] = {}
+        self._cond = threading.Condition()
+        self._wake_r, self._wake_w = os.pipe()
+        self.refused = 0                        # connections closed at accept
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="torch-watchdog-control",
+                                        daemon=True)
+        self._thread.start()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def connected(self) -> dict[int, int]:
+        """pid -> uid of the agents connected now."""
+        with self._cond:
+            return {pid: p.uid for pid, p in self._peers.items() if not p.closed}
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while self._running:
+            with self._cond:
+                fds = [self._sock.fileno(), self._wake_r, *self._by_fd]
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.5)
+            except (OSError, ValueError):
+                time.sleep(0.05)  # a descriptor closed under us: rebuild the list
+                continue
+            for fd in ready:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 64)
+                    except OSError:
+                        pass
+                elif fd == self._sock.fileno():
+                    self._accept()
+                else:
+                    self._read(fd)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            try:
+                pid, uid, _gid = _PEERCRED.unpack(
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            except OSError:
+                conn.close()
+                self.refused += 1
+                continue
+            # pid 0: a peer in another pid namespace; a uid not allowed; too many held
+            if pid <= 0 or (self.allowed is not None and uid not in self.allowed) or \
+                    len(self._by_fd) >= MAX_PEERS:
+                conn.close()
+                self.refused += 1
+                continue
+            conn.setblocking(False)
+            peer = Peer(conn, pid, uid, process_start_time(pid))
+            with self._cond:
+                old = self._peers.get(pid)
+                if old is not None:
+                    self._forget(old)
+                self._peers[pid] = peer
+                self._by_fd[conn.fileno()] = peer
+
+    def _read(self, fd: int) -> None:
+        with self._cond:
+            peer = self._by_fd.get(fd)
+        if peer is None:
+            return
+        try:
+            data = peer.sock.recv(MAX_LINE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        with self._cond:
+            if not data:
+                self._forget(peer)
+            else:
+                peer.buf += data
+                while b"\n" in peer.buf:
+                    line, peer.buf = peer.buf.split(b"\n", 1)
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(msg, dict) and msg.get("kind") == "drained":
+                        peer.replies.append(msg)
+                if len(peer.buf) > MAX_LINE:
+                    self._forget(peer)
+            self._cond.notify_all()
+
+    def _forget(self, peer: Peer) -> None:
+        """With the condition held."""
+        peer.closed = True
+        self._by_fd.pop(peer.sock.fileno(), None)
+        if self._peers.get(peer.pid) is peer:
+            del self._peers[peer.pid]
+        try:
+            peer.sock.close()
+        except OSError:
+            pass
+
+    # -- the reload thread ---------------------------------------------------------------------
+    def drain(self, pids: set[int], grace_s: float, decided_t: Optional[float] = None
+              ) -> Outcome:
+        """Ask each connected process among `pids` to drain; ok once every one asked said
+        "drained" and exited."""
+        started = time.monotonic()
+        asked, refused, notes = [], [], []
+        with self._cond:
+            targets = [self._peers[p] for p in sorted(pids) if p in self._peers]
+        for peer in targets:
+            why = refusal(peer.pid, decided_t, peer.started)
+            if why is not None:
+                refused.append(why)
+                continue
+            line = json.dumps({"v": 1, "kind": "drain", "grace_s": grace_s}).encode() + b"\n"
+            try:
+                peer.sock.send(line)  # ~40 bytes into an empty buffer: never blocks
+                asked.append(peer)
+            except OSError as e:
+                refused.append(f"pid {peer.pid}: {e.strerror or e}")
+        skipped = f"; refused {'; '.join(refused)}" if refused else ""
+        if not asked:
+            return Outcome(False, "no agent of the server is connected to the control socket "
+                           f"(pids {sorted(pids)}){skipped}", time.monotonic() - started)
+        deadline = started + grace_s + REPLY_SLACK_S
+        with self._cond:
+            self._cond.wait_for(lambda: all(p.replies or p.closed for p in asked),
+                                max(0.0, deadline - time.monotonic()))
+            replies = {p.pid: (p.replies[0] if p.replies else None) for p in asked}
+        procs = []
+        for p in asked:
+            try:
+                procs.append(psutil.Process(p.pid))
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=EXIT_WAIT_S) if procs else ([], [])
+        silent = [pid for pid, r in replies.items() if r is None]
+        took = time.monotonic() - started
+        if silent:
+            notes.append(f"no drained reply from pid(s) {silent}")
+        if alive:
+            notes.append(f"pid(s) {sorted(p.pid for p in alive)} still running")
+        done = [r for r in replies.values() if r is not None]
+        left = sum(int(r.get("in_flight") or 0) for r in done)
+        codes = sorted({r.get("exit_code") for r in done if isinstance(r.get("exit_code"), int)})
+        what = (f"drained {len(done)} of {len(asked)} process(es), exit code "
+                f"{'/'.join(map(str, codes)) or '?'}, "
+                + ("calls in hand finished" if not left else f"{left} call(s) still in hand "
+                   f"at the grace deadline"))
+        extra = [r.get("detail") for r in done if r.get("detail")]
+        detail = "; ".join([what, *notes, *extra]) + skipped
+        return Outcome(not silent and not alive, detail[:1000], took)
+
+    def close(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        self._thread.join(2.0)
+        with self._cond:
+            for peer in list(self._by_fd.values()):
+                self._forget(peer)
+        self._sock.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def path_for(cfg) -> str:
+    """The control socket of a sidecar config: reload.control_path or <agent.socket_path>.ctl."""
+    return cfg.reload.control_path or cfg.agent.socket_path + ".ctl"
