@@ -434,8 +434,6 @@ class Padded:
             self.max_error[dtype] = max(self.max_error.get(dtype, 0.0), err)
         if ok:
             self.checked.add(bucket)
-            del reference
-            _release_cached_memory()
             return served
         self._refuse(f"length {n} padded to {bucket}: {problem}",
                      max(errors.values(), default=None))
@@ -503,16 +501,3 @@ def wrap(watched: Any, policy: Any, name: str) -> Padded:
 
 
 _AFTER_FORK.append(_after_fork)
-
-
-def _release_cached_memory() -> None:
-    """Give back what a check's eager run left in the caching allocator: its activations for
-    the longest lengths stay cached, not freed (+814 MB over a run on the H200, 12-layer model
-    at 2048 tokens, with no graph recorded). Checks are rare (each bucket's first call and a
-    sample), and the CUDA graphs' private pools are not touched by empty_cache()."""
-    try:
-        import torch
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-    except Exception:
-        pass
