@@ -42,6 +42,7 @@ _LIMIT_FN_RE = re.compile(r"function: '([^']*)' \(([^)]*)\)")
 _LIMIT_REASON_RE = re.compile(r"last reason: (.*)")
 _BREAK_AT_RE = re.compile(r"in user code at (\S+)")
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+_REASON_RE = re.compile(r"^(?:Graph Break )?Reason:", re.MULTILINE)
 _LIMIT_FAIL_RE = re.compile(r"(recompile|cache_size)_limit|recompile limit exceeded")
 # "Graph Break Reason:" text that only says which bytecode was traced (2.9+ put the real cause
 # in a paragraph of its own below it)
@@ -146,16 +147,16 @@ def graph_break_details(text: str, exc: Optional[BaseException] = None
                         ) -> tuple[str, Optional[str]]:
     """(cause, "file:line" of the user's code) of one graph-break log message, any layout.
 
-    2.6+: "Graph break in user code at F:L\nGraph Break Reason: <cause>\n<user stack>"; from
+    2.6+: "Graph break in user code at F:L\n[Graph Break ]Reason: <cause>\n<user stack>"; from
     2.9 the cause opens with a generic "Encountered graph break when attempting to trace …"
     paragraph, then "<type>\n  Explanation: <what>" — we keep "<type>: <what>". 2.4: "Graph
     break: from user code at:\n<user stack>", the cause only in the exception (exc_info).
     """
     where = _BREAK_AT_RE.search(text)
     location = where.group(1) if where else None
-    head, sep, body = text.partition("Graph Break Reason:")
-    if not sep:
-        body = ""
+    reason_at = _REASON_RE.search(text)
+    head = text[:reason_at.start()] if reason_at else text
+    body = text[reason_at.end():] if reason_at else ""
     if location is None:
         stack = head.split("Traceback (most recent call last)", 1)[0]
         frames = _FRAME_RE.findall(stack)
