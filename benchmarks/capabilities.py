@@ -128,24 +128,24 @@ def _yes(flag: bool, yes: str = "yes", no: str = "no") -> str:
 def table(probes: list[dict]) -> str:
     probes = sorted(probes, key=lambda p: tuple(int(x) for x in re.findall(r"\d+", p["torch"])))
     rows = [
-        "| torch | recompiles | limit hits | graph breaks | FX-cache hits / misses | compile ids "
+        "| torch | recompiles | limit hits | graph breaks | FX cache | compile ids "
         "| recompile reason from | graph-break cause (a `print`) | graph budget | recompile guard |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in probes:
         caps = p["capabilities"]
         cause = (p["graph_break"]["reason"] or "").replace("|", "\\|")
-        cause = cause if len(cause) <= 70 else cause[:69] + "…"
+        cause = cause if len(cause) <= 60 else cause[:59] + "…"
         where = os.path.basename(p["graph_break"]["location"] or "") or "none"
         rows.append(" | ".join([
             f"| {p['torch']}", _vs(p, "recompile"), _vs(p, "recompile_limit"),
             _vs(p, "graph_break"),
-            f"{_vs(p, 'fx_cache_hits')} / {_vs(p, 'fx_cache_misses')} "
-            f"({_yes(caps.get('fx_cache_fields'), 'per compile', 'torch counters')})",
+            f"hits {_vs(p, 'fx_cache_hits')}, misses {_vs(p, 'fx_cache_misses')} "
+            f"({_yes(caps.get('fx_cache_fields'), 'metrics', 'counters')})",
             _yes(p["compile_ids"]),
             _yes(caps.get("recompile_reason"), "metrics", "guard failures"),
             f"`{cause}` at `{where}`",
-            _yes(caps.get("cudagraph_capture_sizes"), "capture_sizes or eager", "eager only"),
+            _yes(caps.get("cudagraph_capture_sizes"), "capture_sizes, eager", "eager"),
             _yes(caps.get("set_stance"), "yes", "unavailable") + " |",
         ]))
     return "\n".join(rows)

@@ -1,11 +1,16 @@
 """What each torch release writes for a graph break and a recompile-limit hit (copied from
 `TORCH_LOGS=graph_breaks` runs of PyPI's builds), and what the agent makes of it: the user's
-file:line and the cause, on every layout. No torch needed: these run on any version."""
+file:line and the cause, on every layout; FX-cache numbers with and without per-compile fields.
+No torch calls: these hold whatever torch is installed."""
 from __future__ import annotations
+
+import collections
+import logging
+from types import SimpleNamespace
 
 import pytest
 
-from torch_watchdog.agent.hooks import graph_break_details, is_limit_hit
+from torch_watchdog.agent.hooks import TorchHooks, graph_break_details, is_limit_hit
 
 
 class Unsupported(Exception):  # torch._dynamo.exc.Unsupported: the 2.4 cause, in exc_info
@@ -91,3 +96,54 @@ def test_a_2_4_graph_break_skip_names_the_innermost_user_frame_not_torch():
 ])
 def test_limit_hits_under_every_name(fail_reason, hit):
     assert is_limit_hit(fail_reason) is hit
+
+
+# -- FX-graph cache numbers per compile, with and without per-compile metrics fields ---------
+def _metrics_class(fx_fields: bool):
+    fields = dict(compile_id=None, co_name="forward", co_filename="/srv/m.py",
+                  co_firstlineno=3, cache_size=0, fail_reason=None,
+                  entire_frame_compile_time_s=0.5)
+    if fx_fields:  # 2.6+
+        fields.update(inductor_fx_local_cache_hit_count=None,
+                      inductor_fx_local_cache_miss_count=None)
+    return type("CompilationMetrics", (), fields)
+
+
+def _hooks(counters):
+    torch = SimpleNamespace(_dynamo=SimpleNamespace(
+        utils=SimpleNamespace(counters=counters, guard_failures={}),
+        config=SimpleNamespace(cache_size_limit=8)))
+    got = []
+    hooks = TorchHooks(torch, got.append, on_error=lambda e: got.append(e))
+    hooks._fx_seen = hooks._fx_counters()
+    return hooks, got
+
+
+def _record(m):
+    return logging.LogRecord("torch._utils_internal", logging.INFO, __file__, 1, "%s", (m,), None)
+
+
+def test_fx_cache_numbers_from_torchs_counters_before_2_6():
+    counters = collections.defaultdict(collections.Counter)
+    hooks, got = _hooks(counters)
+    cls = _metrics_class(fx_fields=False)
+    counters["inductor"]["fxgraph_cache_miss"] += 1  # an Inductor compile that missed
+    hooks._on_metrics_record(_record(cls()))
+    hooks._on_metrics_record(_record(cls()))  # an eager compile: no counter moved
+    counters["inductor"].clear()  # torch._dynamo.reset() on some versions
+    counters["inductor"]["fxgraph_cache_hit"] += 1
+    hooks._on_metrics_record(_record(cls()))
+    assert [(e.fx_cache_hits, e.fx_cache_misses) for e in got] == [(0, 1), (None, None),
+                                                                   (1, 0)]
+
+
+def test_per_compile_fields_win_and_an_eager_compile_takes_no_inductor_hit():
+    counters = collections.defaultdict(collections.Counter)
+    hooks, got = _hooks(counters)
+    cls = _metrics_class(fx_fields=True)
+    counters["inductor"]["fxgraph_cache_hit"] += 1
+    inductor = cls()
+    inductor.inductor_fx_local_cache_hit_count, inductor.inductor_fx_local_cache_miss_count = 1, 0
+    hooks._on_metrics_record(_record(inductor))
+    hooks._on_metrics_record(_record(cls()))  # eager, after: the counters' hit is not its own
+    assert [(e.fx_cache_hits, e.fx_cache_misses) for e in got] == [(1, 0), (None, None)]

@@ -376,8 +376,9 @@ class TorchHooks:
         compile_id = getattr(m, "compile_id", None)
         compile_id = None if compile_id is None else str(compile_id)
         fail = getattr(m, "fail_reason", None) or ""
-        hits, misses = _fx_cache(m, "hit"), _fx_cache(m, "miss")
-        if hits is None and misses is None:
+        if any(hasattr(m, name) for names in _FX_FIELDS.values() for name in names):
+            hits, misses = _fx_cache(m, "hit"), _fx_cache(m, "miss")  # None: not Inductor
+        else:
             hits, misses = self._fx_counter_delta()
         if is_limit_hit(fail):
             if getattr(tls, "limit_warned", False):
