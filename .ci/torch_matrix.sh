@@ -9,26 +9,25 @@
 # libcudart.so.12, so a --no-deps install does not import).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 work=$(mktemp -d "${TMPDIR:-/tmp}/torch-matrix.XXXXXX")
-results=${TORCH_MATRIX_RESULTS:-$work/results}
-mkdir -p "$results"
-trap 'rm -rf "$work/venv"' EXIT
+results=${TORCH_MATRIX_RESULTS:-${TMPDIR:-/tmp}/torch-matrix-results}
+mkdir -p "$results" "$work/tmp"
+trap 'rm -rf "$work"' EXIT
 # every test that imports torch or the agent (make test runs them all on the pinned torch)
 tests=(tests/integration/test_agent_torch.py tests/integration/test_agent_process.py
        tests/integration/test_agent_fork.py tests/chaos/test_agent_faults.py
        tests/unit/test_timing.py tests/unit/test_emitter.py tests/unit/test_events.py
-       tests/unit/test_identity.py tests/unit/test_config.py)
+       tests/unit/test_identity.py tests/unit/test_config.py tests/unit/test_torch_layouts.py)
 status=0
 for version in "$@"; do
   start=$SECONDS
   venv=$work/venv
   rm -rf "$venv"
   python3 -m venv "$venv"
-  # no wheel cache: three versions would leave 15-20 GB of it behind
-  "$venv/bin/pip" install -q --no-cache-dir "torch==$version" numpy
+  # no wheel cache, pip's scratch inside $work: three versions would leave 15-20 GB behind
+  TMPDIR=$work/tmp "$venv/bin/pip" install -q --no-cache-dir "torch==$version" numpy
   # the agent extra accepts the torch just installed: nothing is replaced
-  "$venv/bin/pip" install -q --no-cache-dir -e ".[agent,test]"
+  TMPDIR=$work/tmp "$venv/bin/pip" install -q --no-cache-dir -e ".[agent,test]"
   installed=$((SECONDS - start))
   if "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}"; then
     outcome=passed
@@ -38,9 +37,8 @@ for version in "$@"; do
   fi
   "$venv/bin/python" benchmarks/capabilities.py --json "$results/caps-$version.json" \
     >/dev/null || status=1
-  rm -rf "$venv"
+  rm -rf "$venv" "$work/tmp"/*
   echo "torch $version: tests $outcome; install ${installed}s, total $((SECONDS - start))s;" \
        "probe in $results/caps-$version.json"
 done
-rm -rf "$work/venv"
 exit $status
