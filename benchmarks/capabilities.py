@@ -140,8 +140,7 @@ def table(probes: list[dict]) -> str:
         rows.append(" | ".join([
             f"| {p['torch']}", _vs(p, "recompile"), _vs(p, "recompile_limit"),
             _vs(p, "graph_break"),
-            f"hits {_vs(p, 'fx_cache_hits')}, misses {_vs(p, 'fx_cache_misses')} "
-            f"({_yes(caps.get('fx_cache_fields'), 'metrics', 'counters')})",
+            f"hits {_vs(p, 'fx_cache_hits')}, misses {_vs(p, 'fx_cache_misses')}",
             _yes(p["compile_ids"]),
             _yes(caps.get("recompile_reason"), "metrics", "guard failures"),
             f"`{cause}` at `{where}`",

@@ -147,3 +147,11 @@ def test_per_compile_fields_win_and_an_eager_compile_takes_no_inductor_hit():
     hooks._on_metrics_record(_record(inductor))
     hooks._on_metrics_record(_record(cls()))  # eager, after: the counters' hit is not its own
     assert [(e.fx_cache_hits, e.fx_cache_misses) for e in got] == [(1, 0), (None, None)]
+
+
+def test_2_6_metrics_with_empty_fields_fall_back_to_the_counters():
+    counters = collections.defaultdict(collections.Counter)
+    hooks, got = _hooks(counters)
+    counters["inductor"]["fxgraph_cache_hit"] += 1  # 2.6 counts it; its metrics fields stay None
+    hooks._on_metrics_record(_record(_metrics_class(fx_fields=True)()))
+    assert [(e.fx_cache_hits, e.fx_cache_misses) for e in got] == [(1, 0)]

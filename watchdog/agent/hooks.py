@@ -19,8 +19,8 @@ What differs between torch versions (each measured on PyPI's 2.4.1, 2.6.0, 2.9.1
 - a graph break's log record: "Graph break: from user code at:" + the user's stack, the cause
   only in the record's exc_info (2.4); "Graph break in user code at FILE:LINE" + "Graph Break
   Reason:" (2.6+), whose cause from 2.9 is a paragraph of its own ("Explanation: …");
-- FX-graph cache hits/misses: per-compile metrics fields from 2.6 (renamed across versions),
-  else the deltas of torch's `counters["inductor"]["fxgraph_cache_hit"/"_miss"]` (2.4).
+- FX-graph cache hits/misses: per-compile metrics fields (2.6 has them but leaves the local
+  ones None), else the deltas of torch's `counters["inductor"]["fxgraph_cache_hit"/"_miss"]`.
 """
 from __future__ import annotations
 
@@ -376,10 +376,10 @@ class TorchHooks:
         compile_id = getattr(m, "compile_id", None)
         compile_id = None if compile_id is None else str(compile_id)
         fail = getattr(m, "fail_reason", None) or ""
-        if any(hasattr(m, name) for names in _FX_FIELDS.values() for name in names):
-            hits, misses = _fx_cache(m, "hit"), _fx_cache(m, "miss")  # None: not Inductor
-        else:
-            hits, misses = self._fx_counter_delta()
+        counted = self._fx_counter_delta()  # always: keeps the counters' baseline current
+        hits, misses = _fx_cache(m, "hit"), _fx_cache(m, "miss")
+        if hits is None and misses is None:  # 2.6 has the fields but fills them only remotely
+            hits, misses = counted
         if is_limit_hit(fail):
             if getattr(tls, "limit_warned", False):
                 tls.limit_warned = False  # the warning already reported this hit
@@ -406,9 +406,10 @@ class TorchHooks:
                 int(inductor.get("fxgraph_cache_miss", 0)))
 
     def _fx_counter_delta(self) -> tuple[Optional[int], Optional[int]]:
-        """torch < 2.6: this compile's FX-cache hits and misses as the change of torch's
-        process-wide counters since the previous compile's metrics (Dynamo compiles one frame
-        at a time). None when neither moved: no Inductor compile (another backend)."""
+        """This compile's FX-cache hits and misses as the change of torch's process-wide
+        counters since the previous compile's metrics (Dynamo compiles one frame at a time):
+        what 2.4-2.6 report, whose metrics have no (filled) per-compile fields. None when
+        neither moved: no Inductor compile (another backend)."""
         now = self._fx_counters()
         if now is None:
             return None, None
