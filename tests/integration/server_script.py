@@ -20,7 +20,10 @@ def main() -> int:
     model = torch.compile(f, dynamic=False, backend="eager")
     if os.environ.get("WITH_AGENT") == "1":
         model = torch_watchdog.agent.watch(model, name="toy")
-    with torch._dynamo.config.patch(recompile_limit=2):
+    # recompile_limit from 2.7; cache_size_limit (still an alias later) before
+    limit = ("recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit")
+             else "cache_size_limit")
+    with torch._dynamo.config.patch(**{limit: 2}):
         for n in (3, 4, 5, 6, 3):
             out = model(torch.ones(n))
             assert torch.equal(out, torch.full((n,), 2.0))

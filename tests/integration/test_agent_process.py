@@ -83,7 +83,7 @@ torch_watchdog.agent.uninstall()
 def test_compiles_report_the_inductor_cache_so_a_restart_shows_its_cost(short_tmp):
     """A restarted server with a persistent TORCHINDUCTOR_CACHE_DIR hits the FX-graph cache;
     the first run misses. The agent reports both on each compile event."""
-    env = dict(os.environ, PYTHONPATH=with_root(),
+    env = dict(os.environ, PYTHONPATH=with_root(), TORCHINDUCTOR_FX_GRAPH_CACHE="1",  # < 2.5: off
                TORCHINDUCTOR_CACHE_DIR=os.path.join(short_tmp, "inductor"))
     runs = []
     for n in range(2):

@@ -7,6 +7,9 @@ from torch_watchdog import events
 from torch_watchdog.agent import timing
 from torch_watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, watch
 
+# torch.OutOfMemoryError from 2.5; torch.cuda's name for the same class on every version
+OutOfMemoryError = torch.cuda.OutOfMemoryError
+
 
 @pytest.fixture
 def emitted():
@@ -89,9 +92,9 @@ def test_exceptions_pass_through_unchanged_and_ooms_are_reported(emitted):
 def test_oom_already_seen_by_the_allocator_is_not_reported_twice(emitted):
     def observed_oom(x):
         tls.oom_ns = time.perf_counter_ns()
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(OutOfMemoryError):
         watch(observed_oom)(torch.ones(1))
     assert not [e for e in emitted if e.kind == "oom"]
 
@@ -108,7 +111,7 @@ def test_odd_arguments_never_break_the_call(emitted):
 
 
 def test_is_oom():
-    assert is_oom(torch.OutOfMemoryError("x"))
+    assert is_oom(OutOfMemoryError("x"))
     assert is_oom(RuntimeError("CUDA error: out of memory"))
     assert not is_oom(RuntimeError("shape mismatch"))
     assert not is_oom(ValueError("out of memory"))

@@ -1,4 +1,4 @@
-"""Torch hooks → events, chosen by feature detection (torch 2.3 → 2.14; reference torch-hooks §0, §8).
+"""Torch hooks → events, chosen by feature detection (torch 2.4 → 2.14; reference torch-hooks §0, §8).
 
 Sources, each optional:
 - `CompilationMetrics` pushed through logger `torch._utils_internal` (every Dynamo compile, the
@@ -12,6 +12,15 @@ Sources, each optional:
 - The CUDA allocator's OOM observer, attached once CUDA is initialised (never initialised by us:
   that would break servers that fork after import).
 Every hook body is wrapped: an error is counted (`on_error`), never raised into torch.
+
+What differs between torch versions (each measured on PyPI's 2.4.1, 2.6.0, 2.9.1 and 2.13.0):
+- a recompile-limit hit's metrics entry: `fail_reason` "cache_size_limit reached" (≤ 2.6),
+  "recompile_limit reached" (2.7–2.9), "Dynamo recompile limit exceeded…" (2.10+);
+- a graph break's log record: "Graph break: from user code at:" + the user's stack, the cause
+  only in the record's exc_info (2.4); "Graph break in user code at FILE:LINE" + "Graph Break
+  Reason:" (2.6+), whose cause from 2.9 is a paragraph of its own ("Explanation: …");
+- FX-graph cache hits/misses: per-compile metrics fields (2.6 has them but leaves the local
+  ones None), else the deltas of torch's `counters["inductor"]["fxgraph_cache_hit"/"_miss"]`.
 """
 from __future__ import annotations
 
@@ -32,6 +41,12 @@ _LIMIT_RE = re.compile(r"hit config\.(\w+) \((\d+)\)")
 _LIMIT_FN_RE = re.compile(r"function: '([^']*)' \(([^)]*)\)")
 _LIMIT_REASON_RE = re.compile(r"last reason: (.*)")
 _BREAK_AT_RE = re.compile(r"in user code at (\S+)")
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+_REASON_RE = re.compile(r"^(?:Graph Break )?Reason:", re.MULTILINE)
+_LIMIT_FAIL_RE = re.compile(r"(recompile|cache_size)_limit|recompile limit exceeded")
+# "Graph Break Reason:" text that only says which bytecode was traced (2.9+ put the real cause
+# in a paragraph of its own below it)
+_TRACE_PREAMBLE = "Encountered graph break when attempting to trace"
 _SIZES_RE = re.compile(r"observed (\d+) distinct sizes")
 _ATTEMPT_RE = re.compile(r"(\d+)/(\d+)")
 
@@ -106,12 +121,70 @@ def _key_list(key: Any) -> Optional[list[int]]:
         return None
 
 
+# Per-compile FX-graph cache fields of CompilationMetrics, newest names first: local plus
+# remote where torch splits them.
+_FX_FIELDS = {
+    "hit": ("inductor_fx_local_cache_hit_count", "inductor_fx_remote_cache_hit_count",
+            "inductor_fx_cache_hit_count", "fx_graph_cache_hit_count"),
+    "miss": ("inductor_fx_local_cache_miss_count", "inductor_fx_remote_cache_miss_count",
+             "inductor_fx_cache_miss_count", "fx_graph_cache_miss_count"),
+}
+
+
 def _fx_cache(m: Any, which: str) -> Optional[int]:
-    """Inductor FX-graph cache hits or misses of one compile, local plus remote (2.6+)."""
-    counts = [getattr(m, f"inductor_fx_{where}_cache_{which}_count", None)
-              for where in ("local", "remote")]
+    """Inductor FX-graph cache hits or misses of one compile from its metrics, else None."""
+    counts = [getattr(m, name, None) for name in _FX_FIELDS[which]]
     counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
     return sum(counts) if counts else None
+
+
+def is_limit_hit(fail_reason: Optional[str]) -> bool:
+    """Is this compile's `fail_reason` a recompile-limit hit, on any supported torch?"""
+    return bool(fail_reason) and bool(_LIMIT_FAIL_RE.search(fail_reason))
+
+
+def graph_break_details(text: str, exc: Optional[BaseException] = None
+                        ) -> tuple[str, Optional[str]]:
+    """(cause, "file:line" of the user's code) of one graph-break log message, any layout.
+
+    2.6+: "Graph break in user code at F:L\n[Graph Break ]Reason: <cause>\n<user stack>"; from
+    2.9 the cause opens with a generic "Encountered graph break when attempting to trace …"
+    paragraph, then "<type>\n  Explanation: <what>" — we keep "<type>: <what>". 2.4: "Graph
+    break: from user code at:\n<user stack>", the cause only in the exception (exc_info).
+    """
+    where = _BREAK_AT_RE.search(text)
+    location = where.group(1) if where else None
+    reason_at = _REASON_RE.search(text)
+    head = text[:reason_at.start()] if reason_at else text
+    body = text[reason_at.end():] if reason_at else ""
+    if location is None:
+        stack = head.split("Traceback (most recent call last)", 1)[0]
+        frames = _FRAME_RE.findall(stack)
+        if frames:  # the innermost user frame is the line that broke the graph
+            location = f"{frames[-1][0]}:{frames[-1][1]}"
+    body = body.split("User code traceback:", 1)[0]
+    paragraphs = [p.strip() for p in body.split("\n\n") if p.strip()]
+    reason = ""
+    for p in paragraphs:
+        lines = [ln.strip() for ln in p.splitlines() if ln.strip()]
+        for i, ln in enumerate(lines):
+            if ln.startswith("Explanation:"):
+                what = ln[len("Explanation:"):].strip()
+                reason = f"{lines[i - 1]}: {what}" if i > 0 else what
+                break
+        if reason:
+            break
+    if not reason:
+        causes = [p for p in paragraphs if not p.startswith(_TRACE_PREAMBLE)] or paragraphs
+        if causes:
+            reason = " ".join(causes[0].split())
+    if exc is not None and (not reason or reason.startswith(_TRACE_PREAMBLE)):
+        msg = str(getattr(exc, "msg", None) or exc).strip()
+        if msg:
+            reason = f"{type(exc).__name__}: {msg.splitlines()[0]}"
+    if not reason:
+        reason = text.split("\n", 1)[0]
+    return reason, location
 
 
 def _function_name(m: Any) -> Optional[str]:
@@ -149,6 +222,7 @@ class TorchHooks:
         self._handler: Any = None
         self._callbacks_on = False
         self._shape_keys: dict[Any, Any] = {}  # watched input shape -> cudagraph key (warm-up)
+        self._fx_seen: Optional[tuple[int, int]] = None  # torch's FX-cache counters (< 2.6)
         self.installed = False
 
     # -- life cycle ---------------------------------------------------------------------
@@ -168,6 +242,7 @@ class TorchHooks:
         for tap in self.taps:
             tap.attach()
         self._install_callbacks()
+        self._fx_seen = self._fx_counters()  # hits before install are not ours to report
         self.capabilities = self._detect()
         self.attach_oom_observer()
         self.installed = True
@@ -202,8 +277,11 @@ class TorchHooks:
             "cudagraph_recording_callback": hasattr(
                 getattr(torch._dynamo.callback, "CallbackTrigger", None), "CUDAGRAPH_RECORDING"),
             "compilation_metrics": self._metrics_flowing(),
+            "compile_ids": "compile_id" in fields,
             "recompile_reason": "recompile_reason" in fields,
             "guard_failures": hasattr(dyn_utils, "guard_failures"),
+            "fx_cache_fields": any(n in fields for names in _FX_FIELDS.values() for n in names),
+            "fx_cache_counters": self._fx_counters() is not None,
             "cudagraph_capture_sizes": hasattr(triton_cfg, "cudagraph_capture_sizes"),
             "set_stance": hasattr(getattr(torch, "compiler", None), "set_stance"),
             "oom_observer": hasattr(torch._C, "_cuda_attach_out_of_memory_observer"),
@@ -298,7 +376,11 @@ class TorchHooks:
         compile_id = getattr(m, "compile_id", None)
         compile_id = None if compile_id is None else str(compile_id)
         fail = getattr(m, "fail_reason", None) or ""
-        if fail.startswith("Dynamo recompile limit exceeded") or "cache_size_limit" in fail:
+        counted = self._fx_counter_delta()  # always: keeps the counters' baseline current
+        hits, misses = _fx_cache(m, "hit"), _fx_cache(m, "miss")
+        if hits is None and misses is None:  # 2.6 has the fields but fills them only remotely
+            hits, misses = counted
+        if is_limit_hit(fail):
             if getattr(tls, "limit_warned", False):
                 tls.limit_warned = False  # the warning already reported this hit
                 return
@@ -312,8 +394,30 @@ class TorchHooks:
         if recompile and not reason:
             reason = self._guard_failure_reason(m)
         seconds = getattr(m, "entire_frame_compile_time_s", None)
-        self._compiled(compile_id, _function_name(m), seconds, recompile, reason,
-                       _fx_cache(m, "hit"), _fx_cache(m, "miss"))
+        self._compiled(compile_id, _function_name(m), seconds, recompile, reason, hits, misses)
+
+    def _fx_counters(self) -> Optional[tuple[int, int]]:
+        counters = getattr(getattr(self.torch._dynamo, "utils", None), "counters", None)
+        try:
+            inductor = counters["inductor"]  # a defaultdict of Counters: created when absent
+        except (TypeError, KeyError):
+            return None
+        return (int(inductor.get("fxgraph_cache_hit", 0)),
+                int(inductor.get("fxgraph_cache_miss", 0)))
+
+    def _fx_counter_delta(self) -> tuple[Optional[int], Optional[int]]:
+        """This compile's FX-cache hits and misses as the change of torch's process-wide
+        counters since the previous compile's metrics (Dynamo compiles one frame at a time):
+        what 2.4-2.6 report, whose metrics have no (filled) per-compile fields. None when
+        neither moved: no Inductor compile (another backend)."""
+        now = self._fx_counters()
+        if now is None:
+            return None, None
+        before, self._fx_seen = self._fx_seen, now
+        if before is None or now[0] < before[0] or now[1] < before[1]:
+            before = (0, 0)  # counters were cleared (torch._dynamo.reset in some versions)
+        hits, misses = now[0] - before[0], now[1] - before[1]
+        return (hits, misses) if hits or misses else (None, None)
 
     def _compiled(self, compile_id: Optional[str], function: Optional[str],
                   seconds: Optional[float], recompile: Optional[bool],
@@ -377,11 +481,12 @@ class TorchHooks:
         text = record.getMessage()
         if "Graph break" not in text:
             return
-        where = _BREAK_AT_RE.search(text)
-        reason = text.split("Graph Break Reason:", 1)[1] if "Graph Break Reason:" in text else ""
-        reason = reason.split("\n\n", 1)[0].strip() or text.split("\n", 1)[0]
+        exc_info = record.exc_info
+        exc = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) > 1 else None
+        reason, location = graph_break_details(
+            text, exc if isinstance(exc, BaseException) else None)
         self.emit(events.GraphBreak(t=time.time(), pid=self.pid, reason=events.clip(reason),
-                                    location=where.group(1) if where else None))
+                                    location=events.clip(location, 300)))
 
     def _on_cudagraph_tree(self, record: logging.LogRecord) -> None:
         msg = record.msg if isinstance(record.msg, str) else ""
