@@ -73,7 +73,8 @@ class Compile(Event):
     compile_id: Optional[str]
     function: Optional[str]
     seconds: Optional[float]
-    # Inductor FX-graph cache hits/misses of this compile (torch 2.6+ metrics; else None): a
+    # Inductor FX-graph cache hits/misses of this compile (per-compile metrics where torch fills
+    # them, else the change in torch's own cache counters; None where neither exists): a
     # restart without a persistent TORCHINDUCTOR_CACHE_DIR misses and compiles from scratch
     fx_cache_hits: Optional[int] = None
     fx_cache_misses: Optional[int] = None

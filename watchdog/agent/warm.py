@@ -29,12 +29,11 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
 
-from torch_watchdog import events
+from torch_watchdog import durable, events
 
 log = logging.getLogger("torch_watchdog.agent")
 FORMAT = "torch-watchdog-warm/1"
@@ -235,27 +234,4 @@ def _describe(info: Any) -> str:
 
 
 def _write_atomic(path: str, header: bytes, payload: bytes) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".warm.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(header)
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    durable.write_atomic(path, header + payload, prefix=".warm.", dir_mode=0o700)

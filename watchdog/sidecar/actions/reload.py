@@ -40,7 +40,6 @@ import math
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
@@ -49,6 +48,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 import psutil
+
+from torch_watchdog import durable
 
 
 @dataclass(frozen=True)
@@ -641,26 +642,9 @@ class ReloadLog:
     def _write(self) -> None:
         """Atomic and durable: a crash or power loss leaves the old file or the new one,
         never a truncated one (the rename is made durable by the directory's fsync)."""
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"reloads": self.entries}, fh, indent=1, allow_nan=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        durable.write_atomic(self.path, json.dumps({"reloads": self.entries}, indent=1,
+                                                   allow_nan=False).encode(),
+                             prefix=TEMP_PREFIX)
 
 
 class _Unreadable(Exception):
