@@ -37,7 +37,10 @@ from torch_watchdog import events
 from torch_watchdog.agent import _AFTER_FORK, timing
 
 EX_TEMPFAIL = 75
-QUIET_S = 0.05          # no watched call completed for this long, and none in hand: drained
+# no watched call completed for this long, and none in hand: drained. Long enough for the
+# server's own loop to see ready() False between two requests: at 50 ms, a loop descheduled on
+# a loaded 2-core machine had read ready() just before the drain and never saw it turn
+QUIET_S = 0.25
 BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
 MAX_LINE = 4096         # a control message is ~60 bytes
 MAX_GRACE_S = 3600.0
