@@ -140,3 +140,26 @@ def test_garbage_from_the_sidecar_end_never_starts_a_drain(short_tmp):
     finally:
         c.close()
         listener.close()
+
+
+def test_a_restart_request_stands_only_while_its_process_runs(tmp_path):
+    import subprocess
+    import sys
+
+    from torch_watchdog.agent.drain import clear_stale_restart_file, write_restart_file
+    path = str(tmp_path / "restart-requested")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert write_restart_file(path, live.pid, "drain") is None
+        clear_stale_restart_file(path)
+        assert os.path.exists(path)  # that process still runs: the request stands
+        pid, ticks, _ = open(path).read().split()
+        for stale in (f"{pid} {int(ticks) + 1} drain\n",       # the pid is another process now
+                      f"{os.getpid()} 1 drain\n"):             # ours: a restarted container
+            open(path, "w").write(stale)
+            clear_stale_restart_file(path)
+            assert not os.path.exists(path), stale
+    finally:
+        live.kill()
+        live.wait()
+    assert write_restart_file(path, live.pid, "drain") is not None  # gone: no start time

@@ -259,16 +259,19 @@ def _start_ticks(pid: int) -> int:
 
 
 def clear_stale_restart_file(path: str) -> None:
-    """At install: a request left by a process that is gone (or that had our pid: a restarted
-    container's server is pid 1 again) no longer stands."""
+    """At install: a request whose process no longer runs no longer stands: that pid gone, or
+    now another process (its start time differs, as the liveness probe checks), or our own pid
+    (a restarted container's server is pid 1 again)."""
     try:
         with open(path) as fh:
-            pid = int(fh.read(64).split()[0])
-    except (OSError, ValueError, IndexError):
+            pid, ticks = (int(v) for v in fh.read(64).split()[:2])
+    except (OSError, ValueError):
         return
-    alive = isinstance(pid, int) and pid > 0 and pid != os.getpid() and \
-        os.path.exists(f"/proc/{pid}")
-    if not alive:
+    try:
+        stands = pid > 0 and pid != os.getpid() and _start_ticks(pid) == ticks
+    except (OSError, ValueError, IndexError):
+        stands = False
+    if not stands:
         try:
             os.unlink(path)
         except OSError:
