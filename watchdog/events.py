@@ -187,7 +187,8 @@ class Mitigation(Event):
     name: str                     # "graph_budget", "recompile_guard" or "padding"
     action: str                   # "engaged" or "unavailable"; padding: "engaged" (a first
                                   # plan), "plan" (buckets added), "refused" (padding changed an
-                                  # output, or failed: off for that model)
+                                  # output, or failed: off for that model), "checks_capped"
+                                  # (sampled checks stopped), "check_pool_off" (no private pool)
     detail: str
     model: Optional[str] = None   # padding: the watched model
     error: Optional[float] = None  # padding refused: the relative error seen at real positions
@@ -210,6 +211,12 @@ class Padding(Event):
     check_seconds: float          # the time those unpadded runs and comparisons took
     max_error: dict[str, float]   # the largest relative error seen, per output dtype
     recordings_saved: int         # lengths served through a bucket less the buckets used
+    # where the checks' unpadded runs allocate (agent/pad.py CheckMemory); None on a CPU
+    check_pool: Optional[str] = None        # "released" | "kept" | "shared"
+    check_pool_bytes: Optional[int] = None  # the largest a check's allocations reserved
+    check_left_bytes: Optional[int] = None  # reserved memory sampled checks left behind
+    checks_skipped: Optional[int] = None    # sampled checks not run (memory bounds, below)
+    checks_stopped: Optional[str] = None    # why sampled checks stopped (the cap), if they did
     kind = "padding"
 
 

@@ -295,3 +295,90 @@ def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
                   pad=pad.Tokens(buckets=(16,)))
     model(torch.arange(5))  # no dimension 1: not padded, and padding stays on
     assert shapes == [(5,)] and model.on and model.padded_calls == 0
+
+
+# -- the checks' memory (CheckMemory): which calls are checked after warm-up, the cap -------
+def test_sampled_checks_run_only_at_lengths_already_covered_by_a_check(emitted):
+    shapes = []
+    model = watch(lambda x: shapes.append(x.shape[1]) or x * 2, "sampled",
+                  pad=pad.Tokens(buckets=(64,), sample=1.0))
+    for n in (20, 30, 10, 20):
+        assert torch.equal(model(ids(n) * 0 + 3), torch.full((1, n), 6))
+    # 20: the bucket's first check; 30: longer than any check so far, not checked (its bucket's
+    # first check covers it); 10 and 20: their footprint is covered, checked
+    assert shapes == [64, 20, 64, 64, 10, 64, 20]
+    stats = model.stats()
+    assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (3, 1, None)
+    assert stats.check_pool is None  # a CPU model: no CUDA pool involved
+    assert events.decode(events.encode(stats)) == stats
+
+
+def test_sampled_checks_stop_past_the_cap_with_an_event():
+    got = []
+    memory = pad.CheckMemory(100, lambda action, detail: got.append((action, detail)))
+    memory.longest = 50
+    memory.charge(1000, sampled=False)  # a bucket's first check: warm-up, not charged
+    memory.charge(60, sampled=True)
+    memory.charge(-30, sampled=True)    # a check that freed memory earns nothing back
+    assert memory.bound(40) and not got and memory.left == 60
+    memory.charge(41, sampled=True)
+    assert memory.left == 101 and memory.stopped
+    assert got == [("checks_capped", memory.stopped)]
+    assert "101 bytes" in memory.stopped and "check_memory_bytes=100" in memory.stopped
+    assert not memory.bound(40) and memory.skipped == 1
+    memory.charge(500, sampled=True)
+    assert len(got) == 1  # one event, not one per check
+
+
+def test_check_memory_bytes_must_not_be_negative():
+    with pytest.raises(ValueError):
+        pad.Tokens(check_memory_bytes=-1)
+
+
+def test_without_a_private_pool_checks_run_in_the_shared_allocator_and_say_so(
+        emitted, monkeypatch):
+    # a CUDA model on a torch without MemPool, simulated: the check's inputs count as on cuda:0
+    # and the allocator's reserved bytes come from a counter the model grows
+    reserved = [0]
+    monkeypatch.delattr(torch.cuda, "MemPool", raising=False)
+    monkeypatch.setattr(pad.CheckMemory, "_device", staticmethod(lambda a, k: 0))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[0])
+
+    def model(x):
+        reserved[0] += 40 * x.shape[1]  # every run leaves memory behind
+        return x + 1
+
+    padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0,
+                                                      check_memory_bytes=2000))
+    for n in (50, 40, 30, 20, 10):
+        assert torch.equal(padded(ids(n) * 0), torch.ones(1, n, dtype=torch.long))
+    stats = padded.stats()
+    assert stats.check_pool == "shared" and padded.on
+    # sampled checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over 2000) ran; 20 and 10
+    # did not: the cap stopped them
+    assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (3, 2, 2800)
+    actions = [(e.action, e.detail) for e in emitted if e.kind == "mitigation"]
+    assert [a for a, _ in actions] == ["check_pool_off", "checks_capped"]
+    assert "MemPool is not in this torch" in actions[0][1]
+    assert stats.checks_stopped and "2800 bytes" in stats.checks_stopped
+
+
+def test_a_pool_that_fails_falls_back_to_the_shared_allocator(emitted, monkeypatch):
+    monkeypatch.setattr(pad.CheckMemory, "_device", staticmethod(lambda a, k: 0))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(pad, "pool_unavailable", lambda: None)  # as if this torch had one
+
+    padded = watch(lambda x: x * 3, "bad-pool", pad=pad.Tokens(buckets=(16,)))
+    x = ids(5)
+    assert torch.equal(padded(x), x * 3)  # the check ran anyway, on CPU tensors
+    assert padded.on and padded.checks == 1 and padded.stats().check_pool == "shared"
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert event.action == "check_pool_off" and "checks run in the shared allocator" in \
+        event.detail
+
+
+def test_pool_unavailable_on_this_cpu_torch_names_the_reason():
+    why = pad.pool_unavailable()  # a CPU build: the thread-scoped hook is a dummy, if present
+    assert why is None or "torch" in why
+    if not torch.cuda.is_available():
+        assert why is not None

@@ -21,6 +21,30 @@ buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a gra
   mismatch turns padding off for that model for good, returns the unpadded (correct) output, and
   emits a `mitigation` event (`padding`, `refused`) with the error seen. Checks cost one eager
   call each, on the calls that are checked only; `padding` events report their count and time.
+- **Memory** (`CheckMemory`): flat after warm-up. On an H200 (torch 2.11, the GPT-2 sized
+  model, lengths 16-2048) the checks' eager runs at ever new lengths left +814 MB in the shared
+  caching allocator within the measured window; `torch.cuda.empty_cache()` after each check
+  gave it back but cost 0.94x -> 0.69x of hand padding (every later call cudaMalloc'd again,
+  and cudaFree synchronises). So, three bounds, each reported in the `padding` event:
+  1. A check's unpadded run and its comparison allocate in a private pool
+     (`torch.cuda.MemPool` + `use_mem_pool`, which routes the calling thread's allocations only,
+     on any stream: other serving threads keep the shared allocator). Where deleting a pool
+     gives its segments back (~MemPool empties that pool alone, torch 2.8+; probed once with
+     2 MiB), each check gets a fresh pool, deleted after it ("released"): the serving
+     allocations are never touched and nothing stays behind; the cost is the check's own
+     cudaMalloc/cudaFree, on the checked calls only (0.1 %). Where it does not, one pool is kept
+     for every check ("kept"): bounded by the largest check's footprint plus its own
+     fragmentation. Without a thread-scoped pool (torch < 2.8, or the pool failing), checks run
+     in the shared allocator ("shared", with a `check_pool_off` event).
+  2. A sampled check runs only at a length no longer than one already checked (a bucket's first
+     check is always run, and sets that mark): its footprint is covered, so the high-water mark
+     only moves with a new bucket's first check. The trade-off: lengths above the longest
+     checked are covered by their bucket's first check (the same graph, the same padding), not
+     sampled again; the skipped ones are counted (`checks_skipped`).
+  3. A cap, `check_memory_bytes` (256 MiB): the reserved memory sampled checks left behind,
+     summed; past it sampled checks stop (a `checks_capped` event, `checks_stopped`), never
+     silently. With a released pool they leave nothing; the cap bounds "kept" and "shared".
+  Bucket-first checks stay: they are what makes padding exact or off.
 
 Nothing here raises into the server: a policy that fails, a padded call that fails, outputs that
 cannot be sliced, all turn padding off (with the event) and run the call unpadded; the model's
@@ -29,6 +53,7 @@ own exception from that unpadded call is the caller's, as without padding.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import os
 import random
@@ -52,6 +77,7 @@ TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2,
              torch.bfloat16: 5e-2}
 DEFAULT_TOLERANCE = 1e-3
 MAX_SIZES = 16_384            # distinct lengths remembered per model (the plan's input)
+CHECK_MEMORY_BYTES = 256 << 20  # default cap on what sampled checks may leave reserved
 PLAN_FIRST_AT = 32            # calls before the first plan; then at 2x, 4x, ... calls
 
 
@@ -63,10 +89,13 @@ class Policy:
     max_buckets: the graph budget (at most this many buckets, the starting ones included);
     multiple: buckets the plan adds are rounded up to a multiple of this (kernel-friendly sizes);
     sample: the fraction of padded calls checked after the first of each bucket;
-    tolerance: overrides TOLERANCE (a float for every dtype)."""
+    tolerance: overrides TOLERANCE (a float for every dtype);
+    check_memory_bytes: the reserved CUDA memory sampled checks may leave behind, in all;
+    past it they stop (a `checks_capped` event; see CheckMemory)."""
 
     def __init__(self, *, buckets: Any = (), max_buckets: int = 8, multiple: int = 8,
-                 sample: float = 0.001, tolerance: Optional[float] = None):
+                 sample: float = 0.001, tolerance: Optional[float] = None,
+                 check_memory_bytes: int = CHECK_MEMORY_BYTES):
         start = sorted({int(b) for b in buckets})
         if any(b < 1 for b in start):
             raise ValueError(f"buckets must be >= 1, got {start}")
@@ -81,8 +110,11 @@ class Policy:
         self.buckets = tuple(start)
         self.max_buckets = int(max_buckets)
         self.multiple = int(multiple)
+        if isinstance(check_memory_bytes, bool) or int(check_memory_bytes) < 0:
+            raise ValueError(f"check_memory_bytes must be >= 0, got {check_memory_bytes!r}")
         self.sample = float(sample)
         self.tolerance = tolerance
+        self.check_memory_bytes = int(check_memory_bytes)
 
     def length(self, args: tuple, kwargs: dict) -> Optional[int]:
         """The call's real length, or None: this call is not padded."""
@@ -284,6 +316,138 @@ def _max_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     return diff, scale
 
 
+# -- where a check's unpadded run allocates ---------------------------------------------------
+def pool_unavailable() -> Optional[str]:
+    """None when this torch has a private CUDA memory pool scoped to the calling thread
+    (`torch.cuda.MemPool` + `use_mem_pool`, torch 2.8 or so and later), else why not. Before
+    that, use_mem_pool (2.5-2.7) routed a *stream's* allocations to the pool, every thread's
+    on that stream: another serving thread's allocations would land in the checks' pool."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not hasattr(cuda, "MemPool") or not hasattr(cuda, "use_mem_pool"):
+        return "torch.cuda.MemPool is not in this torch"
+    begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+    if begin is None or isinstance(begin, type):  # a build without CUDA has a dummy class
+        return "this torch's use_mem_pool is not scoped to the calling thread"
+    return None
+
+
+_released: dict = {}  # device index -> does deleting a MemPool give its memory back (probed)
+
+
+def _release_works(device: int) -> bool:
+    """Whether deleting a MemPool frees its cached segments on this torch (~MemPool calls
+    emptyCache(pool id) since about 2.8; before, a pool without users waits for a process-wide
+    empty_cache()). Probed once per device with 2 MiB: at worst those 2 MiB stay cached."""
+    if device not in _released:
+        cuda = torch.cuda
+        before = cuda.memory_reserved(device)
+        pool = cuda.MemPool()
+        with cuda.use_mem_pool(pool, device):
+            probe = torch.empty(2 << 20, dtype=torch.uint8, device=f"cuda:{device}")
+        held = cuda.memory_reserved(device)
+        del probe, pool
+        _released[device] = held > before and cuda.memory_reserved(device) <= before
+    return _released[device]
+
+
+class CheckMemory:
+    """Keeps the checks' eager runs from growing the serving process's CUDA memory after
+    warm-up (module docstring, "Memory"). One per padded model; `scope` wraps a check, `bound`
+    says whether a sampled check may run. Never raises: a pool that fails is reported
+    (`check_pool_off`) and the checks run in the shared allocator, under the same bounds."""
+
+    def __init__(self, cap: int, emit: Callable[[str, str], None]):
+        self.cap = cap
+        self.emit = emit
+        self.mode: Optional[str] = None   # "released" | "kept" | "shared"; None: no CUDA check
+        self.pool: Any = None             # mode "kept": the one pool every check reuses
+        self.longest = 0                  # the longest length checked
+        self.pool_bytes = 0               # the most reserved by one check's allocations
+        self.left = 0                     # reserved growth that sampled checks left behind
+        self.skipped = 0
+        self.stopped: Optional[str] = None
+
+    def bound(self, n: int) -> bool:
+        """May a sampled check run at length n? Only at a length no longer than one already
+        checked (its footprint is covered), and while under the cap; else it is counted."""
+        if self.stopped is None and n <= self.longest:
+            return True
+        self.skipped += 1
+        return False
+
+    @staticmethod
+    def _device(args: tuple, kwargs: dict) -> Optional[int]:
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                return v.device.index if v.device.type == "cuda" else None
+        return None
+
+    def _off(self, why: str) -> None:
+        if self.mode != "shared":
+            self.mode = "shared"
+            self.pool = None
+            self.emit("check_pool_off", f"checks run in the shared allocator: {why}")
+
+    @contextlib.contextmanager
+    def scope(self, args: tuple, kwargs: dict, n: int, sampled: bool) -> Iterator[None]:
+        self.longest = max(self.longest, n)
+        device = self._device(args, kwargs)
+        if device is None:  # a CPU check: no caching allocator to fragment
+            yield
+            return
+        cuda, pool, before = torch.cuda, None, None
+        try:
+            before = cuda.memory_reserved(device)
+            if self.mode is None:
+                why = pool_unavailable()
+                if why is not None:
+                    self._off(why)
+                else:
+                    with cuda.device(device):
+                        self.mode = "released" if _release_works(device) else "kept"
+            if self.mode == "kept" and self.pool is None:
+                with cuda.device(device):
+                    self.pool = cuda.MemPool()
+            if self.mode in ("released", "kept"):
+                with cuda.device(device):
+                    pool = self.pool if self.mode == "kept" else cuda.MemPool()
+                context = cuda.use_mem_pool(pool, device)
+                context.__enter__()
+        except Exception as e:
+            pool = None
+            self._off(f"{type(e).__name__}: {events.clip(str(e), 200)}")
+        try:
+            yield
+        finally:
+            try:
+                if pool is not None:
+                    context.__exit__(None, None, None)
+                    self.pool_bytes = max(self.pool_bytes, cuda.memory_reserved(device) - before)
+                    del pool  # mode "released": the last reference; its segments go back
+            except Exception as e:
+                self._off(f"{type(e).__name__}: {events.clip(str(e), 200)}")
+            self._account(device, before, sampled)
+
+    def _account(self, device: int, before: Optional[int], sampled: bool) -> None:
+        try:
+            grown = torch.cuda.memory_reserved(device) - before
+        except Exception:
+            return
+        self.charge(grown, sampled)
+
+    def charge(self, grown: int, sampled: bool) -> None:
+        """Charge what a check left reserved: a sampled check's growth counts against the cap
+        (a bucket's first check is warm-up: the footprint the bounds are measured against).
+        Past the cap, sampled checks stop, with a `checks_capped` event, once."""
+        if not sampled or grown <= 0:
+            return
+        self.left += grown
+        if self.left > self.cap and self.stopped is None:
+            self.stopped = (f"sampled checks left {self.left} bytes reserved, over "
+                            f"check_memory_bytes={self.cap}: no more sampled checks")
+            self.emit("checks_capped", self.stopped)
+
+
 # -- the wrapper ----------------------------------------------------------------------------
 padded_models: "weakref.WeakSet[Padded]" = weakref.WeakSet()
 
@@ -321,6 +485,9 @@ class Padded:
         self._plan_at = PLAN_FIRST_AT
         self._planning = False
         self._reported = -1                  # `calls` at the last padding event
+        self.memory = CheckMemory(
+            getattr(self.policy, "check_memory_bytes", CHECK_MEMORY_BYTES),
+            lambda action, detail: self._emit(action, f"{self.name}: {detail}"))
         padded_models.add(self)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found on Padded
@@ -362,9 +529,11 @@ class Padded:
         except Exception as e:  # perhaps padding's doing: never again, and serve this one
             self._refuse(f"the padded call failed: {type(e).__name__}: {events.clip(str(e), 300)}")
             return model(*args, **kwargs)
-        if bucket not in self.checked or (self.policy.sample and
-                                          random.random() < self.policy.sample):
-            return self._check(out, args, kwargs, n, bucket)
+        if bucket not in self.checked:
+            return self._check(out, args, kwargs, n, bucket, sampled=False)
+        if self.policy.sample and random.random() < self.policy.sample and \
+                self.memory.bound(n):
+            return self._check(out, args, kwargs, n, bucket, sampled=True)
         try:
             return self.policy.unpad(out, n, bucket)
         except Exception as e:
@@ -412,22 +581,37 @@ class Padded:
         finally:
             self._planning = False
 
-    def _check(self, out: Any, args: tuple, kwargs: dict, n: int, bucket: int) -> Any:
+    def _check(self, out: Any, args: tuple, kwargs: dict, n: int, bucket: int,
+               sampled: bool) -> Any:
+        """The unpadded run and the comparison, inside CheckMemory's scope (a private CUDA
+        pool where there is one): their allocations never mix with the serving ones."""
         t0 = perf_counter_ns()
+        ran, ok, errors, problem, served, reference = False, False, {}, None, None, None
         try:
-            reference = self.reference(*args, **kwargs)
-        except Exception:  # the check could not run; the served output stands, unchecked
+            with self.memory.scope(args, kwargs, n, sampled):
+                try:
+                    reference = self.reference(*args, **kwargs)
+                    ran = True
+                except Exception:  # the check could not run; the served output stands
+                    pass
+                if ran:
+                    try:
+                        self.policy.learn(out, reference, n, bucket)
+                        served = self.policy.unpad(out, n, bucket)
+                        ok, errors, problem = compare(served, reference, self.policy.tolerance)
+                    except Exception as e:
+                        ok, errors, problem = False, {}, (f"comparison failed: "
+                                                          f"{type(e).__name__}: {e}")
+                    if ok:
+                        reference = None  # freed inside the scope: back to the pool
+        except Exception:  # CheckMemory never raises; this is belt and braces
+            pass
+        if not ran:
             try:
                 return self.policy.unpad(out, n, bucket)
             except Exception as e:
                 self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
                 return self.__wrapped__(*args, **kwargs)
-        try:
-            self.policy.learn(out, reference, n, bucket)
-            served = self.policy.unpad(out, n, bucket)
-            ok, errors, problem = compare(served, reference, self.policy.tolerance)
-        except Exception as e:
-            ok, errors, problem = False, {}, f"comparison failed: {type(e).__name__}: {e}"
         self.checks += 1
         self.check_ns += perf_counter_ns() - t0
         for dtype, err in errors.items():
@@ -465,7 +649,11 @@ class Padded:
             real_tokens=self.real_tokens, padding_tokens=self.padding_tokens,
             checks=self.checks, check_seconds=self.check_ns / 1e9,
             max_error={k: v for k, v in self.max_error.items() if v == v and v != float("inf")},
-            recordings_saved=max(0, len(self.served) - len(self.used)))
+            recordings_saved=max(0, len(self.served) - len(self.used)),
+            check_pool=self.memory.mode,
+            check_pool_bytes=self.memory.pool_bytes if self.memory.mode else None,
+            check_left_bytes=self.memory.left if self.memory.mode else None,
+            checks_skipped=self.memory.skipped, checks_stopped=self.memory.stopped)
 
 
 def _after_fork() -> None:
