@@ -15,7 +15,11 @@ memory growth and CUDA graphs recorded, all within the measuring window (the run
 `--window` share, and never before the first call, its compile, is done: at least 10 s after
 it); for the padded ones, the outputs of 16 lengths
 compared with the eager model unpadded (largest relative error per dtype), and the agent's own
-checks (count, time: the comparison's cost).
+checks (count, time: the comparison's cost). Memory in the window, broken down: total (the
+device's used memory on a GPU, cudaMemGetInfo, as NVML sees it; RSS on a CPU), the caching
+allocator's reserved bytes (`reserved_growth_bytes`), and for the agent's padding the checks'
+private pool (`check_memory_in_window`: its mode, its reserved bytes at both ends, the checks
+run and skipped in the window; agent/pad.py CheckMemory).
 
     python benchmarks/padding.py                 # CPU (CI size): tiny model, ~35 s a variant
     python benchmarks/padding.py --gpu           # CUDA: 12 layers x 768, fp16, lengths 16-2048,
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -113,6 +118,28 @@ def memory(torch, device: str) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def reserved(torch, device: str) -> Optional[int]:
+    """The caching allocator's reserved bytes (every pool, the checks' private one included)."""
+    return torch.cuda.memory_reserved() if device == "cuda" else None
+
+
+def check_memory(torch, fn) -> dict:
+    """The padded model's check bookkeeping (agent/pad.py CheckMemory): the pool mode, the
+    checks run and skipped, and what the checks' pool holds now (a "released" pool holds
+    nothing between checks; a "kept" one its segments). Never raises: a benchmark row."""
+    try:
+        memory = fn.memory
+        out = {"check_pool": memory.mode, "checks": fn.checks, "checks_skipped": memory.skipped,
+               "check_pool_bytes": memory.pool_bytes, "check_left_bytes": memory.left,
+               "checks_stopped": memory.stopped, "check_pool_reserved_bytes": 0}
+        if memory.pool is not None:
+            segments = torch.cuda.memory_snapshot(memory.pool.id)
+            out["check_pool_reserved_bytes"] = sum(s["total_size"] for s in segments)
+        return out
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def count_recordings(torch) -> list:
     """CUDA graphs recorded, counted at cudagraph trees' record_function."""
     count = [0]
@@ -177,7 +204,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
     calls: list = []  # (end time, length, seconds)
     start = time.perf_counter()
     window_at, end_at = start + seconds * (1 - window), start + seconds
-    first_call_s = mem_start = graphs_start = None
+    first_call_s = mem_start = graphs_start = reserved_start = checks_start = None
     measured = 0
     with torch.inference_mode():
         if name == "refusal":
@@ -201,12 +228,16 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                 end_at = max(end_at, t1 + MIN_WINDOW_S)
             if mem_start is None and t1 >= window_at:
                 mem_start, graphs_start = memory(torch, device), recorded[0]
+                reserved_start = reserved(torch, device)
+                checks_start = check_memory(torch, fn) if name == "agent_padding" else None
             calls.append((t1, n, t1 - t0))
             if t1 >= window_at:
                 measured += 1
             if (t1 >= end_at and measured >= MIN_WINDOW_CALLS) or t1 - start >= 3 * seconds:
                 break
         mem_end, graphs_end = memory(torch, device), recorded[0]
+        reserved_end = reserved(torch, device)
+        checks_end = check_memory(torch, fn) if name == "agent_padding" else None
         in_window = [c for c in calls if c[0] >= window_at]
         span = (in_window[-1][0] - window_at) if in_window else 0.0
         result = {
@@ -220,6 +251,10 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                 math.ceil(0.99 * len(in_window)) - 1], 3) if in_window else None,
             "memory_growth_bytes": None if mem_start is None else mem_end - mem_start,
             "memory_end_bytes": mem_end,
+            # the same window, as the caching allocator counts it (every pool): total minus
+            # this is memory outside torch's allocator (CUDA context, cuBLAS workspaces, ...)
+            "reserved_growth_bytes": None if reserved_start is None or reserved_end is None
+            else reserved_end - reserved_start,
             "graphs_recorded": graphs_end if recorded[0] >= 0 else None,
             "graphs_recorded_in_window": (graphs_end - graphs_start)
             if recorded[0] >= 0 and graphs_start is not None else None,
@@ -236,6 +271,17 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                     errors[k] = max(errors.get(k, 0.0), v)
             result["outputs_max_error"] = errors
         if name == "agent_padding":
+            window = {"start": checks_start, "end": checks_end}
+            try:  # the checks in the window, and what the checks' pool reserved then
+                window["checks"] = checks_end["checks"] - checks_start["checks"]
+                window["checks_skipped"] = (checks_end["checks_skipped"]
+                                            - checks_start["checks_skipped"])
+                window["check_pool_reserved_growth_bytes"] = (
+                    checks_end["check_pool_reserved_bytes"]
+                    - checks_start["check_pool_reserved_bytes"])
+            except Exception:
+                pass  # a missing half (a window that never started): the rows say so
+            result["check_memory_in_window"] = window
             stats = fn.stats()
             result["agent"] = {
                 "on": fn.on, "buckets": list(fn.plan), "checks": stats.checks,
@@ -247,6 +293,9 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                 "max_error": stats.max_error, "padding_fraction": round(
                     stats.padding_tokens / max(1, stats.padding_tokens + stats.real_tokens), 4),
                 "recordings_saved": stats.recordings_saved,
+                "check_pool": stats.check_pool, "check_pool_bytes": stats.check_pool_bytes,
+                "check_left_bytes": stats.check_left_bytes,
+                "checks_skipped": stats.checks_skipped, "checks_stopped": stats.checks_stopped,
                 "events": [events.to_dict(e) for e in mitigations]}
         if name == "hand_padding":
             result["buckets"] = hand
@@ -364,7 +413,18 @@ def row(r: dict) -> str:
         text += (f"\n{'':14s} agent: on={a['on']} buckets={a['buckets']} padding "
                  f"{100 * a['padding_fraction']:.1f} %, {a['checks']} checks, "
                  f"{a['check_ms_each']} ms each ({100 * a['check_share_of_run']:.3f} % of the run)")
+        w = r.get("check_memory_in_window") or {}
+        text += (f"\n{'':14s} memory in the window: total {_mb(mem)}, torch reserved "
+                 f"{_mb(r.get('reserved_growth_bytes'))}, checks' pool "
+                 f"{_mb(w.get('check_pool_reserved_growth_bytes'))} ({a.get('check_pool')}; "
+                 f"largest check {_mb(a.get('check_pool_bytes'), sign=False)}), "
+                 f"{w.get('checks')} checks and {w.get('checks_skipped')} skipped in the window"
+                 + (f"; STOPPED: {a['checks_stopped']}" if a.get("checks_stopped") else ""))
     return text
+
+
+def _mb(n: Optional[int], sign: bool = True) -> str:
+    return "?" if n is None else f"{n / 1e6:{'+' if sign else ''}.0f} MB"
 
 
 def summarise(results: list) -> dict:
@@ -377,6 +437,12 @@ def summarise(results: list) -> dict:
         out["agent_reaches_90_percent_of_hand"] = ratio >= 0.9
     if agent:
         out["agent_memory_growth_in_window_bytes"] = agent.get("memory_growth_bytes")
+        out["agent_reserved_growth_in_window_bytes"] = agent.get("reserved_growth_bytes")
+        window = agent.get("check_memory_in_window") or {}
+        out["agent_checks_in_window"] = window.get("checks")
+        out["agent_check_pool"] = (agent.get("agent") or {}).get("check_pool")
+        out["agent_check_pool_reserved_growth_in_window_bytes"] = window.get(
+            "check_pool_reserved_growth_bytes")
         out["agent_outputs_max_error"] = agent.get("outputs_max_error")
     if "refusal" in by:
         out["refusal_turned_padding_off"] = by["refusal"]["padding_on"] is False and any(

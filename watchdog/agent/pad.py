@@ -337,13 +337,14 @@ _released: dict = {}  # device index -> does deleting a MemPool give its memory 
 def _release_works(device: int) -> bool:
     """Whether deleting a MemPool frees its cached segments on this torch (~MemPool calls
     emptyCache(pool id) since about 2.8; before, a pool without users waits for a process-wide
-    empty_cache()). Probed once per device with 2 MiB: at worst those 2 MiB stay cached."""
+    empty_cache()). Probed once per device: at worst one 2 MiB segment stays cached."""
     if device not in _released:
         cuda = torch.cuda
         before = cuda.memory_reserved(device)
         pool = cuda.MemPool()
         with cuda.use_mem_pool(pool, device):
-            probe = torch.empty(2 << 20, dtype=torch.uint8, device=f"cuda:{device}")
+            # 512 bytes: one 2 MiB small-block segment (a 2 MiB tensor would take 20 MiB)
+            probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{device}")
         held = cuda.memory_reserved(device)
         del probe, pool
         _released[device] = held > before and cuda.memory_reserved(device) <= before
@@ -395,7 +396,7 @@ class CheckMemory:
         if device is None:  # a CPU check: no caching allocator to fragment
             yield
             return
-        cuda, pool, before = torch.cuda, None, None
+        cuda, pool, context, before = torch.cuda, None, None, None
         try:
             before = cuda.memory_reserved(device)
             if self.mode is None:
@@ -423,7 +424,9 @@ class CheckMemory:
                 if pool is not None:
                     context.__exit__(None, None, None)
                     self.pool_bytes = max(self.pool_bytes, cuda.memory_reserved(device) - before)
-                    del pool  # mode "released": the last reference; its segments go back
+                    # mode "released": the last references (the context keeps its arguments);
+                    # ~MemPool gives the pool's segments back, before _account measures
+                    context = pool = None
             except Exception as e:
                 self._off(f"{type(e).__name__}: {events.clip(str(e), 200)}")
             self._account(device, before, sampled)
