@@ -8,7 +8,8 @@ five ways, each in a process of its own (fresh compile state, fresh memory basel
     hand_padding   the same, padded by hand to 8 equal buckets (max_len/8, 2*max_len/8, ...)
 
 and the refusal case: a mean-pooling model (no mask) under the agent's padding, which must turn
-itself off with a `mitigation` event.
+itself off with a `mitigation` event; and check_memory: every call checked, on the eager model,
+the agent's check pool against the shared allocator (reserved memory after warm-up).
 
 Per variant: real tokens/s (the requests' own lengths, padding not counted), p50/p99 latency,
 memory growth and CUDA graphs recorded, all within the measuring window (the run's last
@@ -23,7 +24,7 @@ run and skipped in the window; agent/pad.py CheckMemory).
 
     python benchmarks/padding.py                 # CPU (CI size): tiny model, ~35 s a variant
     python benchmarks/padding.py --gpu           # CUDA: 12 layers x 768, fp16, lengths 16-2048,
-                                                 # 36 s a variant, < 5 min in all
+                                                 # 32 s a variant, < 5 min in all
 JSON results: --out FILE, else $WATCHDOG_GPU_RESULTS/padding.json (GPU) when set.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ SIZES = {  # model and traffic per mode
     "cpu": dict(vocab=1024, d=64, layers=2, heads=4, max_len=256, lo=8, dtype="float32",
                 seconds=35.0),
     "gpu": dict(vocab=50257, d=768, layers=12, heads=12, max_len=2048, lo=16, dtype="float16",
-                seconds=36.0),
+                seconds=32.0),  # 36 took ~250 s in all; check_memory adds ~20 s
 }
 EXACT_LENGTHS = 16
 MIN_WINDOW_S = 10.0  # measured at least this long after the first call (its compile)
@@ -175,6 +176,8 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
     max_len, lo = cfg["max_len"], cfg["lo"]
     hand = [max_len * (i + 1) // 8 for i in range(8)]
     fn = model
+    if name == "check_memory":
+        return check_memory_ab(torch, cfg, device, model)
     if name != "eager":
         # the refusal on a GPU runs uncompiled: its point is the check, not 15 s of compile
         compiled = model if name == "refusal" and device == "cuda" else torch.compile(
@@ -302,6 +305,46 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
         return result
 
 
+CHECK_CALLS = 40  # check_memory: calls after warm-up, every one checked
+
+
+def check_memory_ab(torch, cfg: dict, device: str, model) -> dict:
+    """The checks' memory alone, every call checked (sample=1.0, no cap), on the eager model
+    (no compile: the checks are the point), twice: with the agent's pool mode, then forced to
+    the shared allocator (the fallback, and what the agent did before). Warm-up is one call at
+    the longest length (a bucket's first check); then CHECK_CALLS random lengths. Per mode: the
+    reserved bytes after warm-up and at the end, the largest in between, checks run."""
+    from torch_watchdog.agent import pad, watch
+
+    max_len, lo = cfg["max_len"], cfg["lo"]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict = {"name": "check_memory", "calls_after_warm_up": CHECK_CALLS}
+    for mode in ("agent", "shared"):
+        fn = watch(model, f"check-{mode}", pad=pad.Tokens(
+            buckets=(max_len,), max_buckets=1, sample=1.0, check_memory_bytes=1 << 50))
+        if mode == "shared":
+            fn.memory.mode = "shared"  # forced: the baseline
+        rng, gen = random.Random(2), torch.Generator().manual_seed(2)
+        series, t0 = [], time.perf_counter()
+        with torch.inference_mode():
+            # max_len - 1: padded to max_len, so checked (a length equal to a bucket is not)
+            for n in [max_len - 1] + [rng.randint(lo, max_len) for _ in range(CHECK_CALLS)]:
+                ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+                fn(ids)
+                sync()
+                series.append(reserved(torch, device) or 0)
+        row = check_memory(torch, fn)
+        row.update(seconds=round(time.perf_counter() - t0, 2), on=fn.on,
+                   reserved_after_warm_up_bytes=series[0], reserved_end_bytes=series[-1],
+                   growth_after_warm_up_bytes=series[-1] - series[0],
+                   largest_growth_after_warm_up_bytes=max(series) - series[0])
+        out[mode] = row
+        del fn
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the next mode starts from the same allocator state
+    return out
+
+
 def wrapper_overhead() -> dict:
     """The agent's padding wrapper against the same padding by hand, on a callable that
     returns its input (CPU, thread time per call, lengths 1-256 into 8 buckets, no checks):
@@ -339,10 +382,10 @@ def wrapper_overhead() -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="the CUDA configuration (H200)")
-    ap.add_argument("--seconds", type=float, help="per variant (default 35 CPU, 36 GPU)")
+    ap.add_argument("--seconds", type=float, help="per variant (default 35 CPU, 32 GPU)")
     ap.add_argument("--window", type=float, default=0.6,
                     help="measured share at the end of each run (default 0.6)")
-    ap.add_argument("--variants", default=",".join(VARIANTS) + ",refusal")
+    ap.add_argument("--variants", default=",".join(VARIANTS) + ",refusal,check_memory")
     ap.add_argument("--out", help="JSON results (default $WATCHDOG_GPU_RESULTS/padding.json "
                                   "with --gpu)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # a child process: one variant
@@ -396,6 +439,14 @@ def _torch_version() -> str:
 def row(r: dict) -> str:
     if "error" in r:
         return f"{r['name']:14s} FAILED: {r['error'][-400:]}"
+    if r["name"] == "check_memory":
+        return "\n".join(
+            f"{'check_memory':14s} {mode:6s} pool={m.get('check_pool')}: reserved after warm-up "
+            f"{_mb(m.get('reserved_after_warm_up_bytes'), sign=False)}, growth "
+            f"{_mb(m.get('growth_after_warm_up_bytes'))} (largest "
+            f"{_mb(m.get('largest_growth_after_warm_up_bytes'))}), {m.get('checks')} checks, "
+            f"largest check {_mb(m.get('check_pool_bytes'), sign=False)}, {m.get('seconds')} s"
+            for mode, m in ((k, r.get(k) or {}) for k in ("agent", "shared")))
     if r["name"] == "refusal":
         ev = (r.get("events") or [{}])[-1]
         return (f"{'refusal':14s} padding on={r['padding_on']}; event {ev.get('name')}/"
@@ -447,6 +498,13 @@ def summarise(results: list) -> dict:
     if "refusal" in by:
         out["refusal_turned_padding_off"] = by["refusal"]["padding_on"] is False and any(
             e.get("action") == "refused" for e in by["refusal"]["events"])
+    if "check_memory" in by:
+        for mode in ("agent", "shared"):
+            m = by["check_memory"].get(mode) or {}
+            out[f"check_memory_{mode}_growth_after_warm_up_bytes"] = m.get(
+                "growth_after_warm_up_bytes")
+        out["check_memory_agent_pool"] = (by["check_memory"].get("agent") or {}).get(
+            "check_pool")
     out["failed"] = [r["name"] for r in results if "error" in r]
     return out
 
