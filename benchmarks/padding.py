@@ -134,7 +134,7 @@ def check_memory(torch, fn) -> dict:
                "check_pool_bytes": memory.pool_bytes, "check_left_bytes": memory.left,
                "checks_stopped": memory.stopped, "check_pool_reserved_bytes": 0}
         if memory.pool is not None:
-            segments = torch.cuda.memory_snapshot(memory.pool.id)
+            segments = memory.pool.snapshot()
             out["check_pool_reserved_bytes"] = sum(s["total_size"] for s in segments)
         return out
     except Exception as e:
