@@ -29,8 +29,8 @@ buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a gra
   1. A check's unpadded run and its comparison allocate in a private pool
      (`torch.cuda.MemPool` + `use_mem_pool`, which routes the calling thread's allocations only,
      on any stream: other serving threads keep the shared allocator). Where deleting a pool
-     gives its segments back (~MemPool empties that pool alone, torch 2.8+; probed once with
-     2 MiB), each check gets a fresh pool, deleted after it ("released"): the serving
+     gives its segments back (~MemPool empties that pool alone, torch 2.8+; probed once, one
+     2 MiB segment), each check gets a fresh pool, deleted after it ("released"): the serving
      allocations are never touched and nothing stays behind; the cost is the check's own
      cudaMalloc/cudaFree, on the checked calls only (0.1 %). Where it does not, one pool is kept
      for every check ("kept"): bounded by the largest check's footprint plus its own
@@ -44,7 +44,13 @@ buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a gra
   3. A cap, `check_memory_bytes` (256 MiB): the reserved memory sampled checks left behind,
      summed; past it sampled checks stop (a `checks_capped` event, `checks_stopped`), never
      silently. With a released pool they leave nothing; the cap bounds "kept" and "shared".
-  Bucket-first checks stay: they are what makes padding exact or off.
+  Bucket-first checks stay: they are what makes padding exact or off. Why the pool and not the
+  bounds alone: the allocator gives a large block a segment of its own size, so a later, longer
+  check cannot reuse a shorter one's segments, and the shared allocator mixes them with serving
+  blocks; only a pool of their own can be given back without touching the rest. Why bound 2
+  still: while a check runs, memory is up by its footprint (`check_pool_bytes`); the bound keeps
+  that peak at the longest warm-up check's. A refused check returns its reference output from
+  the pool: that block outlives the pool until the caller drops it (once per model).
 
 Nothing here raises into the server: a policy that fails, a padded call that fails, outputs that
 cannot be sliced, all turn padding off (with the event) and run the call unpadded; the model's
@@ -363,7 +369,7 @@ class CheckMemory:
         self.mode: Optional[str] = None   # "released" | "kept" | "shared"; None: no CUDA check
         self.pool: Any = None             # mode "kept": the one pool every check reuses
         self.longest = 0                  # the longest length checked
-        self.pool_bytes = 0               # the most reserved by one check's allocations
+        self.pool_bytes = 0               # the most one check's pool reserved (its footprint)
         self.left = 0                     # reserved growth that sampled checks left behind
         self.skipped = 0
         self.stopped: Optional[str] = None
@@ -654,7 +660,8 @@ class Padded:
             max_error={k: v for k, v in self.max_error.items() if v == v and v != float("inf")},
             recordings_saved=max(0, len(self.served) - len(self.used)),
             check_pool=self.memory.mode,
-            check_pool_bytes=self.memory.pool_bytes if self.memory.mode else None,
+            check_pool_bytes=self.memory.pool_bytes
+            if self.memory.mode in ("released", "kept") else None,
             check_left_bytes=self.memory.left if self.memory.mode else None,
             checks_skipped=self.memory.skipped, checks_stopped=self.memory.stopped)
 
