@@ -95,7 +95,11 @@ MAX_NESTED = 64
 # NEW_SHAPE_BURST, then NEW_SHAPE_PER_S; shapes past the ration are still remembered and
 # counted (`distinct` of the next new_shape, `distinct_shapes` of every calls event), and a
 # stall on one still says new_shape. (The emitter's 10,000-event queue dropped them anyway.)
-NEW_SHAPE_BURST = 1000
+# A burst of 1,000 events (3,000 tracked objects, waiting for the sender's next tick) was
+# still the biggest thing in the first gen-1 collection after it: 0.23-0.34 ms of CPU inside
+# one watched call; with 256, 0.12-0.19 ms (2-core VM, benchmarks/agent_overhead.py's loop).
+# Past the burst, a shape a millisecond still gets its event.
+NEW_SHAPE_BURST = 256
 NEW_SHAPE_PER_S = 1000
 # No set of shapes grows past HOT_SHAPES either: a set's table is reallocated and rehashed as
 # it grows, and the step at 19,661 entries (to 131,072 slots, 2 MB) took 1.9 ms of CPU inside
