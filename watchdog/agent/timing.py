@@ -115,14 +115,23 @@ NEW_SHAPE_PER_S = 1000
 # the generation holding it visits every entry (a cache miss each: ~70 ns). The cold sets this
 # replaces (64 shards of up to 1,024 keys, made when the hot set filled) were still young when
 # they took their first ~7,000 keys, and the gen-1 collection that promoted them cost
-# 0.36-0.57 ms of CPU inside one watched call, the worst of 500,000 (0.16 ms bare: 3.6-4x;
-# benchmarks/agent_overhead.py --only gc). A fresh key is still tracked, and inserting a
-# tracked object would track the dict again (MAINTAIN_TRACKING), into the youngest
-# generation, until the next *full* collection; so a fresh key waits in `fresh` (a set, and a
-# deque in the order of arrival, both at most ~one young generation of keys: the first young
-# collection after a key is made untracks it) and moves to the dict once untracked. Hash
+# 0.36-0.57 ms of CPU inside one watched call, the worst of 500,000 (~7,000 cache misses).
+# A fresh key is still tracked, and inserting a tracked object would track the dict again
+# (MAINTAIN_TRACKING), into the youngest generation, until the next *full* collection; so a
+# fresh key waits in `fresh` (a set, and a deque in the order of arrival, both at most ~one
+# young generation of keys: the first young collection after a key is made untracks it) and
+# moves to a dict once untracked. Two serving threads adding at once may move a still-tracked
+# key: the dict is then tracked again (slower collections, never a wrong answer). Hash
 # collisions are resolved by probing (`_probe`), so the memory stays exact: equal shapes are
-# one key, distinct shapes two, as in a set.
+# one key, distinct shapes two, as in a set. With the GC disabled nothing is untracked and
+# `fresh` holds the keys past the hot set (bounded by max_shapes, as before).
+#
+# Measured (benchmarks/agent_overhead.py --only gc --gc-trials 3, 2-core VM shared with other
+# jobs, old and new run alternately, 4 and 3 runs; CPU time, since the wall-clock worst of the
+# *bare* calls was 0.3-4.4 ms from other jobs' preemption): worst watched call, median of the
+# trials, sets 0.45-0.62 ms, untracked dicts (and a burst of 256) 0.19-0.24 ms, worst bare
+# 0.05-0.20 ms; the longest gen-1 collection inside a watched call 0.48-0.62 ms before,
+# 0.18-0.26 ms after (what is left is the young objects of the queued new_shape events).
 HOT_SHAPES = 1228
 COLD_SHARD_SHAPES = 1024
 # A collection untracks a whole young generation of fresh keys at once (~700); moving them all
