@@ -9,7 +9,10 @@
    the worst watched call over that of the worst bare call (target <= 2x; see bench_gc for
    why the median), and the collections that ran inside watched calls. An earlier shape
    memory (torch.Size objects, never untracked) and its new_shape events set off 115-354 ms
-   full collections inside a watched call here.
+   full collections inside a watched call here. Later, the young cold *sets* of the shape memory cost
+   one gen-1 collection of 0.45-0.62 ms of CPU inside a watched call (bare 0.05-0.20 ms);
+   with untracked dicts 0.19-0.24 ms (timing.py, HOT_SHAPES). Read the CPU figures on a
+   shared VM: there the wall-clock worst of the bare calls is other jobs' preemption.
 3. emit() with no sidecar listening: 100,000 events; per-emit median and max, total wall time.
 4. With a CUDA GPU: a watched reduce-overhead model vs the bare one, and the same under
    torch.cuda.set_sync_debug_mode("error") (any GPU sync the agent added would raise).

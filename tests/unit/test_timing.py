@@ -265,3 +265,59 @@ def test_shapes_past_the_hot_set_are_remembered_once(emitted, monkeypatch):
     new = [e for e in emitted if e.kind == "new_shape"]
     assert [e.shape for e in new] == [[[0, n]] for n in range(1, 21)]  # capped at 20
     assert len(f._h.cold) > 1 and f.take_window()[4] == 20
+
+
+def test_a_full_shape_memory_gives_young_collections_nothing_to_walk(emitted):
+    """65,536 remembered shapes: past the hot set, the shapes live in dicts the GC does not
+    track (no collection walks them, so none pauses on them), found again exactly."""
+    import gc
+
+    f = watch(lambda x: x, name="many")
+    xs = [torch.empty(0, n) for n in range(timing.max_shapes)]
+    for x in xs:
+        f(x)
+    h = f._h
+    assert h.full and f.take_window()[4] == timing.max_shapes
+    assert len(h.seen) == timing.HOT_SHAPES and len(h.cold) > 1
+    assert not [d for d in h.cold if gc.is_tracked(d)]  # no full collection was needed
+    settled = sum(len(d) for d in h.cold)
+    assert settled + len(h.fresh) + len(h.seen) == timing.max_shapes
+    assert len(h.fresh) < 2000  # what waits for its first collection, not the memory
+    assert settled > timing.max_shapes - timing.HOT_SHAPES - 2000
+    for x in xs[::97]:  # every shape is known, wherever it is kept
+        assert not h.unseen(x.shape)
+    assert h.unseen(torch.Size([1, 2, 3]))
+
+
+def test_cold_keys_with_one_hash_are_told_apart(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(timing, "HOT_SHAPES", 1)
+    h = timing._Hot(lambda x: x, torch.Tensor)
+    assert hash((-1, 5)) == hash((-2, 5))  # hash(-1) == hash(-2) in CPython
+    h.add((7,))  # the hot set
+    h.add((-1, 5))
+    assert not h.unseen((-1, 5)) and h.unseen((-2, 5))
+    h.add((-2, 5))
+    gc.collect()  # untracks both; the next add moves them to the cold dicts
+    h.add((8,))
+    assert not h.fresh & {(-1, 5), (-2, 5)}
+    assert sum(len(d) for d in h.cold) + len(h.fresh) == 3
+    assert not h.unseen((-1, 5)) and not h.unseen((-2, 5)) and h.unseen((-3, 5))
+    assert h.count == 4
+
+
+def test_with_the_gc_disabled_every_shape_is_still_remembered(emitted, monkeypatch):
+    import gc
+
+    monkeypatch.setattr(timing, "HOT_SHAPES", 4)
+    f = watch(lambda x: x, name="nogc")
+    gc.disable()
+    try:
+        for _ in range(2):
+            for n in range(1, 41):
+                f(torch.empty(0, n))
+    finally:
+        gc.enable()
+    assert len([e for e in emitted if e.kind == "new_shape"]) == 40
+    assert f.take_window()[4] == 40 and len(f._h.fresh) == 36  # nothing untracked them

@@ -12,6 +12,8 @@ GPU is nearly full is reported as an `oom` event of source "crash" (`crash_is_oo
 """
 from __future__ import annotations
 
+import collections
+import gc
 import itertools
 import os
 import sys
@@ -93,16 +95,49 @@ MAX_NESTED = 64
 # NEW_SHAPE_BURST, then NEW_SHAPE_PER_S; shapes past the ration are still remembered and
 # counted (`distinct` of the next new_shape, `distinct_shapes` of every calls event), and a
 # stall on one still says new_shape. (The emitter's 10,000-event queue dropped them anyway.)
-NEW_SHAPE_BURST = 1000
+# A burst of 1,000 events (3,000 tracked objects, waiting for the sender's next tick) was
+# still the biggest thing in the first gen-1 collection after it: 0.23-0.34 ms of CPU inside
+# one watched call; with 256, 0.12-0.19 ms (2-core VM, benchmarks/agent_overhead.py's loop).
+# Past the burst, a shape a millisecond still gets its event.
+NEW_SHAPE_BURST = 256
 NEW_SHAPE_PER_S = 1000
 # No set of shapes grows past HOT_SHAPES either: a set's table is reallocated and rehashed as
 # it grows, and the step at 19,661 entries (to 131,072 slots, 2 MB) took 1.9 ms of CPU inside
 # the call that added the shape (0.48 ms at 4,916; 0.12 ms at 1,229; the worst bare call of
 # the benchmark's 500,000 is ~0.12 ms of CPU). The first HOT_SHAPES shapes stay in the one set
-# every call looks in; later ones go to cold sets of ~COLD_SHARD_SHAPES each, picked by hash,
-# looked in only when the hot set misses. A 2,048-slot table holds up to 1,228 entries.
+# every call looks in (a 2,048-slot table holds up to 1,228 entries); later ones go to the
+# cold memory, looked in only when the hot set misses: shards of ~COLD_SHARD_SHAPES keys each,
+# picked by hash, for the same reason (one dict of 65,536 keys took 2-3 ms to grow).
+#
+# Each cold shard is a dict from hash(key) to the key, and it holds only *untracked* objects
+# (ints, and tuples a collection has already untracked), so the dict itself stays untracked:
+# no collection ever walks it. Why: a set is always a tracked container, and a collection of
+# the generation holding it visits every entry (a cache miss each: ~70 ns). The cold sets this
+# replaces (64 shards of up to 1,024 keys, made when the hot set filled) were still young when
+# they took their first ~7,000 keys, and the gen-1 collection that promoted them cost
+# 0.36-0.57 ms of CPU inside one watched call, the worst of 500,000 (~7,000 cache misses).
+# A fresh key is still tracked, and inserting a tracked object would track the dict again
+# (MAINTAIN_TRACKING), into the youngest generation, until the next *full* collection; so a
+# fresh key waits in `fresh` (a set, and a deque in the order of arrival, both at most ~one
+# young generation of keys: the first young collection after a key is made untracks it) and
+# moves to a dict once untracked. Two serving threads adding at once may move a still-tracked
+# key: the dict is then tracked again (slower collections, never a wrong answer). Hash
+# collisions are resolved by probing (`_probe`), so the memory stays exact: equal shapes are
+# one key, distinct shapes two, as in a set. With the GC disabled nothing is untracked and
+# `fresh` holds the keys past the hot set (bounded by max_shapes, as before).
+#
+# Measured (benchmarks/agent_overhead.py --only gc --gc-trials 3, 2-core VM shared with other
+# jobs, old and new run alternately, 4 and 3 runs; CPU time, since the wall-clock worst of the
+# *bare* calls was 0.3-4.4 ms from other jobs' preemption): worst watched call, median of the
+# trials, sets 0.45-0.62 ms, untracked dicts (and a burst of 256) 0.19-0.24 ms, worst bare
+# 0.05-0.20 ms; the longest gen-1 collection inside a watched call 0.48-0.62 ms before,
+# 0.18-0.26 ms after (what is left is the young objects of the queued new_shape events).
 HOT_SHAPES = 1228
 COLD_SHARD_SHAPES = 1024
+# A collection untracks a whole young generation of fresh keys at once (~700); moving them all
+# in the next add took 0.3-1.1 ms of CPU in that call. A few per add keep `fresh` drained
+# (one key arrives per add) and each add's share small.
+SETTLE_PER_ADD = 4
 
 
 def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
@@ -244,7 +279,7 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
                     if dt >= stall_ns:
                         self._slow(sig, dt, t0, False)
                     return out
-                new = not h.full and (not h.cold or _not_in(h.cold, sig))
+                new = not h.full and (not h.spill or _cold_unseen(h, sig))
             except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
                 new = False
             if new or dt >= stall_ns:
@@ -282,7 +317,7 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
                 if dt >= stall_ns:
                     self._slow(sig, dt, t0, False)
                 return out
-            new = not h.full and (not h.cold or _not_in(h.cold, sig))
+            new = not h.full and (not h.spill or _cold_unseen(h, sig))
         except Exception:
             new = False
         if new or dt >= stall_ns:
@@ -292,41 +327,80 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     return __call__, totals
 
 
-def _not_in(cold: list, sig: Any) -> bool:
-    return sig not in cold[hash(sig) % len(cold)]
+_MASK = (1 << 64) - 1
+
+
+def _probe(slot: int) -> int:
+    """The next slot of the cold dict after `slot` (only ever needed on a hash collision)."""
+    return (slot * 5 + 1) & _MASK
+
+
+def _cold_unseen(h: "_Hot", sig: Any) -> bool:
+    """`sig` is in neither the cold dicts nor `fresh` (may raise: an unhashable signature)."""
+    slot = hash(sig)
+    cold = h.cold[slot % len(h.cold)]
+    key = cold.get(slot)
+    while key is not None:
+        if key == sig:  # a torch.Size equals its tuple
+            return False
+        slot = _probe(slot)
+        key = cold.get(slot)
+    return not h.fresh or sig not in h.fresh
 
 
 class _Hot:
     """The shape memory of one watched callable (read by the agent's thread; written by the
     serving threads): `_key`s, at most max_shapes, HOT_SHAPES of them in `seen`, the rest in
-    the `cold` sets."""
+    the `cold` shards (hash -> untracked key) or, while a collection has not yet untracked them,
+    in `fresh` (see HOT_SHAPES)."""
 
-    __slots__ = ("fn", "tensor", "seen", "cold", "count", "full")
+    __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full")
 
     def __init__(self, fn: Callable, tensor_type: type):
         self.fn = fn
         self.tensor = tensor_type
         self.seen: set = set()
-        self.cold: list[set] = []  # made when `seen` is full
+        self.cold: list[dict] = []  # made when `seen` is full; see HOT_SHAPES
+        self.fresh: set = set()
+        self.arrival: collections.deque = collections.deque()  # `fresh`, oldest first
+        self.spill = False  # `seen` is full: look in the cold memory on a miss
         self.count = 0
         self.full = False
 
     def unseen(self, sig: Any) -> bool:
-        return sig not in self.seen and (not self.cold or _not_in(self.cold, sig))
+        return sig not in self.seen and (not self.spill or _cold_unseen(self, sig))
 
     def add(self, key: tuple) -> None:
-        if len(self.seen) < HOT_SHAPES:
+        if not self.spill:
             self.seen.add(key)
-        else:
-            if not self.cold:
+            if len(self.seen) >= HOT_SHAPES:
                 shards = max(1, (max_shapes - HOT_SHAPES) // COLD_SHARD_SHAPES + 1)
-                self.cold = [set() for _ in range(shards)]
-            self.cold[hash(key) % len(self.cold)].add(key)
+                self.cold = [{} for _ in range(shards)]  # empty dicts: untracked
+                self.spill = True
+        else:
+            self.fresh.add(key)
+            self.arrival.append(key)
+            self.settle()
         self.count += 1
         self.full = self.count >= max_shapes
 
+    def settle(self) -> None:
+        """Move up to SETTLE_PER_ADD of the fresh keys a collection has untracked into the cold
+        dicts, oldest first."""
+        arrival, fresh, shards, tracked = self.arrival, self.fresh, self.cold, gc.is_tracked
+        for _ in range(SETTLE_PER_ADD):
+            if not arrival or tracked(arrival[0]):
+                return
+            key = arrival.popleft()
+            slot = hash(key)
+            cold = shards[slot % len(shards)]
+            while slot in cold:
+                slot = _probe(slot)
+            cold[slot] = key
+            fresh.discard(key)
+
     def keys(self) -> list:
-        return [*self.seen, *(k for shard in self.cold for k in shard)]
+        return [*self.seen, *(k for shard in self.cold for k in shard.values()), *self.arrival]
 
 
 class Watched:
