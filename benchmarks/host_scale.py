@@ -7,7 +7,12 @@ forecast window of samples). CPU time of this thread, median of many polls; the 
 polled in turn (so a shared machine's other load weighs on both alike, and each poll finds its
 caches as cold as the daemon's, 0.1 s apart, do), or with --sequential one after the other.
 
-    python benchmarks/host_scale.py [--polls 600] [--sequential]
+Memory: static (every GPU's and process's numbers the same each poll: an idle replica), or
+changing on half of the GPUs, as a live host's do (`--changing half`: GPUs 0, 2, 4, 6 of the
+8, and the single GPU of the 1-GPU host, move by 2 MiB a poll, up for 8 polls then down: an
+allocator's wobble, below the forecast's one-poll jump), or on all of them (`--changing all`).
+
+    python benchmarks/host_scale.py [--polls 600] [--sequential] [--changing none|half|all]
 """
 from __future__ import annotations
 
@@ -34,18 +39,22 @@ except ImportError:  # older code: one-shot reads
 from torch_watchdog.sidecar.sources.samples import Sample  # noqa: E402
 
 GB = 1 << 30
+MIB2 = 2 << 20
 
 
 class Poller:
     """One simulated host with n GPUs and n servers (one process each), warm."""
 
-    def __init__(self, n: int, pids: list[int]):
+    def __init__(self, n: int, pids: list[int], changing: str = "none"):
         self.pids = set(pids[:n])
         gpus = [f"GPU-{i:04d}" for i in range(n)]
-        nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
+        self.nvml = nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
                           "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
         self.source, self.processes = NvmlSource(nvml), _processes()
         self.cfg, self.host, self.t = Config(), Host(), time.time()
+        self.moving = [] if changing == "none" else \
+            nvml.devices if changing == "all" else nvml.devices[::2]
+        self.polls = 0
         for i in range(n):
             step(self.host, events.Hello(t=self.t, pid=pids[i], torch="2.11", agent="bench",
                                          devices=[gpus[i]], config={}, capabilities={},
@@ -58,6 +67,12 @@ class Poller:
     def poll(self) -> float:
         """CPU seconds of this thread for one poll."""
         self.t += 0.1
+        self.polls += 1
+        move = MIB2 if self.polls % 16 < 8 else -MIB2
+        for d in self.moving:  # the fake's numbers: the NVML worker reads them at read()
+            pid, used = d["procs"][0]
+            d["used"] += move
+            d["procs"] = [(pid, used + move)]
         started = time.thread_time()
         reading = self.source.read(self.pids)
         total, available = self.processes.host_memory()
@@ -95,6 +110,8 @@ def main() -> int:
     p.add_argument("--sequential", action="store_true",
                    help="one host's polls, then the other's (warmer caches, but a shared "
                         "machine's load can change in between)")
+    p.add_argument("--changing", choices=("none", "half", "all"), default="none",
+                   help="GPUs whose memory moves every poll (half: every other one)")
     a = p.parse_args()
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(7)]
     try:
@@ -102,11 +119,11 @@ def main() -> int:
         costs: tuple[list, list] = ([], [])
         if a.sequential:  # as measured before: all of one host's polls, then the other's
             for i, n in enumerate((1, 8)):
-                host = Poller(n, pids)
+                host = Poller(n, pids, a.changing)
                 costs[i].extend(host.poll() for _ in range(a.polls))
                 host.close()
         else:
-            small, big = Poller(1, pids), Poller(8, pids)
+            small, big = Poller(1, pids, a.changing), Poller(8, pids, a.changing)
             for _ in range(a.polls):
                 costs[0].append(small.poll())
                 costs[1].append(big.poll())
@@ -117,6 +134,7 @@ def main() -> int:
         for c in children:
             c.kill()
             c.wait()
+    print(f"memory changing: {a.changing}")
     print(f"poll, 1 GPU + 1 server:   {one * 1e3:.3f} ms CPU (median of {a.polls})")
     print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU")
     print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x)")
