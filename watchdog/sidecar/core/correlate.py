@@ -162,12 +162,15 @@ class State:
     def unexplained_bytes(self) -> float:
         """Growth of the server's memory that recordings and compiles do not account for.
         A recent step is not counted yet: the compile behind it reports only when it ends."""
-        if self.mem_bytes is None or self.mem_start is None:
+        mem, start = self.mem_bytes, self.mem_start
+        if mem is None or start is None:
             return 0.0
         undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
             if self.pending_jumps else 0
-        growth = self.mem_bytes - self.mem_start
-        return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
+        # explained_bytes(), inlined: every server evaluates this every poll (1.8 us as calls)
+        reg = self.regression
+        explained = max(0.0, (reg.sxy / reg.sxx if reg.sxx > 0 else None) or 0.0) * self.records
+        return max(0.0, mem - start - explained - self.compile_jump_bytes - undecided)
 
     def steady_ms(self, part: str = "all") -> Optional[float]:
         """Mean latency of the calls that were not stalls (from the agent's `calls` windows):
@@ -238,6 +241,16 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             _event(state, obs, cfg)
     evaluate_causes(state, cfg)  # once per batch (the step: once per poll's sample)
     return state
+
+
+def fold_sample(state: State, s: Any, cfg: CorrelateConfig, attribution: str = "auto") -> None:
+    """`fold(state, [s], cfg, attribution=...)` for one sample, or anything with a Sample's
+    time, devices, processes, nvml_up and host memory (the step's per-server view of one)."""
+    if state.first_t is None:
+        state.first_t = s.t
+    state.now = max(state.now, s.t)
+    _sample(state, s, cfg, None, attribution)
+    evaluate_causes(state, cfg)
 
 
 def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
@@ -465,8 +478,29 @@ def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig) -> None:
     were, and are not computed again."""
     state.now = max(state.now, s.t)
     _host(state, s)
-    _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    if cfg.jump_bytes < 0:  # a zero step counts as a jump: the general path
+        _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    else:
+        _same_memory(state, s.t, cfg)
     evaluate_causes(state, cfg)
+
+
+def _same_memory(state: State, t: float, cfg: CorrelateConfig) -> None:
+    """`_memory(state, s, state.mem_bytes, state.mem_source, cfg)` for a poll whose memory is
+    the last one's (a zero step, the same meter) and with GPUs read: the same updates."""
+    state.mem_read_t = t
+    mem, records = state.mem_bytes, state.records
+    recorded, state.records_at_last_sample = records - state.records_at_last_sample, records
+    samples = state.samples
+    samples.jump_bytes = cfg.jump_bytes
+    samples.append((t, mem, records))
+    if records == 0:
+        if _settling(state, t):
+            state.mem_start = mem
+            state.compile_jump_bytes = 0
+            state.pending_jumps = []
+        return
+    state.regression.add(recorded, 0)
 
 
 def _host(state: State, s: Sample) -> None:
@@ -560,8 +594,9 @@ def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
             "new_shapes_without_compile": state.new_shapes_after_limit,
             "steady_ms_before": _round(state.steady_ms("before"), 3)})
     # an active cause stays as it is (_activate): not computed again every poll and server
-    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active else None
-    if (state.records >= cfg.min_records and b is not None and b > 0
+    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active and \
+        state.records >= cfg.min_records else None
+    if (b is not None and b > 0
             and (conf := state.regression.confidence) >= cfg.min_confidence):
         _activate(state, t, "cudagraph_per_shape", {
             "recordings": state.records, "distinct_shapes": state.distinct_shapes,
