@@ -115,6 +115,9 @@ class State:
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
     steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
+    # forecast._request_rate's last answer and what it read: (windows, the newest, the oldest
+    # read's time, the time of the one before it or None, the rate)
+    rate_memo: Optional[tuple] = field(default=None, repr=False, compare=False)
     steady_at_limit: Optional[tuple] = None             # steady_totals when the limit came
     stalls: int = 0
     stall_seconds: float = 0.0
