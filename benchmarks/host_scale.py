@@ -11,8 +11,10 @@ Memory: static (every GPU's and process's numbers the same each poll: an idle re
 changing on half of the GPUs, as a live host's do (`--changing half`: GPUs 0, 2, 4, 6 of the
 8, and the single GPU of the 1-GPU host, move by 2 MiB a poll, up for 8 polls then down: an
 allocator's wobble, below the forecast's one-poll jump), or on all of them (`--changing all`).
+`--calls`: each server's agent also reports its requests every 2 s (a `calls` event, as the
+agent's heartbeat does), folded in the poll that receives it.
 
-    python benchmarks/host_scale.py [--polls 600] [--sequential] [--changing none|half|all]
+    python benchmarks/host_scale.py [--polls 600] [--sequential] [--changing none|half|all] [--calls]
 """
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ MIB2 = 2 << 20
 class Poller:
     """One simulated host with n GPUs and n servers (one process each), warm."""
 
-    def __init__(self, n: int, pids: list[int], changing: str = "none"):
-        self.pids = set(pids[:n])
+    def __init__(self, n: int, pids: list[int], changing: str = "none", calls: bool = False):
+        self.pids, self.calls, self.pid_list = set(pids[:n]), calls, pids[:n]
         gpus = [f"GPU-{i:04d}" for i in range(n)]
         self.nvml = nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
                           "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
@@ -74,6 +76,11 @@ class Poller:
             d["used"] += move
             d["procs"] = [(pid, used + move)]
         started = time.thread_time()
+        for i, pid in enumerate(self.pid_list if self.calls else ()):
+            if (self.polls + i) % 20 == 0:  # every 2 s, the servers' reports spread out
+                step(self.host, events.Calls(t=self.t, pid=pid, name="m", calls=200,
+                                             seconds=0.5, stall_calls=0, stall_seconds=0.0,
+                                             distinct_shapes=4, window_s=2.0), self.cfg)
         reading = self.source.read(self.pids)
         total, available = self.processes.host_memory()
         sample = Sample(t=self.t, devices=reading.devices, nvml_up=reading.up,
@@ -112,6 +119,8 @@ def main() -> int:
                         "machine's load can change in between)")
     p.add_argument("--changing", choices=("none", "half", "all"), default="none",
                    help="GPUs whose memory moves every poll (half: every other one)")
+    p.add_argument("--calls", action="store_true",
+                   help="the agents report their requests every 2 s, as they do")
     a = p.parse_args()
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(7)]
     try:
@@ -119,11 +128,11 @@ def main() -> int:
         costs: tuple[list, list] = ([], [])
         if a.sequential:  # as measured before: all of one host's polls, then the other's
             for i, n in enumerate((1, 8)):
-                host = Poller(n, pids, a.changing)
+                host = Poller(n, pids, a.changing, a.calls)
                 costs[i].extend(host.poll() for _ in range(a.polls))
                 host.close()
         else:
-            small, big = Poller(1, pids, a.changing), Poller(8, pids, a.changing)
+            small, big = Poller(1, pids, a.changing, a.calls), Poller(8, pids, a.changing, a.calls)
             for _ in range(a.polls):
                 costs[0].append(small.poll())
                 costs[1].append(big.poll())
@@ -134,7 +143,7 @@ def main() -> int:
         for c in children:
             c.kill()
             c.wait()
-    print(f"memory changing: {a.changing}")
+    print(f"memory changing: {a.changing}; agents' calls reports: {a.calls}")
     print(f"poll, 1 GPU + 1 server:   {one * 1e3:.3f} ms CPU (median of {a.polls})")
     print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU")
     print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x)")

@@ -456,15 +456,18 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.devices:
         state.gpu_down = False
         procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
-        state.gpus = {d.uuid: (d.used_bytes, d.total_bytes if d.free_bytes is None
-                               else d.used_bytes + d.free_bytes, _bytes_on(procs, d.uuid))
-                      for d in s.devices}
-        state.device_used = sum(d.used_bytes for d in s.devices)
-        state.device_total = sum(d.total_bytes for d in s.devices)
-        # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200) can
-        # never be allocated, so the budget is used + free (ops-anchors §1)
-        state.device_usable = sum(d.total_bytes if d.free_bytes is None
-                                  else d.used_bytes + d.free_bytes for d in s.devices)
+        # one pass over the GPUs (four were ~3 us a changing server's poll), summed in order
+        gpus, used_sum, total_sum, usable_sum = {}, 0, 0, 0
+        for d in s.devices:
+            used, total = d.used_bytes, d.total_bytes
+            # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200)
+            # can never be allocated, so the budget is used + free (ops-anchors §1)
+            usable = total if d.free_bytes is None else used + d.free_bytes
+            gpus[d.uuid] = (used, usable, _bytes_on(procs, d.uuid))
+            used_sum, total_sum, usable_sum = used_sum + used, total_sum + total, \
+                usable_sum + usable
+        state.gpus, state.device_used = gpus, used_sum
+        state.device_total, state.device_usable = total_sum, usable_sum
     _host(state, s)
     mem, source = _server_memory(s, watched, attribution)
     if mem is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from torch_watchdog.sidecar.config import ForecastConfig
 from torch_watchdog.sidecar.core.correlate import State
@@ -74,10 +74,10 @@ class Forecast:
                 "unexplained_bytes_per_s": num(self.unexplained_bytes_per_s)}
 
 
-@dataclass(frozen=True)
-class _View:
+class _View(NamedTuple):
     """One budget the server can run out of: a GPU (its level and budget, and the server's
-    share of its own growth that lands there), or the process / host budget."""
+    share of its own growth that lands there), or the process / host budget. A tuple: a frozen
+    dataclass cost ~1 us more to build, per GPU, server and changing poll."""
     uuid: Optional[str]
     level: int
     budget: int
