@@ -14,16 +14,20 @@ allocator's wobble, below the forecast's one-poll jump), or on all of them (`--c
 `--calls`: each server's agent also reports its requests every 2 s (a `calls` event, as the
 agent's heartbeat does), folded in the poll that receives it.
 
-    python benchmarks/host_scale.py [--polls 600] [--sequential] [--changing none|half|all] [--calls]
+    python benchmarks/host_scale.py [--polls 600] [--sequential]
+                                    [--changing none|half|all] [--calls]
 
-Measured 2026-12-01 on the shared 2-core machine (noisy: the same code gives 0.16-0.28 ms
-for the 8x8 poll from run to run), 3 runs each, 8x8/1x1 ratio, main's core/ before -> after
-the cost-step work: static 2.32 2.93 2.98 -> 3.09 2.85 2.85 (8x8 0.17-0.26 -> 0.16-0.28 ms);
---sequential 3.22 2.60 3.01 -> 3.45 3.61 3.13; --changing half 3.48 3.58 3.14 -> 2.98 3.49
-3.56 (8x8 0.31-0.51 -> 0.26-0.32 ms); --changing half --sequential 4.61 4.05 4.06 -> 3.88 3.99
-4.86; --calls 3.87 3.96 4.12 -> 2.88 2.88 2.67. The 1.5x target is not met: a still server's
-pure step is ~13 us of a poll here (its trend, causes and policy, every poll), each process
-~3.5 us of /proc reads, and the 1x1 poll got cheaper too.
+Measured 2026-12-01 on the shared 2-core machine (noisy: the same code's 8x8 poll is 0.14 to
+0.28 ms from run to run), 3 runs each, main's core/ -> the cost-step branch, ratio 8x8/1x1
+(the pure step's share of the 8x8 poll):
+  static                         2.68 2.55 2.40 -> 2.32 2.25 2.29 (0.13-0.21 -> 0.10-0.15 ms)
+  static --sequential            3.59 4.17 2.82 -> 2.64 2.72 2.80 (0.12-0.21 -> 0.09 ms)
+  --changing half                3.28 2.96 3.09 -> 3.35 2.89 2.70 (0.29-0.40 -> 0.23-0.39 ms)
+  --changing half --sequential   5.89 2.33 4.10 -> 4.96 4.40 5.42 (0.26-0.45 -> 0.41-0.44 ms)
+  --calls                        3.42 3.50 3.36 -> 2.54 2.87 3.26 (0.25-0.26 -> 0.14-0.21 ms)
+The 1.5x target is not met. A still server's pure step is ~8 us of a poll (its trend's
+append and rates, causes and policy, every poll), each process ~3.5 us of /proc reads, and a
+server whose memory moves folds in full (~30 us): the 1x1 poll is ~0.05-0.1 ms in all.
 """
 from __future__ import annotations
 
