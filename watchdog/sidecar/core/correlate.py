@@ -580,7 +580,7 @@ def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> Non
 def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
     t = state.now
     in_window = 0
-    for pid, times in list(state.recompile_times.items()):
+    for pid, times in list(state.recompile_times.items()) if state.recompile_times else ():
         while times and times[0] < t - cfg.storm_window_s:
             times.popleft()
         if not times:

@@ -211,8 +211,10 @@ def _request_rate(state: State, window_s: float) -> Optional[float]:
     windows would be read (the deque unchanged, every one of them still in the window, the one
     before them still out), and is then the same number."""
     calls, cutoff = state.calls, state.now - window_s
+    if not calls:  # no agent's report (yet)
+        return None
     memo = state.rate_memo
-    if memo is not None and calls and memo[0] == len(calls) and memo[1] is calls[-1] \
+    if memo is not None and memo[0] == len(calls) and memo[1] is calls[-1] \
             and memo[2] >= cutoff and (memo[3] is None or memo[3] < cutoff):
         return memo[4]
     recent = []
@@ -231,7 +233,7 @@ def _request_rate(state: State, window_s: float) -> Optional[float]:
     else:
         span = recent[-1][0] - recent[0][0]
         rate = sum(c for _, c in recent[1:]) / span if span > 0 else None
-    state.rate_memo = (len(calls), calls[-1], oldest, before, rate) if calls else None
+    state.rate_memo = (len(calls), calls[-1], oldest, before, rate)
     return rate
 
 
