@@ -152,3 +152,43 @@ def test_each_process_against_a_per_process_budget():
     fc = forecast(s, ForecastConfig(per_process_budget_bytes=800 * MB))
     assert fc.seconds == 0.0 and fc.level_bytes == 900 * MB and fc.budget_bytes == 800 * MB
     assert forecast(s, ForecastConfig(per_process_budget_bytes=1_000 * MB)).seconds == FOREVER
+
+
+def _request_rate_scan(state, window_s):
+    """The request rate as computed before it was kept between polls: a scan every time."""
+    recent = []
+    for t, calls, *_ in reversed(state.calls):
+        if t < state.now - window_s:
+            break
+        recent.append((t, calls))
+    recent.reverse()
+    if len(recent) < 2:
+        return None
+    span = recent[-1][0] - recent[0][0]
+    return sum(c for _, c in recent[1:]) / span if span > 0 else None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kept_request_rate_is_the_rate_a_scan_gives(seed):
+    """Polls every 0.1 s, a calls window every ~2 s per process (two processes, their clocks
+    skewed, so the windows' times are not in order), gaps, a full deque: after every poll
+    the rate is the one a fresh scan of the windows gives."""
+    from torch_watchdog.sidecar.core.forecast import _request_rate
+    rng = random.Random(seed)
+    state = State()
+    state.calls = __import__("collections").deque(maxlen=50)
+    now, kept, answers = 100.0, 0, set()
+    for poll in range(6000):
+        now += 0.1
+        if 3000 <= poll < 3800:  # the server is idle: its windows leave one by one
+            pass
+        elif rng.random() < 0.05:
+            state.calls.append((now + rng.uniform(-1.5, 1.5), rng.randint(0, 40), 0.1, 0, 0.0))
+        state.now = now
+        before = state.rate_memo
+        got = _request_rate(state, 30.0)
+        kept += before is not None and state.rate_memo is before
+        assert got == _request_rate_scan(state, 30.0)
+        answers.add(got)
+    assert kept > 4000      # most polls reuse the last answer
+    assert None in answers and len(answers) > 100

@@ -3,6 +3,7 @@ cheaply (core/step.py `_Poll`): it must decide and report exactly what a full po
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 
@@ -107,3 +108,57 @@ def test_recorded_traces_replay_the_same_with_repeats(name, repeats):
     fast = observe(Host(), trace(), Config())
     assert repeats[0] > 500
     assert fast == full
+
+
+def eight_by_eight_trace() -> list:
+    """A big host: 8 replicas on 8 GPUs. Half the GPUs' memory moves every poll (an
+    allocator's 2 MiB wobble, and one random walk), one leaks toward its end, one loads a
+    model mid-run, the rest stay still; request counts from half the servers, NVML down for
+    a moment, and a replica that dies and comes back."""
+    rng = random.Random(7)
+    gpus = [f"GPU-{i}" for i in range(8)]
+    out, t = [], 5000.0
+    used = [10 * GB] * 8
+    used[1] = 74 * GB
+    out += [hello(t, 100 + i, f"replica-{i}", [gpus[i]]) for i in range(8)]
+    for k in range(2500):
+        t += 0.1
+        for i in (0, 2, 4):                     # the wobble: 8 polls up, 8 down
+            used[i] += 2 * MB if k % 16 < 8 else -2 * MB
+        used[6] = max(GB, used[6] + rng.randint(-3, 3) * MB)  # a random walk
+        if k >= 600:
+            used[1] += 6 * MB                   # a leak: OOM forecast, reload
+        if k == 300:
+            used[5] += 2 * GB                   # a model load: one step, then still
+        if k % 10 == 0 and k < 2400:
+            out += [calls(t, 100 + i, 20, min(k // 10, 30)) for i in range(4)]
+        if k % 10 == 0 and k < 2000:
+            out.append(calls(t, 107, 5, 3))     # heard from until it dies
+        if k == 2050:
+            out.append(hello(t, 200, "replica-7", [gpus[7]]))
+        nvml_up = not 1500 <= k < 1505
+        devices = tuple(DeviceSample(g, u, 80 * GB, 80 * GB - u) for g, u in zip(gpus, used)) \
+            if nvml_up else ()
+        alive = {100 + i: True for i in range(8)}
+        alive[107] = k < 2000
+        if k >= 2050:
+            alive[200] = True
+        procs = tuple(ProcessSample(pid, up, 3 * GB + k * 4096 if up else None,
+                                    {gpus[7 if pid == 200 else pid - 100]:
+                                     used[7 if pid == 200 else pid - 100] - GB} if up else {})
+                      for pid, up in sorted(alive.items()))
+        out.append(Sample(t=t, devices=devices, processes=procs, nvml_up=nvml_up,
+                          host_total_bytes=512 * GB, host_available_bytes=400 * GB - k))
+    return out
+
+
+def test_a_big_host_with_changing_memory_decides_the_same_with_repeats(repeats):
+    trace = eight_by_eight_trace()
+    full = observe(Host(repeats=False), trace, CFG)
+    assert repeats[0] == 0
+    fast = observe(Host(), trace, CFG)
+    assert repeats[0] > 5000  # the still GPUs' servers repeat; the moving ones do not
+    assert fast == full
+    decided = {(a["action"], a["server"]) for x in full if isinstance(x, list) for a in x}
+    assert {("reload", "replica-1"), ("execute", "replica-1"),
+            ("restart", "replica-7")} <= decided

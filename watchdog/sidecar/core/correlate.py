@@ -115,6 +115,9 @@ class State:
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
     steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
+    # forecast._request_rate's last answer and what it read: (windows, the newest, the oldest
+    # read's time, the time of the one before it or None, the rate)
+    rate_memo: Optional[tuple] = field(default=None, repr=False, compare=False)
     steady_at_limit: Optional[tuple] = None             # steady_totals when the limit came
     stalls: int = 0
     stall_seconds: float = 0.0
@@ -162,12 +165,15 @@ class State:
     def unexplained_bytes(self) -> float:
         """Growth of the server's memory that recordings and compiles do not account for.
         A recent step is not counted yet: the compile behind it reports only when it ends."""
-        if self.mem_bytes is None or self.mem_start is None:
+        mem, start = self.mem_bytes, self.mem_start
+        if mem is None or start is None:
             return 0.0
         undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
             if self.pending_jumps else 0
-        growth = self.mem_bytes - self.mem_start
-        return max(0.0, growth - self.explained_bytes() - self.compile_jump_bytes - undecided)
+        # explained_bytes(), inlined: every server evaluates this every poll (1.8 us as calls)
+        reg = self.regression
+        explained = max(0.0, (reg.sxy / reg.sxx if reg.sxx > 0 else None) or 0.0) * self.records
+        return max(0.0, mem - start - explained - self.compile_jump_bytes - undecided)
 
     def steady_ms(self, part: str = "all") -> Optional[float]:
         """Mean latency of the calls that were not stalls (from the agent's `calls` windows):
@@ -238,6 +244,16 @@ def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
             _event(state, obs, cfg)
     evaluate_causes(state, cfg)  # once per batch (the step: once per poll's sample)
     return state
+
+
+def fold_sample(state: State, s: Any, cfg: CorrelateConfig, attribution: str = "auto") -> None:
+    """`fold(state, [s], cfg, attribution=...)` for one sample, or anything with a Sample's
+    time, devices, processes, nvml_up and host memory (the step's per-server view of one)."""
+    if state.first_t is None:
+        state.first_t = s.t
+    state.now = max(state.now, s.t)
+    _sample(state, s, cfg, None, attribution)
+    evaluate_causes(state, cfg)
 
 
 def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
@@ -440,15 +456,18 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.devices:
         state.gpu_down = False
         procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
-        state.gpus = {d.uuid: (d.used_bytes, d.total_bytes if d.free_bytes is None
-                               else d.used_bytes + d.free_bytes, _bytes_on(procs, d.uuid))
-                      for d in s.devices}
-        state.device_used = sum(d.used_bytes for d in s.devices)
-        state.device_total = sum(d.total_bytes for d in s.devices)
-        # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200) can
-        # never be allocated, so the budget is used + free (ops-anchors §1)
-        state.device_usable = sum(d.total_bytes if d.free_bytes is None
-                                  else d.used_bytes + d.free_bytes for d in s.devices)
+        # one pass over the GPUs (four were ~3 us a changing server's poll), summed in order
+        gpus, used_sum, total_sum, usable_sum = {}, 0, 0, 0
+        for d in s.devices:
+            used, total = d.used_bytes, d.total_bytes
+            # NVML v2: free = total - reserved - used; the reserved part (645 MB on an H200)
+            # can never be allocated, so the budget is used + free (ops-anchors §1)
+            usable = total if d.free_bytes is None else used + d.free_bytes
+            gpus[d.uuid] = (used, usable, _bytes_on(procs, d.uuid))
+            used_sum, total_sum, usable_sum = used_sum + used, total_sum + total, \
+                usable_sum + usable
+        state.gpus, state.device_used = gpus, used_sum
+        state.device_total, state.device_usable = total_sum, usable_sum
     _host(state, s)
     mem, source = _server_memory(s, watched, attribution)
     if mem is None:
@@ -465,8 +484,29 @@ def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig) -> None:
     were, and are not computed again."""
     state.now = max(state.now, s.t)
     _host(state, s)
-    _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    if cfg.jump_bytes < 0:  # a zero step counts as a jump: the general path
+        _memory(state, s, state.mem_bytes, state.mem_source, cfg)
+    else:
+        _same_memory(state, s.t, cfg)
     evaluate_causes(state, cfg)
+
+
+def _same_memory(state: State, t: float, cfg: CorrelateConfig) -> None:
+    """`_memory(state, s, state.mem_bytes, state.mem_source, cfg)` for a poll whose memory is
+    the last one's (a zero step, the same meter) and with GPUs read: the same updates."""
+    state.mem_read_t = t
+    mem, records = state.mem_bytes, state.records
+    recorded, state.records_at_last_sample = records - state.records_at_last_sample, records
+    samples = state.samples
+    samples.jump_bytes = cfg.jump_bytes
+    samples.append((t, mem, records))
+    if records == 0:
+        if _settling(state, t):
+            state.mem_start = mem
+            state.compile_jump_bytes = 0
+            state.pending_jumps = []
+        return
+    state.regression.add(recorded, 0)
 
 
 def _host(state: State, s: Sample) -> None:
@@ -540,7 +580,7 @@ def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> Non
 def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
     t = state.now
     in_window = 0
-    for pid, times in list(state.recompile_times.items()):
+    for pid, times in list(state.recompile_times.items()) if state.recompile_times else ():
         while times and times[0] < t - cfg.storm_window_s:
             times.popleft()
         if not times:
@@ -560,8 +600,9 @@ def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
             "new_shapes_without_compile": state.new_shapes_after_limit,
             "steady_ms_before": _round(state.steady_ms("before"), 3)})
     # an active cause stays as it is (_activate): not computed again every poll and server
-    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active else None
-    if (state.records >= cfg.min_records and b is not None and b > 0
+    b = state.mb_per_graph if "cudagraph_per_shape" not in state.active and \
+        state.records >= cfg.min_records else None
+    if (b is not None and b > 0
             and (conf := state.regression.confidence) >= cfg.min_confidence):
         _activate(state, t, "cudagraph_per_shape", {
             "recordings": state.records, "distinct_shapes": state.distinct_shapes,

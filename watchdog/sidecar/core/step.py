@@ -64,7 +64,14 @@ class _Poll:
     correlation state, no event since, the same config, its GPUs' numbers and its processes'
     GPU memory equal) folds only the time (correlate.fold_repeat), and keeps the forecast
     while the rates that move with time alone are the same too: the same numbers as a full
-    poll, for ~17 us instead of ~47 us a server (warm; benchmarks/host_scale.py: 8 replicas)."""
+    poll, for ~17 us instead of ~47 us a server (warm; benchmarks/host_scale.py: 8 replicas).
+    Measured 2026-12-01 on the 2-core machine, the pure step alone, warm, no I/O (min of 5
+    medians of 1,000 polls), main's code -> now: 8 still replicas 102 -> 76-81 us a poll, 8
+    whose memory moves every poll 360 -> 271-295 us, 1 still replica 16.9 -> 14-16 us (Host's
+    per-sample delta instead of each server's view, correlate._same_memory, no Sample rebuilt
+    per server, one pass over its GPUs, the kept request rate). Left, ~8 us a still server:
+    the trend's append and rates, the causes and the policy, every poll; the 8x8/1x1 poll is
+    2.2-2.8x (target 1.5x), see benchmarks/host_scale.py."""
     state: correlate.State
     events: int
     cfg: Config
@@ -72,6 +79,8 @@ class _Poll:
     processes: tuple
     rates: tuple
     forecast: Forecast
+    pids: frozenset = frozenset()   # the server's pids and GPUs its view was taken with
+    gpus: frozenset = frozenset()
 
 
 @dataclass
@@ -87,6 +96,10 @@ class Host:
                                                    # believed or not (its liveness only)
     repeats: bool = True                           # False: every poll in full (tests compare)
     _none: Optional[Server] = field(default=None, repr=False, compare=False)  # focus() of none
+    # the last sample's processes and GPUs, and what changed in this one: (pids whose liveness or
+    # GPU memory changed, GPUs whose numbers did), None when the lists themselves changed
+    _prev: Optional[tuple] = field(default=None, repr=False, compare=False)
+    _delta: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def server(self, name: str) -> Server:
         s = self.servers.get(name)
@@ -232,6 +245,8 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
         host.owner[pid] = name
         host.server(name).pids.setdefault(pid, s.t)
     _forget_silent(host, s.t)
+    host._delta = _delta(host._prev, s) if host.repeats else None
+    host._prev = (s.processes, s.devices)
     actions: list[policy.Action] = []
     servers = list(host.servers.values())
     busy = sum(o.busy for o in servers)  # kept current below: counting it per server was n^2
@@ -240,6 +255,43 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
         actions += _poll_server(host, server, s, cfg, busy - was)
         busy += server.busy - was
     return actions
+
+
+class _Mine:
+    """The sample as one server sees it (its processes and GPUs): what `correlate._sample`
+    reads of a Sample. dataclasses.replace() of the frozen Sample cost ~7 us a server."""
+    __slots__ = ("t", "devices", "processes", "nvml_up", "host_total_bytes",
+                 "host_available_bytes")
+
+    def __init__(self, s: Sample, processes: tuple, devices: tuple):
+        self.t, self.devices, self.processes, self.nvml_up = s.t, devices, processes, s.nvml_up
+        self.host_total_bytes = s.host_total_bytes
+        self.host_available_bytes = s.host_available_bytes
+
+
+def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
+    """What changed since the last sample, found once for every server: (the pids whose
+    liveness or GPU memory changed, the GPUs whose numbers changed), or None when a process or
+    GPU came, went or moved in the lists."""
+    if prev is None:
+        return None
+    procs, devices = prev
+    if len(procs) != len(s.processes) or len(devices) != len(s.devices):
+        return None
+    pids, uuids = set(), set()
+    for p, q in zip(s.processes, procs):
+        if p is not q:  # the process reader hands back the same sample when nothing changed
+            if p.pid != q.pid:
+                return None
+            if p.alive != q.alive or p.gpu_bytes != q.gpu_bytes:
+                pids.add(p.pid)
+    for d, e in zip(s.devices, devices):
+        if d.uuid != e.uuid:
+            return None
+        if d.used_bytes != e.used_bytes or d.free_bytes != e.free_bytes or \
+                d.total_bytes != e.total_bytes:
+            uuids.add(d.uuid)
+    return pids, uuids
 
 
 def _forget_silent(host: Host, now: float) -> None:
@@ -281,10 +333,26 @@ def _attributable(host: Host, server: Server) -> bool:
 def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
     """Fold the sample, as this server sees it, into its state, and forecast."""
     state, last = server.state, server.last
-    procs, devices = _view(server, s)
+    procs = devices = None
     if (last is not None and last.state is state and last.events == server.events
-            and last.cfg is cfg and s.nvml_up and devices and host.repeats
-            and _same_processes(last.processes, procs) and last.devices == devices):
+            and last.cfg is cfg and s.nvml_up and host.repeats):
+        delta = host._delta
+        # its view is the last one when its pids and GPUs are, and none of its processes or
+        # GPUs changed since the last sample (which it was polled with too): ~3 us a server
+        # less than taking the view again and comparing it
+        same = (delta is not None and server.pids.keys() == last.pids and
+                server.gpus == last.gpus and
+                not (delta[0] and any(p.pid in delta[0] for p in last.processes)) and
+                not (delta[1] and any(d.uuid in delta[1] for d in last.devices)))
+        if not same:
+            procs, devices = _view(server, s)
+            same = bool(devices) and _same_processes(last.processes, procs) and \
+                last.devices == devices
+            if same:
+                last.pids, last.gpus = frozenset(server.pids), frozenset(server.gpus)
+    else:
+        same = False
+    if same:
         correlate.fold_repeat(state, s, cfg.correlate)
         rates = forecast_rates(state, cfg.forecast)
         if rates != last.rates:
@@ -292,12 +360,15 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
             last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
         server.forecast = last.forecast
         return
-    mine = dataclasses.replace(s, processes=procs, devices=devices)  # its processes only
-    correlate.fold(state, (mine,), cfg.correlate, attribution=cfg.gpu.attribution)
+    if procs is None:
+        procs, devices = _view(server, s)
+    correlate.fold_sample(state, _Mine(s, procs, devices), cfg.correlate,  # its own only
+                          attribution=cfg.gpu.attribution)
     rates = forecast_rates(state, cfg.forecast)
     server.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
     # a repeat of this poll may reuse it: NVML up, GPUs read and the server's memory with them
-    server.last = (_Poll(state, server.events, cfg, devices, procs, rates, server.forecast)
+    server.last = (_Poll(state, server.events, cfg, devices, procs, rates, server.forecast,
+                         frozenset(server.pids), frozenset(server.gpus))
                    if s.nvml_up and devices and state.mem_read_t == s.t else None)
 
 
@@ -314,7 +385,9 @@ def _same_processes(a: tuple, b: tuple) -> bool:
 
 def _view(server: Server, s: Sample) -> tuple[tuple, tuple]:
     """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
-    the agents' devices or NVML's per-process lists name one: a device-level meter)."""
+    the agents' devices or NVML's per-process lists name one: a device-level meter). A scan of
+    the whole sample: an index of it by pid and GPU cost more to build (3.1 us) than the
+    scans it saves with 8 servers (2.6 us a server for both)."""
     pids, gpus = server.pids, server.gpus
     procs = tuple([p for p in s.processes if p.pid in pids])
     for p in procs:
@@ -374,7 +447,11 @@ def _action(t: float, kind: str, reason: str, server: Server, detail: dict) -> p
 def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     """The alerts that fire for this server now: its active causes, the OOM forecast (with the
     policy's hysteresis), and a reload from its start until one poll after its outcome."""
-    firing = {cause: dict(f.detail) for cause, f in server.state.active.items()}
+    state = server.state
+    if not (state.active or server.policy.forecast_alerted or state.padding or
+            server.failed is not None or server.note is not None):
+        return {}  # the common case: nothing fires (the dicts below cost ~2 us a server)
+    firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
         firing["oom_forecast"] = server.forecast.as_dict()
     refused = server.state.padding_refused()
