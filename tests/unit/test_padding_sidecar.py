@@ -13,7 +13,7 @@ from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.status import build_status, format_terminal
 from torch_watchdog.sidecar.sources.samples import ProcessSample, Sample
 
-from tests.unit.test_metrics import parse
+from tests.unit.test_metrics import parse, value
 
 T, PID = 1_700_000_000.0, 4242
 CFG = Config()
@@ -138,3 +138,21 @@ def test_the_report_shows_each_padded_model_and_the_refusal(tmp_path):
     page = out.read_text()
     assert "Padding by the agent" in page and "differs by 0.31" in page
     assert "256, 512, 1024, 2048" in page and "1,200" in page
+
+
+def test_sampled_checks_skipped_and_stopped_are_exported():
+    capped = events.Padding(t=T + 2, pid=PID, name="llm", on=True, buckets=[256, 512],
+                            calls=2000, padded_calls=1990, real_tokens=900_000,
+                            padding_tokens=100_000, checks=7, check_seconds=0.1,
+                            max_error={"float16": 0.001}, recordings_saved=10,
+                            check_pool="shared", checks_skipped=12,
+                            checks_stopped="sampled checks left 300 MB reserved")
+    snap, _ = view(run(hello(T), poll(T + 1), stats(T + 1, "llm"), capped, poll(T + 2)))
+    got = scrape(snap)
+    assert value(got, "torch_watchdog_padding_checks_skipped_total", server="srv", model="llm") == 12
+    assert value(got, "torch_watchdog_padding_checks_stopped", server="srv", model="llm") == 1
+    # a model whose checks run unbounded reports 0 skipped and not stopped
+    snap, _ = view(run(hello(T), poll(T + 1), stats(T + 1, "llm"), poll(T + 2)))
+    got = scrape(snap)
+    assert value(got, "torch_watchdog_padding_checks_skipped_total", server="srv", model="llm") == 0
+    assert value(got, "torch_watchdog_padding_checks_stopped", server="srv", model="llm") == 0

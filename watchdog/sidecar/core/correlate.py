@@ -399,6 +399,8 @@ def _on_padding(state: State, e: events.Padding, cfg: CorrelateConfig) -> None:
              padded_calls=e.padded_calls, real_tokens=e.real_tokens,
              padding_tokens=e.padding_tokens, checks=e.checks, check_seconds=e.check_seconds,
              max_error=dict(e.max_error), recordings_saved=e.recordings_saved,
+             checks_skipped=e.checks_skipped or 0, checks_stopped=e.checks_stopped,
+             check_pool=e.check_pool,
              padding_fraction=round(e.padding_tokens / total, 6) if total else None)
 
 

@@ -230,6 +230,13 @@ SPECS: tuple[Spec, ...] = (
          "Padded calls also run unpadded and compared.", _pad("checks")),
     Spec("torch_watchdog_padding_check_seconds_total", COUNTER, ("server", "model"),
          "Time those unpadded runs and comparisons took.", _pad("check_seconds")),
+    Spec("torch_watchdog_padding_checks_skipped_total", COUNTER, ("server", "model"),
+         "Sampled checks not run: longer than any length checked, or past the memory cap.",
+         _pad("checks_skipped", lambda v: v.get("checks_skipped") or 0)),
+    Spec("torch_watchdog_padding_checks_stopped", GAUGE, ("server", "model"),
+         "1 once sampled checks stopped (the reserved memory they left passed "
+         "check_memory_bytes), else 0.", _pad("checks_stopped", lambda v: int(bool(
+             v.get("checks_stopped"))))),
     Spec("torch_watchdog_padding_max_error_ratio", GAUGE, ("server", "model", "dtype"),
          "Largest relative error seen by the checks, per output dtype.", _pad_errors),
     # causes and actions
