@@ -282,9 +282,12 @@ def decode(data: Union[bytes, str]) -> Event:
 
 
 def from_dict(obj: Any) -> Event:
-    # Measured (benchmarks/sidecar_cost.py's three events, an idle 2-core machine): decode()
-    # 4.8 us per event on average, of which ~2.7 us is the C JSON scanner; it was 6.3 us with
-    # generic per-field predicates for lists (a generator per list) and two lookups per kind.
+    # Measured in a hot loop (benchmarks/sidecar_cost.py's decode line, its three events, a
+    # 2-core VM): decode() 3.3 / 3.6 / 4.0 us per heartbeat / new_shape / cudagraph_record, of
+    # which 2-3 us is the C JSON scanner; 3.6 / 4.4 / 6.8 us with generic predicates for list
+    # fields (a generator per list, per nesting level). In the daemon, which wakes 10-20 times
+    # a second with cold caches, each event costs 2-3x that (cProfile: decode about as much
+    # as step.step's fold of the event into its server).
     if type(obj) is not dict and not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
     if "v" not in obj:
