@@ -6,6 +6,7 @@
 2. Ingest capacity: events/s it takes in when a sender floods it (blocking sends, so the kernel
    queue throttles the sender instead of dropping).
 3. Replay speed: trace seconds per wall second on the recorded traces in tests/fixtures.
+4. Decode: microseconds to decode and validate one of the events sent in 1. (in this process).
 
     python benchmarks/sidecar_cost.py [--seconds 20]
 """
@@ -81,6 +82,19 @@ def emit_at(path: str, rate: float, seconds: float) -> int:
     return sent
 
 
+def decode_us(rounds: int = 20000) -> float:
+    """Microseconds per events.decode of the events sent above (the best of 3 rounds)."""
+    lines = [event_bytes(i) for i in range(3)]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for line in lines:
+                events.decode(line)
+        best = min(best, (time.perf_counter() - t0) / (rounds * len(lines)))
+    return best * 1e6
+
+
 def cpu_ratio(proc: psutil.Process, seconds: float, work=None) -> float:
     """CPU seconds (user + system) of `proc` per wall second while `work` runs."""
     before, t0 = proc.cpu_times(), time.monotonic()
@@ -138,6 +152,7 @@ def main() -> int:
         r = replay([path], Config())["replay"]
         speeds[os.path.basename(path)] = r["speed"]
     results["replay_trace_seconds_per_wall_second"] = speeds
+    results["decode_us_per_event"] = round(decode_us(), 2)
     print(f"sidecar CPU, idle at 10 Hz: {results['cpu_idle']:.4f} CPU-s per s")
     print(f"sidecar CPU, 10 Hz + 1,000 events/s from an agent: "
           f"{results['cpu_1000_events_per_s']:.4f} CPU-s per s (target < 0.01); received "
@@ -147,6 +162,7 @@ def main() -> int:
     print(f"ingest capacity (flooding sender): {results['ingest_events_per_s']} events/s")
     for name, speed in speeds.items():
         print(f"replay {name}: {speed}x real time")
+    print(f"decode + validate: {results['decode_us_per_event']} us per event")
     print(json.dumps(results))
     return 0
 

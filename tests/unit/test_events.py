@@ -160,3 +160,138 @@ def test_every_numeric_field_was_checked():
     fields = {(s.kind, name) for s, name in _numeric_fields()}
     assert ("heartbeat", "seq") in fields and ("oom", "requested_bytes") in fields
     assert ("compile", "seconds") in fields and len(fields) >= 30
+
+
+# -- the generated validators against the plain, generic one they replaced -----------------------
+def _reference_check(hint):
+    """The generic per-field predicate decode used before the generated validators (main at
+    021282a): bool is never an int, an int is a float, floats are finite."""
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        parts = [_reference_check(arg) for arg in typing.get_args(hint)]
+        return lambda v: any(p(v) for p in parts)
+    if origin is list:
+        item = _reference_check(typing.get_args(hint)[0])
+        return lambda v: type(v) is list and all(item(x) for x in v)
+    if origin is dict:
+        key, item = (_reference_check(a) for a in typing.get_args(hint))
+        return lambda v: type(v) is dict and all(key(k) and item(x) for k, x in v.items())
+    if hint is type(None):
+        return lambda v: v is None
+    if hint is float:
+        return lambda v: (type(v) is float and math.isfinite(v)) or type(v) is int
+    return lambda v: type(v) is hint
+
+
+def _reference_from_dict(obj):
+    """What from_dict accepted and rejected before (same messages), written plainly."""
+    import dataclasses
+    import typing
+
+    if not isinstance(obj, dict):
+        raise EventDecodeError("event is not a JSON object")
+    if "v" not in obj:
+        raise EventDecodeError("no schema version `v`: not an agent event")
+    v = obj["v"]
+    if type(v) is not int or v != events.SCHEMA_VERSION:
+        raise EventDecodeError(f"unsupported schema version {v!r}")
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or kind not in events.KINDS:
+        raise EventDecodeError(f"unknown event kind {kind!r}")
+    cls = events.KINDS[kind]
+    fields = dataclasses.fields(cls)
+    extra = set(obj) - {f.name for f in fields} - {"v", "kind"}
+    if extra:
+        raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields:
+        if f.name in obj:
+            values[f.name] = obj[f.name]
+        elif f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        else:
+            raise EventDecodeError(f"{kind}: missing field {f.name!r}")
+        if not _reference_check(hints[f.name])(values[f.name]):
+            raise EventDecodeError(f"{kind}: field {f.name!r} has a bad value "
+                                   f"{values[f.name]!r:.80}")
+    if values["pid"] <= 0:
+        raise EventDecodeError(f"{kind}: bad pid")
+    return cls(**values)
+
+
+def _outcome(fn, obj):
+    try:
+        event = fn(obj)
+    except EventDecodeError as e:
+        return "rejected", str(e)
+    return "accepted", type(event), events.to_dict(event)
+
+
+# values that probe every check: bool vs int vs float, non-finite floats, nested list shapes
+_PROBES = [None, True, False, 0, 1, -3, 7, 2 ** 70, 1.0, 0.5, -0.0, math.nan, math.inf, -math.inf,
+           "", "x", [], [1], [1, 2], [True], [1.5], [None], ["a"], [[]], [[1]], [[1, 2], [3]],
+           [[True]], [[1.0]], [[None]], [1, [2]], [[1], 2], [["a"]], [[[1]]], {}, {"a": 1},
+           {"a": True}, {"a": 1.5}, {"a": None}, {"a": "s"}, {"a": [1]}, {"a": math.nan},
+           {1: 1}, (1, 2)]
+
+
+def _differential_cases():
+    import random
+
+    rng = random.Random(1234)
+    for sample in SAMPLES:
+        good = events.to_dict(sample)
+        yield good
+        for name in good:
+            for probe in _PROBES:
+                yield {**good, name: probe}
+            yield {k: x for k, x in good.items() if k != name}  # one field missing
+        yield {**good, "extra": 1}
+        for _ in range(200):  # several fields changed at once, in any order
+            obj = dict(good)
+            for name in rng.sample(sorted(good), rng.randint(1, 3)):
+                obj[name] = rng.choice(_PROBES)
+            items = list(obj.items())
+            rng.shuffle(items)
+            yield dict(items)
+    yield from ([], None, 1, "x", {"kind": "heartbeat"}, {"v": 1, "kind": "nope"},
+                {"v": 1, "kind": ["hello"]}, {"v": 1})
+
+
+def _fixture_objects():
+    import glob
+    import os
+
+    from torch_watchdog import jsonl
+
+    here = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+    paths = sorted(glob.glob(os.path.join(here, "*.jsonl*")))
+    assert paths, "the recorded fixtures are missing"
+    for path in paths:
+        for line in jsonl.read_lines(path):
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def test_generated_validators_reject_exactly_what_the_generic_checks_rejected():
+    checked = accepted = 0
+    for obj in _differential_cases():
+        new, old = _outcome(events.from_dict, obj), _outcome(_reference_from_dict, obj)
+        assert new == old, obj
+        checked += 1
+        accepted += new[0] == "accepted"
+    assert checked > 5000 and 0 < accepted < checked  # both outcomes were exercised
+
+
+def test_recorded_fixtures_decode_as_before():
+    agent_events = 0
+    for obj in _fixture_objects():
+        new, old = _outcome(events.from_dict, obj), _outcome(_reference_from_dict, obj)
+        assert new == old, obj
+        agent_events += new[0] == "accepted"
+    assert agent_events > 0

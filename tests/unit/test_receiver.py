@@ -122,6 +122,17 @@ def test_one_datagram_may_carry_several_events(rx, tx):
     assert rx.dropped["malformed"] == 1
 
 
+def test_each_line_of_a_packed_datagram_is_judged_on_its_own(rx, tx):
+    # the agent packs many events per datagram: a spoofed, a newer-schema, a wrong-typed and a
+    # blank line among good ones are each dropped by their reason, and the good ones arrive
+    lines = [events.encode(_hb(1)), events.encode(_hb(2, pid=os.getpid() + 1)), b"",
+             _raw(v=events.SCHEMA_VERSION + 1), _raw(seq=True), events.encode(_hb(3))]
+    tx.sendto(b"\n".join(lines), rx.path)
+    assert [(e.seq, pid) for e, pid in rx.receive()] == [(1, os.getpid()), (3, os.getpid())]
+    assert rx.dropped == {**NO_DROPS, "spoofed": 1, "version": 1, "malformed": 1}
+    assert rx.received == 2
+
+
 def test_sender_with_a_uid_not_allowed_is_foreign(path, tx):
     with Receiver(path, allowed_uids={os.getuid() + 1}) as rx:
         tx.sendto(events.encode(_hb(1)), path)
