@@ -234,6 +234,11 @@ class Launcher:
             log(f"standby pid {sb.popen.pid}: {why[5:]}; standby disabled, plain starts "
                 "(a standby must never hold GPU memory)")
             return
+        if why is None and code is not None and code < 0:
+            # killed (the sidecar's `signal` method SIGTERMs every pid of the unit): not a
+            # fault of the preloads, so it does not count towards disabling standbys
+            log(f"standby pid {sb.popen.pid} killed by signal {-code}; a new one")
+            return
         self.failures += 1
         log(f"standby pid {sb.popen.pid} ended ({why or f'exit {code}'}); "
             f"failure {self.failures}/{MAX_STANDBY_FAILURES}")
