@@ -3,10 +3,15 @@ first answer of the new server process, for three starts of the new process:
 
 - cold:   empty Inductor/Triton cache directories, no bundle (a new machine, a new pod);
 - fx:     the previous process's cache directory (today's persistent FX cache);
-- bundle: empty cache directories, the agent's warm bundle loaded at install (agent/warm.py).
+- bundle: empty cache directories, the agent's warm bundle loaded at install (agent/warm.py);
+- drain, standby start: the server under `torch-watchdog run` (watchdog/launcher.py), bundle
+  and FX cache; a drain request; the released standby (torch etc. already imported) answers.
+
+Every row's `phases`: where the new process's start went (import, CUDA context, agent
+install, model on the device, first answer), each from the end of the one before.
 
 Per model: gen0 starts cold and saves the bundle once warmed up; SIGTERM; gen1 (cold); SIGTERM;
-gen2 (fx); SIGTERM; gen3 (bundle). For the first model the drain path runs end to end once:
+gen2 (fx); SIGTERM; gen3 (bundle); then the standby case. For the first model the drain path runs end to end once:
 gen3 runs under a supervisor (`sh`: restart on exit 75) and the control socket asks it to
 drain; the record says whether it stopped taking work, finished the call in hand, exited 75,
 and when the next process (bundle start) answered.
@@ -117,7 +122,7 @@ def began_at() -> dict:
     return out
 
 
-def phases(prog: str, pid: int = 0) -> dict:
+def phases(prog: str, pid: int = 0, after: float = 0.0) -> dict:
     """Where the process's start went, each phase from the end of the one before: import
     (from process start, or from the release for a standby), CUDA context, agent install,
     model on the device, first answer (compile, cudagraph record, the call)."""
@@ -129,6 +134,8 @@ def phases(prog: str, pid: int = 0) -> dict:
         return {}
     st = at["start"]
     t = st.get("released_t") or st.get("proc_start_t")
+    if t is not None and after > t:  # `sh` exec'd it: the process began with the shell
+        t = after
     out = {"standby": "released_t" in st}
     for key, kind in (("import_s", "start"), ("cuda_s", "cuda"), ("install_s", "installed"),
                       ("model_on_device_s", "model_on_device"), ("first_answer_s", "ready")):
@@ -199,14 +206,14 @@ class Run:
         return next(x for x in read_lines(prog) if x["kind"] == "ready")["t"]
 
 
-def compile_facts(log: str) -> dict:
+def compile_facts(log: str, pid: int = 0) -> dict:
     """From the new process's event log (its agent writes it every 0.1 s: wait for the
     compile event a moment, it may come after the first answer was written down)."""
     try:
         wait_until(lambda: any(e["kind"] == "compile" for e in read_lines(log)), 10, "")
     except TimeoutError:
         pass
-    ev = read_lines(log)
+    ev = [e for e in read_lines(log) if not pid or e.get("pid", pid) == pid]
     compiles = [e for e in ev if e["kind"] in ("compile", "recompile")]
     warm = [{"action": e["action"], "seconds": round(e["seconds"] or 0, 3), "bytes": e["bytes"],
              "detail": e["detail"]} for e in ev if e["kind"] == "warm"]
@@ -257,7 +264,8 @@ def drain_reload(run: Run, spec: tuple, first, control) -> dict:
            "exit_code": int(open(code_file).read().strip() or -1),
            "no_work_after_drain": "begin" not in seen[at:],
            "call_in_hand_finished": bool(begins) and begins[-1] == ends[-1],
-           "stopped_taking_work": "not_ready" in seen, **phases(next_prog),
+           "stopped_taking_work": "not_ready" in seen,
+           **phases(next_prog, after=max(x["t"] for x in lines)),
            **compile_facts(log.replace("-drain1.", "-drain2."))}
     print(json.dumps(row), flush=True)
     return row
@@ -292,7 +300,7 @@ def standby_reload(run: Run, spec: tuple, control) -> dict:
         row = {"model": spec[0], "case": "drain, standby start", "trigger": "drain request",
                "reload_to_ready_s": round(new["t"] - t0, 3), "outcome_ok": outcome.ok,
                "drain_s": round(outcome.seconds, 3), **phases(prog, new["pid"]),
-               **compile_facts(log)}
+               **compile_facts(log, new["pid"])}
         print(json.dumps(row), flush=True)
         return row
     finally:
