@@ -3,10 +3,15 @@ first answer of the new server process, for three starts of the new process:
 
 - cold:   empty Inductor/Triton cache directories, no bundle (a new machine, a new pod);
 - fx:     the previous process's cache directory (today's persistent FX cache);
-- bundle: empty cache directories, the agent's warm bundle loaded at install (agent/warm.py).
+- bundle: empty cache directories, the agent's warm bundle loaded at install (agent/warm.py);
+- drain, standby start: the server under `torch-watchdog run` (watchdog/launcher.py), bundle
+  and FX cache; a drain request; the released standby (torch etc. already imported) answers.
+
+Every row's `phases`: where the new process's start went (import, CUDA context, agent
+install, model on the device, first answer), each from the end of the one before.
 
 Per model: gen0 starts cold and saves the bundle once warmed up; SIGTERM; gen1 (cold); SIGTERM;
-gen2 (fx); SIGTERM; gen3 (bundle). For the first model the drain path runs end to end once:
+gen2 (fx); SIGTERM; gen3 (bundle); then the standby case. For the first model the drain path runs end to end once:
 gen3 runs under a supervisor (`sh`: restart on exit 75) and the control socket asks it to
 drain; the record says whether it stopped taking work, finished the call in hand, exited 75,
 and when the next process (bundle start) answered.
@@ -55,18 +60,21 @@ def serve(a: argparse.Namespace) -> int:
         fh.write(json.dumps({"kind": kind, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
         fh.flush()
 
-    put("start")
+    put("start", **began_at())  # its t: torch, the agent and the model's module imported
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     gpu = not a.cpu
     if gpu:
         torch.cuda.init()
+        put("cuda")
     agent.install(socket_path=a.socket, event_log=a.event_log, server=a.name)
+    put("installed")
     agent.on_drain(lambda: put("on_drain"))
     model = Model(a.layers, a.dim, a.heads)
     if gpu:
         model = model.cuda().half()
     model.eval()
+    put("model_on_device")
     served = agent.watch(torch.compile(model, mode="reduce-overhead" if gpu else None),
                          name="model")
     ids = torch.randint(0, 32000, (1, a.seq), device="cuda" if gpu else "cpu")
@@ -96,6 +104,47 @@ def serve(a: argparse.Namespace) -> int:
 
 
 # -- the driver -----------------------------------------------------------------------------
+def began_at() -> dict:
+    """When this process began (wall clock, from /proc: 10 ms ticks) and, in a released
+    standby of the launcher, when it was released: a standby's start counts from there."""
+    out: dict = {}
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            btime = next(int(x.split()[1]) for x in fh if x.startswith("btime"))
+        out["proc_start_t"] = btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        pass
+    released = os.environ.get("TORCH_WATCHDOG_RELEASED_AT")
+    if released:
+        out["released_t"] = float(released)
+    return out
+
+
+def phases(prog: str, pid: int = 0, after: float = 0.0) -> dict:
+    """Where the process's start went, each phase from the end of the one before: import
+    (from process start, or from the release for a standby), CUDA context, agent install,
+    model on the device, first answer (compile, cudagraph record, the call)."""
+    lines = [x for x in read_lines(prog) if not pid or x["pid"] == pid]
+    at = {}
+    for x in lines:
+        at.setdefault(x["kind"], x)
+    if "start" not in at:
+        return {}
+    st = at["start"]
+    t = st.get("released_t") or st.get("proc_start_t")
+    if t is not None and after > t:  # `sh` exec'd it: the process began with the shell
+        t = after
+    out = {"standby": "released_t" in st}
+    for key, kind in (("import_s", "start"), ("cuda_s", "cuda"), ("install_s", "installed"),
+                      ("model_on_device_s", "model_on_device"), ("first_answer_s", "ready")):
+        if kind in at and t is not None:
+            out[key] = round(at[kind]["t"] - t, 3)
+            t = at[kind]["t"]
+    return {"phases": out}
+
+
 def read_lines(path: str) -> list[dict]:
     try:
         with open(path) as fh:
@@ -157,14 +206,14 @@ class Run:
         return next(x for x in read_lines(prog) if x["kind"] == "ready")["t"]
 
 
-def compile_facts(log: str) -> dict:
+def compile_facts(log: str, pid: int = 0) -> dict:
     """From the new process's event log (its agent writes it every 0.1 s: wait for the
     compile event a moment, it may come after the first answer was written down)."""
     try:
         wait_until(lambda: any(e["kind"] == "compile" for e in read_lines(log)), 10, "")
     except TimeoutError:
         pass
-    ev = read_lines(log)
+    ev = [e for e in read_lines(log) if not pid or e.get("pid", pid) == pid]
     compiles = [e for e in ev if e["kind"] in ("compile", "recompile")]
     warm = [{"action": e["action"], "seconds": round(e["seconds"] or 0, 3), "bytes": e["bytes"],
              "detail": e["detail"]} for e in ev if e["kind"] == "warm"]
@@ -186,7 +235,8 @@ def sigterm_reload(run: Run, old, spec: tuple, gen: str, cache: str, warm: bool)
     ready = run.ready_t(new[1], max(30.0, run.left()))
     row = {"model": spec[0], "case": gen, "trigger": "SIGTERM",
            "reload_to_ready_s": round(ready - t0, 3), "stop_s": round(exited - t0, 3),
-           "start_to_ready_s": round(ready - exited, 3), **compile_facts(new[2])}
+           "start_to_ready_s": round(ready - exited, 3), **phases(new[1]),
+           **compile_facts(new[2])}
     print(json.dumps(row), flush=True)
     return new, row
 
@@ -215,9 +265,50 @@ def drain_reload(run: Run, spec: tuple, first, control) -> dict:
            "no_work_after_drain": "begin" not in seen[at:],
            "call_in_hand_finished": bool(begins) and begins[-1] == ends[-1],
            "stopped_taking_work": "not_ready" in seen,
+           **phases(next_prog, after=max(x["t"] for x in lines)),
            **compile_facts(log.replace("-drain1.", "-drain2."))}
     print(json.dumps(row), flush=True)
     return row
+
+
+def standby_reload(run: Run, spec: tuple, control) -> dict:
+    """The server under `torch-watchdog run` (bundle + FX cache shared by both generations);
+    a drain request; reload-to-ready of the released standby."""
+    argv, prog, log = run.argv("standby", spec)
+    env = run.env(f"{spec[0]}-cache6", True, spec[0])
+    launcher = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "run",
+                                 "--", *argv], env=env, cwd=ROOT,
+                                stderr=open(os.path.join(run.work, "standby.stderr"), "w"))
+    try:
+        run.ready_t(prog, max(30.0, run.left()))
+        pid = next(x["pid"] for x in read_lines(prog) if x["kind"] == "start")
+        wait_until(lambda: pid in control.connected(), 30, "the agent never connected")
+        wait_until(lambda: sum(x["kind"] == "end" for x in read_lines(prog)) >= 5, 30,
+                   "no traffic")
+        # the standby has had the first generation's whole start to import; let its bundle
+        # be saved too (the next generation loads it)
+        wait_until(lambda: any(e["kind"] == "warm" and e["action"] == "saved"
+                               for e in read_lines(log)), 60, "no bundle saved")
+        t0 = time.time()
+        outcome = control.drain({pid}, 30.0)
+
+        def second() -> list[dict]:
+            return [x for x in read_lines(prog) if x["kind"] == "ready" and x["pid"] != pid]
+
+        wait_until(lambda: bool(second()), max(30.0, run.left()), "no next generation")
+        new = second()[0]
+        row = {"model": spec[0], "case": "drain, standby start", "trigger": "drain request",
+               "reload_to_ready_s": round(new["t"] - t0, 3), "outcome_ok": outcome.ok,
+               "drain_s": round(outcome.seconds, 3), **phases(prog, new["pid"]),
+               **compile_facts(log, new["pid"])}
+        print(json.dumps(row), flush=True)
+        return row
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
 
 
 def supervised(run: Run, spec: tuple, cache1: str, cache2: str):
@@ -302,6 +393,10 @@ def main() -> int:
                 rows.append(row)
             cur[0].send_signal(signal.SIGTERM)
             cur[0].wait(60)
+            if run.left() < 45:
+                skipped.append(f"{name} standby")
+            else:
+                rows.append(standby_reload(run, spec, control))
             if n == 0 and not a.no_drain:
                 if run.left() < 45:
                     skipped.append(f"{name} drain")
@@ -330,9 +425,11 @@ def main() -> int:
         print(f"wrote {path} ({result['seconds']} s)")
         for r in rows:
             if "reload_to_ready_s" in r:
+                ph = " ".join(f"{k[:-2]} {v:.2f}" for k, v in r.get("phases", {}).items()
+                              if k.endswith("_s"))
                 print(f"{r['model']:14s} {r['case']:22s} {r['reload_to_ready_s']:7.2f} s  "
                       f"compile {r['compile_s']:6.2f} s  fx hits/misses "
-                      f"{r['fx_cache_hits']}/{r['fx_cache_misses']}")
+                      f"{r['fx_cache_hits']}/{r['fx_cache_misses']}  [{ph}]")
     return 1 if "error" in result else 0
 
 

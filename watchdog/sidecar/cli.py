@@ -257,6 +257,10 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the standby launcher: its own parser, everything after `--` is
+        from torch_watchdog import launcher  # the server's; imported lazily (never torch)
+        return launcher.main(argv[1:])
     p = argparse.ArgumentParser(prog="torch-watchdog", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -286,6 +290,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
+    sub.add_parser("run", help="the standby launcher: torch-watchdog run [options] -- python "
+                   "server.py args... (see torch-watchdog run --help)")
     dp = sub.add_parser("demo", help="a small torch.compile server, the agent and the sidecar, "
                         "end to end (CPU is enough)")
     dp.add_argument("--short", action="store_true",

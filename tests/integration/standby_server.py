@@ -1,0 +1,20 @@
+"""drain_server.py under the standby launcher: first a progress line `script` saying whether
+torch was already imported when the script began (True only in a released standby)."""
+import json
+import os
+import sys
+import time
+
+PRELOADED = "torch" in sys.modules  # before this script imports anything heavy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+progress = sys.argv[sys.argv.index("--progress") + 1]
+with open(progress, "a") as fh:
+    fh.write(json.dumps({"kind": "script", "t": time.time(), "pid": os.getpid(),
+                         "ppid": os.getppid(), "name": __name__, "preloaded": PRELOADED,
+                         "cuda_preload_ran": "fake_cuda_preload" in sys.modules}) + "\n")
+
+import drain_server  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(drain_server.main())

@@ -1,0 +1,132 @@
+"""The standby launcher (`torch-watchdog run`), real subprocesses on CPU: a drain makes the
+serving child exit 75 and the pre-imported standby takes over; SIGTERM stops everything
+with no orphan; a standby whose preload fails or initialises CUDA falls back to plain
+starts, and the server still comes back."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.conftest import ROOT, wait_for, with_root
+from torch_watchdog.sidecar.actions.control import ControlServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SERVER = os.path.join(HERE, "standby_server.py")
+
+
+def lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(x) for x in fh if x.endswith("\n")]
+
+
+def of(path: str, kind: str) -> list[dict]:
+    return [x for x in lines(path) if x["kind"] == kind]
+
+
+def children(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return {int(x) for x in fh.read().split()}
+    except OSError:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def launch(tmp: str, *opts: str) -> tuple[subprocess.Popen, str, str]:
+    prog, err = os.path.join(tmp, "progress"), os.path.join(tmp, "launcher.err")
+    # HERE: where the fault case's preload module lives
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([with_root(), HERE]))
+    cmd = [sys.executable, "-m", "torch_watchdog.sidecar.cli", "run", *opts, "--",
+           "python", SERVER, "--socket", os.path.join(tmp, "ev.sock"), "--progress", prog,
+           "--event-log", os.path.join(tmp, "events.jsonl"), "--call-s", "0.05"]
+    with open(err, "w") as fh:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=fh, stdout=subprocess.DEVNULL)
+    return p, prog, err
+
+
+def drain_and_come_back(tmp: str, launcher: subprocess.Popen, prog: str) -> tuple[dict, dict]:
+    """First generation answers; a drain request; the next generation answers."""
+    control = ControlServer(os.path.join(tmp, "ev.sock.ctl"))
+    try:
+        assert wait_for(lambda: len(of(prog, "ready")) >= 1, 90), "first generation never answered"
+        first = of(prog, "script")[0]
+        assert wait_for(lambda: first["pid"] in control.connected(), 30)
+        outcome = control.drain({first["pid"]}, 10.0)
+        assert outcome.ok, outcome.detail
+        assert wait_for(lambda: len(of(prog, "ready")) >= 2, 90), "no next generation"
+        second = of(prog, "script")[1]
+        assert launcher.poll() is None
+        return first, second
+    finally:
+        control.close()
+
+
+def stop(launcher: subprocess.Popen) -> int:
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGTERM)
+    try:
+        return launcher.wait(60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        raise
+
+
+def test_a_drain_hands_over_to_the_preimported_standby_and_sigterm_leaves_no_orphan(short_tmp):
+    launcher, prog, err = launch(short_tmp)
+    try:
+        first, second = drain_and_come_back(short_tmp, launcher, prog)
+        # the first generation imported torch itself; the second found it already imported
+        assert first["preloaded"] is False and second["preloaded"] is True
+        assert second["name"] == "__main__" and second["pid"] != first["pid"]
+        assert first["ppid"] == second["ppid"] == launcher.pid
+        # a new standby is pre-spawned next to the serving child
+        assert wait_for(lambda: len(children(launcher.pid)) == 2, 30), children(launcher.pid)
+        standby = (children(launcher.pid) - {second["pid"]}).pop()
+        code = stop(launcher)
+        assert code == -signal.SIGTERM  # the child died of SIGTERM; so did the launcher
+        assert wait_for(lambda: not alive(standby) and not alive(second["pid"]), 10), \
+            "an orphan was left"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "released standby" in open(err).read()
+
+
+def test_a_standby_that_initialises_cuda_is_refused_and_starts_are_plain(short_tmp):
+    launcher, prog, err = launch(short_tmp, "--preload", "fake_cuda_preload")
+    try:
+        assert wait_for(lambda: "standby disabled" in open(err).read(), 90), open(err).read()
+        assert "must never hold GPU memory" in open(err).read()
+        first, second = drain_and_come_back(short_tmp, launcher, prog)
+        assert second["preloaded"] is False and not second["cuda_preload_ran"]
+        assert children(launcher.pid) == {second["pid"]}  # no standby any more
+        stop(launcher)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_a_preload_that_fails_falls_back_to_plain_starts(short_tmp):
+    launcher, prog, err = launch(short_tmp, "--preload", "no_such_module_for_the_test")
+    try:
+        assert wait_for(lambda: "standby disabled after repeated failures"
+                        in open(err).read(), 120), open(err).read()
+        assert "no_such_module_for_the_test" in open(err).read()
+        first, second = drain_and_come_back(short_tmp, launcher, prog)
+        assert second["preloaded"] is False
+        stop(launcher)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -1,0 +1,375 @@
+"""The standby launcher: `torch-watchdog run [options] -- python server.py args...`.
+
+A light main process (it never imports torch) for systemd `ExecStart` or a container
+entrypoint. It runs the server as a child Python process and, at once, pre-spawns the next
+generation: a *standby* child that imports the preload list (torch, torch._dynamo, inductor's
+heavy modules, the agent, `--preload` extras) and then blocks on a pipe, never touching CUDA.
+When the serving child exits with the drain code (75), the standby is released at once: it
+runs the script in the same interpreter (runpy, `__main__`, sys.argv as given), so the next
+generation skips the imports. Measured on the H200 (torch 2.11), a fresh seed server spends
+8-10 s of its start importing torch and torch._dynamo/_inductor before any GPU work.
+
+Policy:
+  * exit 75 (drain): release the standby (or a plain cold start if there is none), pre-spawn
+    a new standby.
+  * any other exit, `--restart on-drain` (default): the launcher exits with that status (a
+    signal death is re-raised on itself), so systemd/kubelet apply their own policy.
+    `--restart always`: start again, at least `--min-interval-s` after the last start.
+  * SIGTERM/SIGINT to the launcher: forwarded to the serving child, the standby is killed,
+    the launcher exits with the child's status. SIGHUP is forwarded only (a server may reload
+    on it).
+  * a standby that fails a preload or finds CUDA initialised after preloading exits before
+    running anything; the launcher logs it and falls back to plain starts (CUDA: for good,
+    since a standby must never hold GPU memory; failures: after 3 in a row). The launcher
+    itself must never be the outage.
+  * children get PR_SET_PDEATHSIG (SIGTERM): no orphans if the launcher is killed.
+
+The child's side is `python -m torch_watchdog.launcher --child ...` (this same module: light).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+DRAIN_EXIT_CODE = 75
+DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx",
+                   "torch_watchdog.agent")
+MAX_STANDBY_FAILURES = 3
+PR_SET_PDEATHSIG = 1
+# env the child reads: the release pipe's fd, the status pipe's fd, the preload list
+ENV_RELEASE_FD = "TORCH_WATCHDOG_STANDBY_FD"
+ENV_STATUS_FD = "TORCH_WATCHDOG_STANDBY_STATUS_FD"
+ENV_PRELOAD = "TORCH_WATCHDOG_PRELOAD"
+# set in a released standby: when it was released (time.time()); benchmarks read it
+ENV_RELEASED_AT = "TORCH_WATCHDOG_RELEASED_AT"
+ENV_LAUNCHER_PID = "TORCH_WATCHDOG_LAUNCHER_PID"
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"torch-watchdog run: {msg}\n")
+    sys.stderr.flush()
+
+
+def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent dies. Best effort."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- the child's side
+
+def _status(fd: Optional[int], line: str) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass
+
+
+def child_main(target: list[str]) -> int:
+    """Preload, wait for the release, run the target as __main__. `target`: ['-m', mod, args]
+    or [script, args]."""
+    launcher = int(os.environ.pop(ENV_LAUNCHER_PID, "0") or 0)
+    set_pdeathsig()
+    if launcher and os.getppid() != launcher:  # the launcher died before prctl took effect
+        return 1
+    release_fd = os.environ.pop(ENV_RELEASE_FD, None)
+    status_fd = os.environ.pop(ENV_STATUS_FD, None)
+    status = int(status_fd) if status_fd else None
+    preload = [m for m in os.environ.pop(ENV_PRELOAD, "").split(",") if m]
+    if release_fd is not None:
+        # a standby: Ctrl-C in a terminal reaches the whole process group; not ours yet
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        import importlib
+        for mod in preload:
+            try:
+                importlib.import_module(mod)
+            except BaseException as err:  # noqa: BLE001 - any failure: no standby, say why
+                _status(status, f"fail preload {mod}: {type(err).__name__}: {err}")
+                return 3
+        torch = sys.modules.get("torch")
+        try:
+            cuda_on = bool(torch is not None and torch.cuda.is_initialized())
+        except Exception:  # noqa: BLE001
+            cuda_on = False
+        if cuda_on:
+            _status(status, "cuda a preload initialised CUDA")
+            return 4
+        _status(status, "ready")
+        got = b""
+        with os.fdopen(int(release_fd), "rb", buffering=0) as fh:
+            got = fh.readline()
+        if not got.startswith(b"go"):
+            return 0  # the launcher closed the pipe: stop, nothing ran
+        os.environ[ENV_RELEASED_AT] = got.split()[1].decode() if len(got.split()) > 1 else ""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _status(status, "running")
+    if status is not None:
+        os.close(status)
+    import runpy
+    if target[0] == "-m":
+        sys.argv = [target[1], *target[2:]]  # runpy sets argv[0] to the module's file
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(target)
+        sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
+        runpy.run_path(target[0], run_name="__main__")
+    return 0
+
+
+# ---------------------------------------------------------------- the launcher's side
+
+class Gen:
+    """One child process: its Popen, its pipes' launcher ends, what it said on status."""
+
+    def __init__(self, popen: subprocess.Popen, release_w: Optional[int], status_r: int):
+        self.popen, self.release_w, self.status_r = popen, release_w, status_r
+        self.standby = release_w is not None
+        self.said: list[str] = []
+
+    def read_status(self) -> list[str]:
+        try:
+            while True:
+                data = os.read(self.status_r, 4096)
+                if not data:
+                    break
+                self.said.extend(x for x in data.decode(errors="replace").splitlines() if x)
+        except BlockingIOError:
+            pass
+        except OSError:
+            pass
+        return self.said
+
+    def close(self) -> None:
+        for fd in (self.release_w, self.status_r):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.release_w = None
+
+
+class Launcher:
+    def __init__(self, python: str, target: list[str], preload: list[str], restart: str,
+                 min_interval_s: float, drain_code: int, standby: bool):
+        self.python, self.target, self.preload = python, target, preload
+        self.restart, self.min_interval_s, self.drain_code = restart, min_interval_s, drain_code
+        self.standby_ok = standby
+        self.failures = 0
+        self.serving: Optional[Gen] = None
+        self.standby: Optional[Gen] = None
+        self.stopping = False
+        self.last_start = 0.0
+
+    def _spawn(self, standby: bool) -> Gen:
+        status_r, status_w = os.pipe()
+        os.set_blocking(status_r, False)
+        env = dict(os.environ, **{ENV_STATUS_FD: str(status_w), ENV_LAUNCHER_PID: str(os.getpid())})
+        fds = [status_w]
+        release_r = release_w = None
+        if standby:
+            release_r, release_w = os.pipe()
+            env[ENV_RELEASE_FD] = str(release_r)
+            env[ENV_PRELOAD] = ",".join(self.preload)
+            fds.append(release_r)
+        popen = subprocess.Popen([self.python, "-m", "torch_watchdog.launcher", "--child", "--",
+                                  *self.target], env=env, pass_fds=fds)
+        os.close(status_w)
+        if release_r is not None:
+            os.close(release_r)
+        return Gen(popen, release_w, status_r)
+
+    def _spawn_standby(self) -> None:
+        if self.standby_ok and not self.stopping and self.standby is None:
+            try:
+                self.standby = self._spawn(standby=True)
+            except OSError as err:
+                log(f"no standby ({err}); plain starts")
+                self.standby = None
+
+    def start_next(self) -> None:
+        """Release the standby if it is alive, else a plain cold start; then a new standby."""
+        wait = self.last_start + self.min_interval_s - time.monotonic()
+        if wait > 0 and self.restart == "always":
+            time.sleep(wait)
+        self.last_start = time.monotonic()
+        sb, self.standby = self.standby, None
+        if sb is not None and sb.popen.poll() is None and sb.release_w is not None:
+            try:
+                os.write(sb.release_w, f"go {time.time():.6f}\n".encode())
+                os.close(sb.release_w)
+                sb.release_w = None
+                self.serving = sb
+                log(f"released standby pid {sb.popen.pid}")
+            except OSError as err:
+                log(f"standby pid {sb.popen.pid} could not be released ({err}); cold start")
+                self._kill(sb)
+                sb = None
+        else:
+            if sb is not None:
+                self._judge_dead_standby(sb)
+            sb = None
+        if sb is None:
+            self.serving = self._spawn(standby=False)
+            log(f"cold start pid {self.serving.popen.pid}")
+        self._spawn_standby()
+
+    def _judge_dead_standby(self, sb: Gen) -> None:
+        said = sb.read_status()
+        why = next((s for s in said if s.startswith(("fail", "cuda"))), None)
+        code = sb.popen.poll()
+        sb.close()
+        if why and why.startswith("cuda"):
+            self.standby_ok = False
+            log(f"standby pid {sb.popen.pid}: {why[5:]}; standby disabled, plain starts "
+                "(a standby must never hold GPU memory)")
+            return
+        if why is None and code is not None and code < 0:
+            # killed (the sidecar's `signal` method SIGTERMs every pid of the unit): not a
+            # fault of the preloads, so it does not count towards disabling standbys
+            log(f"standby pid {sb.popen.pid} killed by signal {-code}; a new one")
+            return
+        self.failures += 1
+        log(f"standby pid {sb.popen.pid} ended ({why or f'exit {code}'}); "
+            f"failure {self.failures}/{MAX_STANDBY_FAILURES}")
+        if self.failures >= MAX_STANDBY_FAILURES:
+            self.standby_ok = False
+            log("standby disabled after repeated failures; plain starts")
+
+    def _kill(self, g: Optional[Gen]) -> None:
+        if g is None:
+            return
+        try:
+            g.popen.kill()
+            g.popen.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        g.close()
+
+    def on_signal(self, sig: int, _frame) -> None:
+        if sig != signal.SIGHUP:
+            self.stopping = True
+            sb, self.standby = self.standby, None
+            if sb is not None:
+                try:
+                    sb.popen.kill()
+                except OSError:
+                    pass
+                self._standby_to_reap = sb
+        if self.serving is not None:
+            try:
+                self.serving.popen.send_signal(sig)
+            except OSError:
+                pass
+
+    def run(self) -> int:
+        self._standby_to_reap: Optional[Gen] = None
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        self.start_next()
+        while True:
+            try:
+                pid, wstatus = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return 1
+            except InterruptedError:
+                continue
+            code = os.waitstatus_to_exitcode(wstatus)
+            if self.standby is not None and pid == self.standby.popen.pid:
+                self.standby.popen.returncode = code
+                sb, self.standby = self.standby, None
+                self._judge_dead_standby(sb)
+                self._spawn_standby()
+                continue
+            if self._standby_to_reap is not None and pid == self._standby_to_reap.popen.pid:
+                self._standby_to_reap.close()
+                self._standby_to_reap = None
+                continue
+            if self.serving is None or pid != self.serving.popen.pid:
+                continue  # a stray (re-parented) child
+            g, self.serving = self.serving, None
+            g.popen.returncode = code
+            said = g.read_status()
+            g.close()
+            if g.standby and "running" not in said:  # released, but refused (CUDA, preload)
+                self._judge_dead_standby(g)
+                if not self.stopping:
+                    self.start_next()
+                    continue
+            if self.stopping:
+                break
+            if code == self.drain_code:
+                log(f"pid {pid} drained (exit {code}); next generation")
+                self.start_next()
+                continue
+            if self.restart == "always":
+                log(f"pid {pid} exited ({code}); --restart always")
+                self.start_next()
+                continue
+            break
+        self._kill(self.standby)
+        self.standby = None
+        if self._standby_to_reap is not None:
+            self._kill(self._standby_to_reap)
+        if code < 0:  # died of a signal: die of it too, as systemd/kubelet expect
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+            return 128 - code
+        return code
+
+
+def parse(argv: list[str]):
+    import argparse
+    p = argparse.ArgumentParser(prog="torch-watchdog run", description=__doc__.splitlines()[0])
+    p.add_argument("--preload", default="", help="extra modules for the standby to import, "
+                   "comma-separated (e.g. transformers)")
+    p.add_argument("--no-default-preload", action="store_true",
+                   help=f"preload only --preload (default list: {','.join(DEFAULT_PRELOAD)})")
+    p.add_argument("--restart", choices=("on-drain", "always"), default="on-drain")
+    p.add_argument("--min-interval-s", type=float, default=1.0,
+                   help="--restart always: at least this long between starts")
+    p.add_argument("--drain-exit-code", type=int, default=DRAIN_EXIT_CODE)
+    p.add_argument("--no-standby", action="store_true", help="plain starts only")
+    if "--" in argv:
+        i = argv.index("--")
+        opts, cmd = argv[:i], argv[i + 1:]
+    else:
+        opts, cmd = [], argv
+    a = p.parse_args(opts)
+    if not cmd:
+        p.error("usage: torch-watchdog run [options] -- python server.py args... "
+                "(or python -m module args...)")
+    # a bare `python`/`python3` means this interpreter (the one torch_watchdog is installed
+    # in: the child's side is this module); a path to another one is used as given
+    python = sys.executable
+    if os.path.basename(cmd[0]).startswith("python") and not cmd[0].endswith(".py"):
+        python = cmd[0] if os.sep in cmd[0] else sys.executable
+        cmd = cmd[1:]
+    if not cmd or (cmd[0] == "-m" and len(cmd) < 2):
+        p.error("no script or module to run")
+    preload = [] if a.no_default_preload else list(DEFAULT_PRELOAD)
+    preload += [m.strip() for m in a.preload.split(",") if m.strip()]
+    return a, python, cmd, preload
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a, python, cmd, preload = parse(argv)
+    return Launcher(python, cmd, preload, a.restart, a.min_interval_s, a.drain_exit_code,
+                    not a.no_standby).run()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child" and sys.argv[2] == "--":
+        sys.exit(child_main(sys.argv[3:]))
+    sys.exit(main())
