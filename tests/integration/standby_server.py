@@ -1,5 +1,6 @@
 """drain_server.py under the standby launcher: first a progress line `script` saying whether
-torch was already imported when the script began (True only in a released standby)."""
+torch was already imported when the script began (True only in a released standby).
+Run as a script only (the launcher runs it as __main__); importing it does nothing."""
 import json
 import os
 import sys
@@ -7,14 +8,18 @@ import time
 
 PRELOADED = "torch" in sys.modules  # before this script imports anything heavy
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-progress = sys.argv[sys.argv.index("--progress") + 1]
-with open(progress, "a") as fh:
-    fh.write(json.dumps({"kind": "script", "t": time.time(), "pid": os.getpid(),
-                         "ppid": os.getppid(), "name": __name__, "preloaded": PRELOADED,
-                         "cuda_preload_ran": "fake_cuda_preload" in sys.modules}) + "\n")
 
-import drain_server  # noqa: E402
+def main() -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    progress = sys.argv[sys.argv.index("--progress") + 1]
+    with open(progress, "a") as fh:
+        fh.write(json.dumps({"kind": "script", "t": time.time(), "pid": os.getpid(),
+                             "ppid": os.getppid(), "name": __name__, "preloaded": PRELOADED,
+                             "cuda_preload_ran": "fake_cuda_preload" in sys.modules}) + "\n")
+    import drain_server
+
+    return drain_server.main()
+
 
 if __name__ == "__main__":
-    sys.exit(drain_server.main())
+    sys.exit(main())
