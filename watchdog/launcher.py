@@ -170,6 +170,7 @@ class Launcher:
         self.standby: Optional[Gen] = None
         self.stopping = False
         self.last_start = 0.0
+        self._standby_to_reap: Optional[Gen] = None  # killed on a stop signal, not yet reaped
 
     def _spawn(self, standby: bool) -> Gen:
         status_r, status_w = os.pipe()
@@ -273,7 +274,6 @@ class Launcher:
                 pass
 
     def run(self) -> int:
-        self._standby_to_reap: Optional[Gen] = None
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
         self.start_next()
