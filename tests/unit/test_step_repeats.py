@@ -21,13 +21,15 @@ FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 
 @pytest.fixture
 def repeats(monkeypatch):
-    """How many polls took the repeat path."""
-    seen = [0]
+    """How many polls took the repeat path, and how many of them were still (no cause, policy
+    or alert computed: before `_Poll.until`)."""
+    seen = [0, 0]
     fold_repeat = correlate.fold_repeat
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         seen[0] += 1
-        return fold_repeat(*args)
+        seen[1] += kwargs.get("causes") is False
+        return fold_repeat(*args, **kwargs)
 
     monkeypatch.setattr(correlate, "fold_repeat", counted)
     return seen
@@ -93,6 +95,7 @@ def test_repeated_polls_decide_and_report_what_full_polls_do(repeats):
     assert repeats[0] == 0
     fast = observe(Host(), trace, CFG)
     assert repeats[0] > 3000  # most polls of both servers repeat the last one
+    assert repeats[1] > 3000  # … and most of them are still: nothing due
     assert fast == full
     decided = {a["action"] for x in full if isinstance(x, list) for a in x}
     assert {"restart", "alert", "reload", "execute"} <= decided
@@ -106,7 +109,7 @@ def test_recorded_traces_replay_the_same_with_repeats(name, repeats):
 
     full = observe(Host(repeats=False), trace(), Config())
     fast = observe(Host(), trace(), Config())
-    assert repeats[0] > 500
+    assert repeats[0] > 500 and repeats[1] > 500
     assert fast == full
 
 
@@ -158,6 +161,7 @@ def test_a_big_host_with_changing_memory_decides_the_same_with_repeats(repeats):
     assert repeats[0] == 0
     fast = observe(Host(), trace, CFG)
     assert repeats[0] > 5000  # the still GPUs' servers repeat; the moving ones do not
+    assert repeats[1] > 5000
     assert fast == full
     decided = {(a["action"], a["server"]) for x in full if isinstance(x, list) for a in x}
     assert {("reload", "replica-1"), ("execute", "replica-1"),
