@@ -2,6 +2,7 @@
 cheaply (core/step.py `_Poll`): it must decide and report exactly what a full poll does."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -166,3 +167,77 @@ def test_a_big_host_with_changing_memory_decides_the_same_with_repeats(repeats):
     decided = {(a["action"], a["server"]) for x in full if isinstance(x, list) for a in x}
     assert {("reload", "replica-1"), ("execute", "replica-1"),
             ("restart", "replica-7")} <= decided
+
+
+def time_alone_trace() -> tuple[list, Config]:
+    """Two servers whose memory stands still while what time alone changes comes due: the
+    warm-up's end, a recompile storm leaving its window, a memory step no longer pending (now
+    unexplained growth), the recordings' MB/graph gaining confidence with every still poll,
+    the request rate's window emptying, an OOM forecast nearing its alert."""
+    cfg = dataclasses.replace(
+        CFG, correlate=dataclasses.replace(CFG.correlate, storm_window_s=20.0,
+                                           storm_recompiles=3),
+        policy=dataclasses.replace(CFG.policy, warmup_s=15.0))
+    out, t = [], 1000.0
+    used = {"GPU-a": 20 * GB, "GPU-b": 30 * GB}
+    out += [hello(t, 11, "a", ["GPU-a"]), hello(t, 22, "b", ["GPU-b"])]
+    for k in range(2200):
+        t += 0.1
+        if k == 5:
+            out.append(compile_event(t, 11))    # the warm-up ends 15 s on, while still
+        if k in (300, 301, 302):                # a storm, leaving its window while still
+            out.append(events.Recompile(t=t, pid=11, compile_id="0/1", function="f",
+                                        seconds=0.1, reason="size"))
+        if k == 700:
+            used["GPU-a"] += GB                 # a step: pending for 60 s, then unexplained
+        if 100 <= k < 140:                      # b: noisy recordings, confidence below 0.5
+            out.append(events.CudagraphRecord(t=t, pid=22, phase="record", compile_id="0/0",
+                                              key=[k], shape=[[1, k]], seconds=0.01))
+            used["GPU-b"] += 10 * MB if k % 2 else -6 * MB
+        if k % 10 == 0 and k < 1000:            # requests, then none: the rate's window empties
+            out.append(calls(t, 11, 40, 5))
+        if k >= 1800 and k % 40 == 0:           # b creeps toward its GPU's end: forecast alert
+            used["GPU-b"] += 12 * GB
+        devices = tuple(DeviceSample(u, b, 80 * GB, 80 * GB - b) for u, b in used.items())
+        procs = (ProcessSample(11, True, 2 * GB, {"GPU-a": used["GPU-a"] - GB}),
+                 ProcessSample(22, True, 2 * GB, {"GPU-b": used["GPU-b"] - GB}))
+        out.append(Sample(t=t, devices=devices, processes=procs, host_total_bytes=128 * GB,
+                          host_available_bytes=100 * GB))
+    return out, cfg
+
+
+def test_still_polls_see_what_time_alone_changes(repeats):
+    trace, cfg = time_alone_trace()
+    full = observe(Host(repeats=False), trace, cfg)
+    fast = observe(Host(), trace, cfg)
+    assert repeats[1] > 3000
+    assert fast == full
+    alerted = {(a["server"], a["reason"]) for x in full if isinstance(x, list) for a in x}
+    assert {("a", "recompile_storm"), ("a", "memory_growth_unexplained"),
+            ("b", "cudagraph_per_shape")} <= alerted
+    storm = [x["a"][2] for x in full if isinstance(x, dict) and "a" in x]
+    assert any("recompile_storm" in f for f in storm) and "recompile_storm" not in storm[-1]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_still_polls_start_holding_when_the_warm_up_ends(repeats, dry_run):
+    """A server over its configured budget from the start, its memory still: the forecast
+    (an OOM now) is the same every poll, and only the warm-up's end lets the policy alert,
+    hold the condition for `hold_polls` polls and reload (dry run: and hold it again, each
+    poll, through the cooldown)."""
+    cfg = dataclasses.replace(
+        CFG, policy=dataclasses.replace(CFG.policy, warmup_s=15.0, dry_run=dry_run),
+        forecast=dataclasses.replace(CFG.forecast, process_budget_bytes=40 * GB))
+    trace, t = [hello(1000.0, 33, "c", ["GPU-c"])], 1000.0
+    for k in range(400):
+        t += 0.1
+        if k == 5:
+            trace.append(compile_event(t, 33))
+        trace.append(Sample(t=t, devices=(DeviceSample("GPU-c", 60 * GB, 80 * GB, 20 * GB),),
+                            processes=(ProcessSample(33, True, GB, {"GPU-c": 50 * GB}),)))
+    full = observe(Host(repeats=False), trace, cfg)
+    fast = observe(Host(), trace, cfg)
+    assert repeats[1] > 50  # still through the warm-up
+    assert fast == full
+    decided = [(a["action"], a["reason"]) for x in full if isinstance(x, list) for a in x]
+    assert ("alert", "oom_forecast") in decided and ("reload", "oom_forecast") in decided
