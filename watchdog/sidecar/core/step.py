@@ -273,6 +273,9 @@ class _Mine:
         self.host_available_bytes = s.host_available_bytes
 
 
+_NOTHING = (frozenset(), frozenset())
+
+
 def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
     """What changed since the last sample, found once for every server: (the pids whose
     liveness or GPU memory changed, the GPUs whose numbers changed), or None when a process or
@@ -280,6 +283,8 @@ def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
     if prev is None:
         return None
     procs, devices = prev
+    if procs is s.processes and devices is s.devices:
+        return _NOTHING  # the sources hand back the same tuples when nothing changed
     if len(procs) != len(s.processes) or len(devices) != len(s.devices):
         return None
     pids, uuids = set(), set()

@@ -94,6 +94,7 @@ class NvmlSource:
         self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
         self._late = False
         self._late_count = 0
+        self._shown: tuple = (None, None, None)  # (per_pid, pids, presented): the last copy
         # a source dropped without close() stops its worker (tests, a replaced daemon source)
         weakref.finalize(self, self._shared.stop_worker)
 
@@ -174,9 +175,12 @@ class NvmlSource:
             if age + res.query_s > deadline:
                 return self._late_reading(res, now, f"no answer for {age + res.query_s:.2f} s")
         self._late = False
+        if res.per_pid is not self._shown[0] or pids != self._shown[1]:
+            # a copy for the caller, made again only when the numbers or the pids change
+            self._shown = (res.per_pid, pids, {pid: dict(per) for pid, per in
+                                               res.per_pid.items() if pid in pids})
         return NvmlReading(devices=res.devices,
-                           process_gpu_bytes={pid: dict(per) for pid, per in res.per_pid.items()
-                                              if pid in pids},
+                           process_gpu_bytes=self._shown[2],
                            up=bool(res.devices), error=res.error, query_s=res.query_s,
                            down=dict(res.down), age_s=age, t=res.t)
 
@@ -262,6 +266,12 @@ class _Session:
         self.vanished: dict[str, str] = {}   # known uuids the last enumeration did not list
         self.known: dict[str, None] = {}     # every uuid enumerated since close(), in order
         self.memory_v2 = True
+        # the last reading's numbers, handed out again while equal: a still GPU costs no new
+        # sample, and the step compares by identity first (benchmarks/host_scale.py)
+        self.last_samples: dict[str, DeviceSample] = {}
+        self.last_devices: tuple[DeviceSample, ...] = ()
+        self.last_per_pid: dict[int, dict[str, Optional[int]]] = {}
+        self.proc_calls: Optional[list] = None  # the process-list calls that may work here
         self.retry_at: Optional[float] = None   # session down: the next init attempt
         self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
         self.error: Optional[str] = None        # why the session is down
@@ -310,6 +320,7 @@ class _Session:
             self.vanished.pop(uuid, None)
             self.known[uuid] = None
         self.devices, self.lost, self.memory_v2 = devices, {}, True
+        self.proc_calls = None
         self.retry_at = self.reenum_at = self.error = None
         self.why = {}
         return True
@@ -368,21 +379,25 @@ class _Session:
         samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
         down: dict[str, str] = {}
+        last = self.last_samples
         for handle, uuid in self.devices:
             if uuid in self.lost:
                 down[uuid] = self.lost[uuid]
                 continue
             try:
                 mem = self._memory_info(nvml, handle)
-                total = int(mem.total)
-                sample = DeviceSample(uuid, int(mem.used), total, int(mem.free))
+                used, total, free = int(mem.used), int(mem.total), int(mem.free)
+                sample = last.get(uuid)
+                if sample is None or sample.used_bytes != used or sample.free_bytes != free \
+                        or sample.total_bytes != total:
+                    sample = last[uuid] = DeviceSample(uuid, used, total, free)
             except Exception as exc:
                 if self._device_failed(uuid, exc, down):
                     return self._down(start)
                 continue
             try:
                 # the process list is the slow call; skip it when nobody asks
-                procs = _process_memory(nvml, handle, pids, total) if pids else {}
+                procs = self._process_memory(nvml, handle, pids, total) if pids else {}
             except Exception as exc:
                 if self._device_failed(uuid, exc, down, device_down=False):
                     return self._down(start)
@@ -410,7 +425,14 @@ class _Session:
         if down:
             error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
                 _summary(down, prefix="")
-        return _Result(t=now, query_s=now - start, devices=tuple(samples), per_pid=per_pid,
+        devices = self.last_devices
+        if len(devices) != len(samples) or any(a is not b for a, b in zip(samples, devices)):
+            devices = self.last_devices = tuple(samples)
+        if per_pid == self.last_per_pid:
+            per_pid = self.last_per_pid  # the same object: read() presents it as it did
+        else:
+            self.last_per_pid = per_pid
+        return _Result(t=now, query_s=now - start, devices=devices, per_pid=per_pid,
                        down=down, error=error)
 
     def _device_failed(self, uuid: str, exc: Exception, down: dict[str, str],
@@ -431,6 +453,30 @@ class _Session:
             down[uuid] = why
         return False
 
+    def _process_memory(self, nvml: Any, handle: Any, pids: set[int], total: int
+                        ) -> dict[int, Optional[int]]:
+        """This process list's pids: usedGpuMemory, None where NVML does not say; {} where the
+        list is refused. The unversioned call uses _v3, and drivers older than the bindings
+        only have _v2: the calls are looked up once a session, and one the driver lacks is
+        dropped after its first failure (as the v2 memory call is)."""
+        calls = self.proc_calls
+        if calls is None:
+            calls = self.proc_calls = [c for c in (
+                getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None),
+                getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)) if c]
+        try:
+            for call in list(calls):
+                try:
+                    infos = call(handle)
+                    break
+                except _errors(nvml, _VERSION_ERRORS):
+                    calls.remove(call)
+            else:
+                return {}  # no usable process call: device-level only
+        except _errors(nvml, _DENIED_ERRORS):
+            return {}  # device-level numbers still stand; per-process stays unknown
+        return _found(infos, pids, total)
+
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
         version = getattr(nvml, "nvmlMemory_v2", None)
         if self.memory_v2 and version is not None:
@@ -450,11 +496,7 @@ def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
     return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
 
 
-def _process_memory(nvml: Any, handle: Any, pids: set[int], total: int) -> dict[int, Optional[int]]:
-    try:
-        infos = _running_processes(nvml, handle)
-    except _errors(nvml, _DENIED_ERRORS):
-        return {}  # device-level numbers still stand; per-process stays unknown
+def _found(infos: list, pids: set[int], total: int) -> dict[int, Optional[int]]:
     found: dict[int, Optional[int]] = {}
     for info in infos:
         pid = int(info.pid)
@@ -468,18 +510,6 @@ def _process_memory(nvml: Any, handle: Any, pids: set[int], total: int) -> dict[
             used = None if used is None or found[pid] is None else found[pid] + used
         found[pid] = used
     return found
-
-
-def _running_processes(nvml: Any, handle: Any) -> list:
-    # the unversioned call uses _v3; drivers older than the bindings only have _v2
-    calls = [getattr(nvml, name, None) for name in
-             ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")]
-    for call in filter(None, calls):
-        try:
-            return call(handle)
-        except _errors(nvml, _VERSION_ERRORS):
-            continue
-    return []  # no usable process call: device-level only
 
 
 def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:
