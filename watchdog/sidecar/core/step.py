@@ -28,6 +28,7 @@ from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.forecast import rates as forecast_rates
+from torch_watchdog.sidecar.core.forecast import rates_until
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
@@ -85,6 +86,7 @@ class _Poll:
     # before this time a repeat changes neither the causes nor (with the same forecast) the
     # policy's decisions and the alerts: correlate.causes_until, policy.still_until
     until: float = -math.inf
+    rates_until: float = -math.inf  # before this, a repeat's rates are `rates` (rates_until)
 
 
 @dataclass
@@ -379,12 +381,15 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> bool:
         # before `until` the causes cannot change, and with the same rates (so forecast) the
         # poll is still: no cause, policy or alert to compute (~4 us a server less)
         quiet = s.t < last.until
+        later = state.mem_read_t is not None and s.t > state.mem_read_t
         correlate.fold_repeat(state, s, cfg.correlate, causes=not quiet)
-        rates = forecast_rates(state, cfg.forecast)
-        if rates != last.rates:
-            last.rates = rates
-            last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
-            quiet = False
+        if not (later and state.now < last.rates_until):  # else: the same rates, known
+            rates = forecast_rates(state, cfg.forecast)
+            if rates != last.rates:
+                last.rates = rates
+                last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
+                quiet = False
+            last.rates_until = rates_until(state, cfg.forecast, rates)
         server.forecast = last.forecast
         return quiet
     if procs is None:
