@@ -54,3 +54,19 @@ def test_a_still_server_is_still_for_a_while_and_not_after_a_move():
     assert t + 5.0 < until <= t + WINDOW / 8  # polls at 10 Hz: the quarter keeps 150 samples
     trend.append((t + 0.1, (5 << 30) + 4 * MB, 0))  # a move: not still while it is in the window
     assert trend.still_until(t + 0.1 - WINDOW, WINDOW) == float("-inf")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_append_same_is_append(seed):
+    rng = random.Random(seed)
+    a, b, t, mem, records = Trend(), Trend(), 1.8e9, 5 << 30, 0
+    for _ in range(2000):
+        t += rng.choice((0.1, 0.1, 2.5)) * rng.random()
+        if rng.random() < 0.05:
+            mem += rng.choice((-2, 2, 1 << 10)) * MB
+        if rng.random() < 0.02:
+            records += 1
+        a.append((t, mem, records))
+        b.append_same(t, mem, records)
+        assert a.rates(t - WINDOW) == b.rates(t - WINDOW)
+        assert a.still_until(t - WINDOW, WINDOW) == b.still_until(t - WINDOW, WINDOW)

@@ -492,8 +492,22 @@ def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig, causes: bool = Tr
         state.host_used, state.host_total = total - available, total
     if cfg.jump_bytes < 0:  # a zero step counts as a jump: the general path
         _memory(state, s, state.mem_bytes, state.mem_source, cfg)
-    else:
-        _same_memory(state, s.t, cfg)
+    else:  # _same_memory(state, s.t, cfg), inlined: every still server, every poll
+        t = state.mem_read_t = s.t
+        mem, records = state.mem_bytes, state.records
+        recorded, state.records_at_last_sample = records - state.records_at_last_sample, records
+        samples = state.samples
+        samples.jump_bytes = cfg.jump_bytes
+        samples.append_same(t, mem, records)
+        if records == 0:
+            if _settling(state, t):
+                state.mem_start = mem
+                state.compile_jump_bytes = 0
+                state.pending_jumps = []
+        elif recorded:
+            state.regression.add(recorded, 0)
+        else:  # add(0, 0): only the count moves (adding 0 leaves each sum as it is)
+            state.regression.n += 1
     if causes:
         evaluate_causes(state, cfg)
 
@@ -518,24 +532,6 @@ def causes_until(state: State, cfg: CorrelateConfig) -> float:
             if t > cutoff and t + PENDING_S < until:
                 until = t + PENDING_S
     return until
-
-
-def _same_memory(state: State, t: float, cfg: CorrelateConfig) -> None:
-    """`_memory(state, s, state.mem_bytes, state.mem_source, cfg)` for a poll whose memory is
-    the last one's (a zero step, the same meter) and with GPUs read: the same updates."""
-    state.mem_read_t = t
-    mem, records = state.mem_bytes, state.records
-    recorded, state.records_at_last_sample = records - state.records_at_last_sample, records
-    samples = state.samples
-    samples.jump_bytes = cfg.jump_bytes
-    samples.append((t, mem, records))
-    if records == 0:
-        if _settling(state, t):
-            state.mem_start = mem
-            state.compile_jump_bytes = 0
-            state.pending_jumps = []
-        return
-    state.regression.add(recorded, 0)
 
 
 def _host(state: State, s: Sample) -> None:

@@ -70,7 +70,7 @@ class _Poll:
     Measured 2026-12-01 on the 2-core machine, the pure step alone, warm, no I/O (min of 5
     medians of 1,000 polls), main's code -> now: 8 still replicas 102 -> 76-81 us a poll, 8
     whose memory moves every poll 360 -> 271-295 us, 1 still replica 16.9 -> 14-16 us (Host's
-    per-sample delta instead of each server's view, correlate._same_memory, no Sample rebuilt
+    per-sample delta instead of each server's view, correlate.fold_repeat's same memory, no Sample rebuilt
     per server, one pass over its GPUs, the kept request rate). Left, ~8 us a still server:
     the trend's append and rates, the causes and the policy, every poll; the 8x8/1x1 poll is
     2.2-2.8x (target 1.5x), see benchmarks/host_scale.py."""
@@ -106,6 +106,8 @@ class Host:
     # GPU memory changed, GPUs whose numbers did), None when the lists themselves changed
     _prev: Optional[tuple] = field(default=None, repr=False, compare=False)
     _delta: Optional[tuple] = field(default=None, repr=False, compare=False)
+    # the processes tuple `alive` was last updated from (the reader hands back the same one)
+    _alive_from: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def server(self, name: str) -> Server:
         s = self.servers.get(name)
@@ -243,23 +245,29 @@ def _all_gone(host: Host, server: Server) -> bool:
 # -- samples ------------------------------------------------------------------------------
 def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
-    host.alive.update({p.pid: p.alive for p in s.processes})
-    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids}
+    if s.processes is not host._alive_from:  # the same tuple: the same liveness
+        host.alive.update({p.pid: p.alive for p in s.processes})
+        host._alive_from = s.processes
+    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids} \
+        if s.servers else {}
     for pid, name in host.configured.items():
         if host.owner.get(pid) not in (None, name):  # announced before the config found it
             host.servers[host.owner[pid]].pids.pop(pid, None)
         host.owner[pid] = name
         host.server(name).pids.setdefault(pid, s.t)
-    _forget_silent(host, s.t)
+    if False in host.alive.values():  # only the dead are forgotten
+        _forget_silent(host, s.t)
     host._delta = _delta(host._prev, s) if host.repeats else None
     host._prev = (s.processes, s.devices)
     actions: list[policy.Action] = []
     servers = list(host.servers.values())
     busy = sum(o.busy for o in servers)  # kept current below: counting it per server was n^2
     for server in servers:
-        was = server.busy
-        actions += _poll_server(host, server, s, cfg, busy - was)
-        busy += server.busy - was
+        was = server.pending is not None or server.reloading is not None
+        acted = _poll_server(host, server, s, cfg, busy - was)
+        if acted:
+            actions += acted
+        busy += (server.pending is not None or server.reloading is not None) - was
     return actions
 
 
@@ -311,12 +319,14 @@ def _forget_silent(host: Host, now: float) -> None:
             del host.agents[pid]
             if pid not in host.owner:
                 host.alive.pop(pid, None)
+                host._alive_from = None
     for server in host.servers.values():
         for pid, heard in list(server.pids.items()):
             if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
                 del server.pids[pid]
                 host.owner.pop(pid, None)
                 host.alive.pop(pid, None)
+                host._alive_from = None
 
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,

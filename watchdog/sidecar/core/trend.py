@@ -87,6 +87,27 @@ class Trend:
             rates.append(rate)
         return min(rates)
 
+    def append_same(self, t: float, mem: int, records: int) -> None:
+        """append((t, mem, records)), cheaper when it repeats the last sample's memory and
+        recordings (a still server's poll): the same sums (a zero step adds nothing to them),
+        with its interval counted or not."""
+        last = self._last
+        if last is None or last[1] != mem or last[2] != records or not last[0] < t:
+            self.append((t, mem, records))
+            return
+        sums = self._sums
+        g, lg, ls, ln = sums[-1]
+        if t > self._changed + SETTLE_S:
+            ls, ln = ls + (t - last[0]), ln + 1
+        else:
+            self._moved_t = t
+        self._last = (t, last[1], last[2])
+        self._t.append(t)
+        sums.append((g, lg, ls, ln))
+        if len(sums) > 2 * self.maxlen:
+            del self._t[:-self.maxlen]
+            del sums[:-self.maxlen]
+
     def rates(self, since: float) -> tuple[Optional[float], Optional[float]]:
         """(rate(since), leak_rate(since)) in one pass, the same numbers: the forecast asks
         for both every poll and every server (5.4 us as two calls, ~2 us as one)."""
