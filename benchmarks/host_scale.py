@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -58,13 +59,33 @@ MIB2 = 2 << 20
 
 
 class LeanNvml(FakeNvml):
-    """The tests' fake NVML without its bookkeeping (a call log that grows every call, a lock
-    taken twice, fault injection): ~1 us a call, 2 calls a GPU and poll, that is neither the
-    sidecar's cost nor NVML's. The sidecar's own work (the worker's loop, the samples it builds,
-    the presentation) is measured; a real NVML call's own CPU comes on top on a GPU host."""
+    """The tests' fake NVML without its own cost: no call log that grows every call, no lock
+    taken twice, no fault injection, and its answers (the memory struct, the process list)
+    built again only when the device's numbers change. That cost (~2 us a GPU and poll with
+    the tests' fake, `--test-fake`) is neither the sidecar's nor NVML's: the sidecar's own
+    work (the worker's loop, the samples it builds, the presentation) is what is measured. A
+    real binding's calls (ctypes, the driver's ioctl) cost their own CPU on top on a GPU host.
+    """
 
     def _call(self, name, *args):
         pass
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        d = self.devices[handle]
+        key = (d["used"], d["total"])
+        kept = d.get("_memory")
+        if kept is None or kept[0] != key:
+            kept = d["_memory"] = (key, SimpleNamespace(total=d["total"], used=d["used"],
+                                                        free=d["total"] - d["used"]))
+        return kept[1]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        d = self.devices[handle]
+        procs, kept = d["procs"], d.get("_procs")
+        if kept is None or kept[0] is not procs:
+            kept = d["_procs"] = (procs, [SimpleNamespace(pid=p, usedGpuMemory=u)
+                                          for p, u in procs])
+        return kept[1]
 
 
 class Poller:

@@ -272,6 +272,7 @@ class _Session:
         self.last_devices: tuple[DeviceSample, ...] = ()
         self.last_per_pid: dict[int, dict[str, Optional[int]]] = {}
         self.proc_calls: Optional[list] = None  # the process-list calls that may work here
+        self.memory_version: Any = None         # the binding's v2 struct version, looked up
         self.retry_at: Optional[float] = None   # session down: the next init attempt
         self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
         self.error: Optional[str] = None        # why the session is down
@@ -320,7 +321,7 @@ class _Session:
             self.vanished.pop(uuid, None)
             self.known[uuid] = None
         self.devices, self.lost, self.memory_v2 = devices, {}, True
-        self.proc_calls = None
+        self.proc_calls = self.memory_version = None
         self.retry_at = self.reenum_at = self.error = None
         self.why = {}
         return True
@@ -465,12 +466,12 @@ class _Session:
                 getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None),
                 getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)) if c]
         try:
-            for call in list(calls):
+            while calls:
                 try:
-                    infos = call(handle)
+                    infos = calls[0](handle)
                     break
                 except _errors(nvml, _VERSION_ERRORS):
-                    calls.remove(call)
+                    del calls[0]
             else:
                 return {}  # no usable process call: device-level only
         except _errors(nvml, _DENIED_ERRORS):
@@ -478,7 +479,9 @@ class _Session:
         return _found(infos, pids, total)
 
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
-        version = getattr(nvml, "nvmlMemory_v2", None)
+        version = self.memory_version
+        if version is None:  # looked up once a session
+            version = self.memory_version = getattr(nvml, "nvmlMemory_v2", None)
         if self.memory_v2 and version is not None:
             try:
                 # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 reads
