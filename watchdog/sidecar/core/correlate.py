@@ -500,7 +500,9 @@ def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig, causes: bool = Tr
         samples.jump_bytes = cfg.jump_bytes
         samples.append_same(t, mem, records)
         if records == 0:
-            if _settling(state, t):
+            first = state.first_compile_t  # _settling(state, t), inlined
+            if (t < state.last_compile_end + COMPILE_SETTLE_S if first is not None else
+                    state.first_t is None or t < state.first_t + PENDING_S):
                 state.mem_start = mem
                 state.compile_jump_bytes = 0
                 state.pending_jumps = []

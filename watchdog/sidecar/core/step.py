@@ -66,14 +66,16 @@ class _Poll:
     correlation state, no event since, the same config, its GPUs' numbers and its processes'
     GPU memory equal) folds only the time (correlate.fold_repeat), and keeps the forecast
     while the rates that move with time alone are the same too: the same numbers as a full
-    poll, for ~17 us instead of ~47 us a server (warm; benchmarks/host_scale.py: 8 replicas).
-    Measured 2026-12-01 on the 2-core machine, the pure step alone, warm, no I/O (min of 5
-    medians of 1,000 polls), main's code -> now: 8 still replicas 102 -> 76-81 us a poll, 8
-    whose memory moves every poll 360 -> 271-295 us, 1 still replica 16.9 -> 14-16 us (Host's
-    per-sample delta instead of each server's view, correlate.fold_repeat's same memory, no Sample rebuilt
-    per server, one pass over its GPUs, the kept request rate). Left, ~8 us a still server:
-    the trend's append and rates, the causes and the policy, every poll; the 8x8/1x1 poll is
-    2.2-2.8x (target 1.5x), see benchmarks/host_scale.py."""
+    poll. Before `until` such a poll is also still: its causes cannot change before
+    correlate.causes_until (a storm's window, a pending step's age, the MB/graph confidence)
+    nor, with the same forecast, the policy's decisions and the alerts before
+    policy.still_until (the warm-up's end; outside the reload lead nothing is held); and
+    before `rates_until` its rates are known without computing them (a window whose growth
+    is 0.0: Trend.still_until; the kept request rate: forecast.rates_until). A still
+    server's poll is then its time, the trend's append and the regression's count: ~1.5 us
+    (was ~8 us: the trend's rates, the causes and the policy, every poll); tests/unit/
+    test_step_repeats.py checks every poll against full ones (`Host.repeats=False`).
+    Measured 2026-12-01 on the 2-core machine, benchmarks/host_scale.py: see its docstring."""
     state: correlate.State
     events: int
     cfg: Config
@@ -261,8 +263,26 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
     host._prev = (s.processes, s.devices)
     actions: list[policy.Action] = []
     servers = list(host.servers.values())
-    busy = sum(o.busy for o in servers)  # kept current below: counting it per server was n^2
+    busy = 0  # kept current below: counting it per server was n^2
+    for o in servers:  # o.busy, inlined (a generator of properties: ~0.2 us a server)
+        if o.pending is not None or o.reloading is not None:
+            busy += 1
+    t, ccfg = s.t, cfg.correlate
+    # nothing changed in the sources: a server whose poll is still (_fold's repeat before its
+    # `until` and `rates_until`, nothing pending) only folds the time, checked here inline
+    # (~1 us a server less than through _poll_server and _fold)
+    nothing = host._delta is _NOTHING and s.nvml_up
     for server in servers:
+        last = server.last
+        if nothing and last is not None and t < last.until and \
+                last.state is server.state and last.events == server.events and \
+                last.cfg is cfg and server.pending is None and server.note is None and \
+                server.reloading is None and server.pids.keys() == last.pids and \
+                server.gpus == last.gpus:
+            state = server.state
+            if t > state.mem_read_t and (t if t > state.now else state.now) < last.rates_until:
+                correlate.fold_repeat(state, s, ccfg, causes=False)
+                continue
         was = server.pending is not None or server.reloading is not None
         acted = _poll_server(host, server, s, cfg, busy - was)
         if acted:
