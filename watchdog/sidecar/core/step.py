@@ -389,8 +389,11 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> bool:
     of the last poll before its `until`, with the same forecast (nothing else to do)."""
     state, last = server.state, server.last
     procs = devices = None
-    if (last is not None and last.state is state and last.events == server.events
-            and last.cfg is cfg and s.nvml_up and host.repeats):
+    # events since (a `calls` report every 2 s, recordings, compiles) leave the memory's
+    # fold a repeat (correlate.fold_repeat: the recordings' count, the settling time, as a
+    # full fold takes them), not a still poll
+    if (last is not None and last.state is state and last.cfg is cfg and s.nvml_up
+            and host.repeats):
         delta = host._delta
         # its view is the last one when its pids and GPUs are, and none of its processes or
         # GPUs changed since the last sample (which it was polled with too): ~3 us a server
@@ -410,12 +413,15 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> bool:
     if same:
         # before `until` the causes cannot change, and with the same rates (so forecast) the
         # poll is still: no cause, policy or alert to compute (~4 us a server less)
-        quiet = s.t < last.until
+        heard = last.events != server.events  # the forecast's other inputs may have moved
+        quiet = s.t < last.until and not heard
+        if heard:
+            last.events, last.rates_until = server.events, -math.inf
         later = state.mem_read_t is not None and s.t > state.mem_read_t
         correlate.fold_repeat(state, s, cfg.correlate, causes=not quiet)
         if not (later and state.now < last.rates_until):  # else: the same rates, known
             rates = forecast_rates(state, cfg.forecast)
-            if rates != last.rates:
+            if heard or rates != last.rates:
                 last.rates = rates
                 last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
                 quiet = False
