@@ -380,13 +380,14 @@ class _Session:
         samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
         down: dict[str, str] = {}
-        last = self.last_samples
+        last, lost = self.last_samples, self.lost
+        memory_info, process_memory = self._memory_info, self._process_memory
         for handle, uuid in self.devices:
-            if uuid in self.lost:
-                down[uuid] = self.lost[uuid]
+            if lost and uuid in lost:
+                down[uuid] = lost[uuid]
                 continue
             try:
-                mem = self._memory_info(nvml, handle)
+                mem = memory_info(nvml, handle)
                 used, total, free = int(mem.used), int(mem.total), int(mem.free)
                 sample = last.get(uuid)
                 if sample is None or sample.used_bytes != used or sample.free_bytes != free \
@@ -398,7 +399,7 @@ class _Session:
                 continue
             try:
                 # the process list is the slow call; skip it when nobody asks
-                procs = self._process_memory(nvml, handle, pids, total) if pids else {}
+                procs = process_memory(nvml, handle, pids, total) if pids else {}
             except Exception as exc:
                 if self._device_failed(uuid, exc, down, device_down=False):
                     return self._down(start)
@@ -406,8 +407,8 @@ class _Session:
                     continue  # lost: its memory numbers just read are not trusted either
                 procs = {}    # the device's numbers stand; per-process stays unknown here
             samples.append(sample)
-            for pid, used in procs.items():
-                per_pid[pid][uuid] = used
+            for pid in procs:
+                per_pid[pid][uuid] = procs[pid]
         for uuid, why in self.vanished.items():
             down.setdefault(uuid, why)
         now = self.clock()
@@ -476,7 +477,20 @@ class _Session:
                 return {}  # no usable process call: device-level only
         except _errors(nvml, _DENIED_ERRORS):
             return {}  # device-level numbers still stand; per-process stays unknown
-        return _found(infos, pids, total)
+        found: dict[int, Optional[int]] = {}
+        for info in infos:
+            pid = int(info.pid)
+            if pid not in pids:
+                continue
+            used = info.usedGpuMemory
+            # struct-layout mismatches made bindings read pids or garbage as memory
+            # (ops-anchors §1.3)
+            if used is not None and not 0 <= used <= total:
+                used = None
+            if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
+                used = None if used is None or found[pid] is None else found[pid] + used
+            found[pid] = used
+        return found
 
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
         version = self.memory_version
@@ -497,22 +511,6 @@ def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
     if len(reasons) == 1:
         return prefix + reasons[0]
     return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
-
-
-def _found(infos: list, pids: set[int], total: int) -> dict[int, Optional[int]]:
-    found: dict[int, Optional[int]] = {}
-    for info in infos:
-        pid = int(info.pid)
-        if pid not in pids:
-            continue
-        used = info.usedGpuMemory
-        # struct-layout mismatches made bindings read pids or garbage as memory (ops-anchors §1.3)
-        if used is not None and not 0 <= used <= total:
-            used = None
-        if pid in found:  # one entry per MIG/compute instance: sum, unknown if any part is
-            used = None if used is None or found[pid] is None else found[pid] + used
-        found[pid] = used
-    return found
 
 
 def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:
