@@ -23,16 +23,17 @@ agent's heartbeat does), folded in the poll that receives it.
 Measured 2026-12-01 on the shared 2-core machine (noisy: load average 1-2 from other work),
 3 runs each of this script, main's code (08ef703, imported from an extracted copy with
 PYTHONPATH) and this branch's run in turn, ratio 8x8/1x1 of the process's CPU per poll:
-  static                 2.26 1.93 2.33 -> 1.58 1.53 1.49 (1x1 0.08-0.11 ms, 8x8 0.13-0.17 ms;
-                                                         main thread alone 1.44 1.44 1.33)
-  --changing half        2.62 2.85 2.55 -> 2.51 2.60 2.37
-  --calls                2.40 2.40 2.50 -> 1.69 1.69 1.72
-  static --test-fake     2.51 3.03 2.49 -> 1.91 1.91 1.91
+  static                 2.33 2.24 2.29 -> 1.50 1.48 1.47 (1x1 0.05-0.09 ms, 8x8 0.08-0.13 ms;
+                                                         main thread alone 1.43 1.41 1.40)
+  --changing half        2.95 2.96 2.83 -> 2.58 2.54 2.38
+  --calls                2.46 2.44 2.35 -> 1.59 1.82 1.74
+  static --test-fake     2.46 2.46 2.58 -> 1.86 1.62 1.81
 (With the old measurement, this thread's CPU alone and the tests' fake, main was 2.2-2.8x.)
-Static memory, the issue's case, is at the 1.5x target, not reliably under it: per GPU,
-process and server ~6.5 us (2026-12-01, interleaved: the NVML worker's loop ~3 us a GPU, a
-still server's step ~2.4 us, a process ~0.5 us) against a fixed ~75 us (the worker's wake-up
-and hand-off, the poll's sample, the step's host-wide part), where 1.5x needs <= ~5.8 us.
+Static memory, the issue's case, meets the 1.5x target, at its edge (an earlier session with
+the NVML worker ~1 us a GPU slower: 1.49-1.58x): per GPU, process and server ~5.5 us (the
+NVML worker's loop ~2 us a GPU, a still server's step ~2.4 us, a process ~0.5 us, cold as
+polled in turn) against a fixed ~70 us (the worker's wake-up and hand-off, the poll's
+sample, the step's host-wide part).
 A still server's poll folds only its time (core/step.py `_Poll`: causes, policy, alerts and
 rates provably unchanged until a horizon); a still GPU's sample and a still process's sample
 are handed out again, and a process NVML meters has its RSS read once a second. A server whose
