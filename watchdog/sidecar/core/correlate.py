@@ -480,11 +480,12 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
 
 def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig, causes: bool = True) -> None:
     """`fold(state, [s], cfg)` for a sample that repeats the last one folded: the same devices'
-    numbers and processes (NVML up, GPUs read), with no event since, and the last fold read the
-    server's memory; only its time and the host's memory are new. The caller (core/step.py)
-    checks that; the devices' and the server's memory (and each process's) are then what they
-    were, and are not computed again. `causes` False: the caller knows they cannot change
-    before `causes_until(state, cfg)`, which this poll is before."""
+    numbers and processes (NVML up, GPUs read), and the last fold read the server's memory;
+    only its time and the host's memory are new (and the recordings and compiles of events
+    since, which a zero step folds as `_memory` does). The caller (core/step.py) checks that;
+    the devices' and the server's memory (and each process's) are then what they were, and
+    are not computed again. `causes` False: the caller knows they cannot change before
+    `causes_until(state, cfg)`, which this poll is before (and no event came since)."""
     if s.t > state.now:
         state.now = s.t
     total, available = s.host_total_bytes, s.host_available_bytes

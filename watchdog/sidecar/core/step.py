@@ -63,10 +63,11 @@ class Server:
 @dataclass
 class _Poll:
     """What a server's last poll read and made of it. A poll that repeats it (the same
-    correlation state, no event since, the same config, its GPUs' numbers and its processes'
-    GPU memory equal) folds only the time (correlate.fold_repeat), and keeps the forecast
-    while the rates that move with time alone are the same too: the same numbers as a full
-    poll. Before `until` such a poll is also still: its causes cannot change before
+    correlation state, the same config, its GPUs' numbers and its processes' GPU memory
+    equal) folds only the time and the recordings (correlate.fold_repeat); with no event
+    since, it keeps the forecast while the rates that move with time alone are the same too:
+    the same numbers as a full poll. Before `until` such a poll is also still (no event
+    since): its causes cannot change before
     correlate.causes_until (a storm's window, a pending step's age, the MB/graph confidence)
     nor, with the same forecast, the policy's decisions and the alerts before
     policy.still_until (the warm-up's end; outside the reload lead nothing is held); and
