@@ -29,8 +29,8 @@ PYTHONPATH) and this branch's run in turn, ratio 8x8/1x1 of the process's CPU pe
   --calls                2.46 2.44 2.35 -> 1.59 1.82 1.74
   static --test-fake     2.46 2.46 2.58 -> 1.86 1.62 1.81
 (With the old measurement, this thread's CPU alone and the tests' fake, main was 2.2-2.8x.)
-Static memory, the issue's case, meets the 1.5x target, at its edge (an earlier session with
-the NVML worker ~1 us a GPU slower: 1.49-1.58x): per GPU, process and server ~5.5 us (the
+Static memory, the issue's case, is at the 1.5x target's edge: 3 more runs alone right after,
+1.54 1.48 1.47 (an earlier session, the NVML worker ~1 us a GPU slower: 1.49-1.58x): per GPU, process and server ~5.5 us (the
 NVML worker's loop ~2 us a GPU, a still server's step ~2.4 us, a process ~0.5 us, cold as
 polled in turn) against a fixed ~70 us (the worker's wake-up and hand-off, the poll's
 sample, the step's host-wide part).
