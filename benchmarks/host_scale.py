@@ -1,9 +1,12 @@
 """What a poll costs on a big host, as a ratio: 8 GPUs with 8 replicas vs 1 GPU with 1 server.
 
-A poll is the daemon's work: NVML read (a fake backend through the real NvmlSource, so only
-the sidecar's own cost counts), the processes' liveness and RSS (real processes: this one and
-sleeping children), then the pure step over the sample with every server's state warm (a full
-forecast window of samples). CPU time of this thread, median of many polls; the two hosts are
+A poll is the daemon's work: NVML read (a fake backend through the real NvmlSource and its
+worker thread: `LeanNvml`, so only the sidecar's own cost counts; `--test-fake`: the tests'
+FakeNvml as it is, its call log and lock ~2 us a GPU more), the processes' liveness and RSS
+(real processes: this one and sleeping children), then the pure step over the sample with
+every server's state warm (a full forecast window of samples). CPU time of the process per
+poll (this thread's and the NVML worker's, which read() waits for; this thread's alone is
+printed too: it left the worker's per-GPU work out), median of many polls; the two hosts are
 polled in turn (so a shared machine's other load weighs on both alike, and each poll finds its
 caches as cold as the daemon's, 0.1 s apart, do), or with --sequential one after the other.
 
@@ -14,20 +17,28 @@ allocator's wobble, below the forecast's one-poll jump), or on all of them (`--c
 `--calls`: each server's agent also reports its requests every 2 s (a `calls` event, as the
 agent's heartbeat does), folded in the poll that receives it.
 
-    python benchmarks/host_scale.py [--polls 600] [--sequential]
+    python benchmarks/host_scale.py [--polls 600] [--sequential] [--test-fake]
                                     [--changing none|half|all] [--calls]
 
-Measured 2026-12-01 on the shared 2-core machine (noisy: the same code's 8x8 poll is 0.14 to
-0.28 ms from run to run), 3 runs each, main's core/ -> the cost-step branch, ratio 8x8/1x1
-(the pure step's share of the 8x8 poll):
-  static                         2.68 2.55 2.40 -> 2.32 2.25 2.29 (0.13-0.21 -> 0.10-0.15 ms)
-  static --sequential            3.59 4.17 2.82 -> 2.64 2.72 2.80 (0.12-0.21 -> 0.09 ms)
-  --changing half                3.28 2.96 3.09 -> 3.35 2.89 2.70 (0.29-0.40 -> 0.23-0.39 ms)
-  --changing half --sequential   5.89 2.33 4.10 -> 4.96 4.40 5.42 (0.26-0.45 -> 0.41-0.44 ms)
-  --calls                        3.42 3.50 3.36 -> 2.54 2.87 3.26 (0.25-0.26 -> 0.14-0.21 ms)
-The 1.5x target is not met. A still server's pure step is ~8 us of a poll (its trend's
-append and rates, causes and policy, every poll), each process ~3.5 us of /proc reads, and a
-server whose memory moves folds in full (~30 us): the 1x1 poll is ~0.05-0.1 ms in all.
+Measured 2026-12-01 on the shared 2-core machine (noisy: load average 1-2 from other work),
+3 runs each of this script, main's code (08ef703, imported from an extracted copy with
+PYTHONPATH) and this branch's run in turn, ratio 8x8/1x1 of the process's CPU per poll:
+  static                 2.33 2.24 2.29 -> 1.50 1.48 1.47 (1x1 0.05-0.09 ms, 8x8 0.08-0.13 ms;
+                                                         main thread alone 1.43 1.41 1.40)
+  --changing half        2.95 2.96 2.83 -> 2.58 2.54 2.38
+  --calls                2.46 2.44 2.35 -> 1.59 1.82 1.74
+  static --test-fake     2.46 2.46 2.58 -> 1.86 1.62 1.81
+(With the old measurement, this thread's CPU alone and the tests' fake, main was 2.2-2.8x.)
+Static memory, the issue's case, is at the 1.5x target's edge: 3 more runs alone right after,
+1.54 1.48 1.47 (an earlier session, the NVML worker ~1 us a GPU slower: 1.49-1.58x): per GPU, process and server ~5.5 us (the
+NVML worker's loop ~2 us a GPU, a still server's step ~2.4 us, a process ~0.5 us, cold as
+polled in turn) against a fixed ~70 us (the worker's wake-up and hand-off, the poll's
+sample, the step's host-wide part).
+A still server's poll folds only its time (core/step.py `_Poll`: causes, policy, alerts and
+rates provably unchanged until a horizon); a still GPU's sample and a still process's sample
+are handed out again, and a process NVML meters has its RSS read once a second. A server whose
+memory moves folds in full (~25 us: `--changing half`), and after an agent's report its
+forecast, causes and policy are computed again (`--calls`).
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -57,19 +69,50 @@ GB = 1 << 30
 MIB2 = 2 << 20
 
 
+class LeanNvml(FakeNvml):
+    """The tests' fake NVML without its own cost: no call log that grows every call, no lock
+    taken twice, no fault injection, and its answers (the memory struct, the process list)
+    built again only when the device's numbers change. That cost (~2 us a GPU and poll with
+    the tests' fake, `--test-fake`) is neither the sidecar's nor NVML's: the sidecar's own
+    work (the worker's loop, the samples it builds, the presentation) is what is measured. A
+    real binding's calls (ctypes, the driver's ioctl) cost their own CPU on top on a GPU host.
+    """
+
+    def _call(self, name, *args):
+        pass
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        d = self.devices[handle]
+        key = (d["used"], d["total"])
+        kept = d.get("_memory")
+        if kept is None or kept[0] != key:
+            kept = d["_memory"] = (key, SimpleNamespace(total=d["total"], used=d["used"],
+                                                        free=d["total"] - d["used"]))
+        return kept[1]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        d = self.devices[handle]
+        procs, kept = d["procs"], d.get("_procs")
+        if kept is None or kept[0] is not procs:
+            kept = d["_procs"] = (procs, [SimpleNamespace(pid=p, usedGpuMemory=u)
+                                          for p, u in procs])
+        return kept[1]
+
+
 class Poller:
     """One simulated host with n GPUs and n servers (one process each), warm."""
 
-    def __init__(self, n: int, pids: list[int], changing: str = "none", calls: bool = False):
+    def __init__(self, n: int, pids: list[int], changing: str = "none", calls: bool = False,
+                 fake: type = LeanNvml):
         self.pids, self.calls, self.pid_list = set(pids[:n]), calls, pids[:n]
         gpus = [f"GPU-{i:04d}" for i in range(n)]
-        self.nvml = nvml = FakeNvml([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
+        self.nvml = nvml = fake([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
                           "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
         self.source, self.processes = NvmlSource(nvml), _processes()
         self.cfg, self.host, self.t = Config(), Host(), time.time()
         self.moving = [] if changing == "none" else \
             nvml.devices if changing == "all" else nvml.devices[::2]
-        self.polls, self.steps = 0, []
+        self.polls, self.steps, self.main = 0, [], []
         for i in range(n):
             step(self.host, events.Hello(t=self.t, pid=pids[i], torch="2.11", agent="bench",
                                          devices=[gpus[i]], config={}, capabilities={},
@@ -80,7 +123,8 @@ class Poller:
             self.poll()
 
     def poll(self) -> float:
-        """CPU seconds of this thread for one poll (`self.steps`: the pure step's part)."""
+        """CPU seconds of the process for one poll: this thread's and the NVML worker's, which
+        read() waits for (`self.main`: this thread's alone, `self.steps`: the pure step's)."""
         self.t += 0.1
         self.polls += 1
         move = MIB2 if self.polls % 16 < 8 else -MIB2
@@ -88,7 +132,7 @@ class Poller:
             pid, used = d["procs"][0]
             d["used"] += move
             d["procs"] = [(pid, used + move)]
-        started = time.thread_time()
+        started, cpu = time.thread_time(), time.process_time()
         for i, pid in enumerate(self.pid_list if self.calls else ()):
             if (self.polls + i) % 20 == 0:  # every 2 s, the servers' reports spread out
                 step(self.host, events.Calls(t=self.t, pid=pid, name="m", calls=200,
@@ -101,9 +145,10 @@ class Poller:
                         host_total_bytes=total, host_available_bytes=available)
         stepping = time.thread_time()
         step(self.host, sample, self.cfg)
-        done = time.thread_time()
+        done, cpu_done = time.thread_time(), time.process_time()
         self.steps.append(done - stepping)
-        return done - started
+        self.main.append(done - started)
+        return cpu_done - cpu
 
     def close(self) -> None:
         self.source.close()
@@ -137,37 +182,48 @@ def main() -> int:
                    help="GPUs whose memory moves every poll (half: every other one)")
     p.add_argument("--calls", action="store_true",
                    help="the agents report their requests every 2 s, as they do")
+    p.add_argument("--test-fake", action="store_true",
+                   help="the tests' FakeNvml as it is (its call log and lock: ~2 us a GPU)")
     a = p.parse_args()
+    fake = FakeNvml if a.test_fake else LeanNvml
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(7)]
     try:
         pids = [os.getpid()] + [c.pid for c in children]
         costs: tuple[list, list] = ([], [])
+        mains: tuple[list, list] = ([], [])
         steps: tuple[list, list] = ([], [])
         if a.sequential:  # as measured before: all of one host's polls, then the other's
             for i, n in enumerate((1, 8)):
-                host = Poller(n, pids, a.changing, a.calls)
+                host = Poller(n, pids, a.changing, a.calls, fake)
                 host.steps.clear()
+                host.main.clear()
                 costs[i].extend(host.poll() for _ in range(a.polls))
                 steps[i].extend(host.steps)
+                mains[i].extend(host.main)
                 host.close()
         else:
-            small, big = Poller(1, pids, a.changing, a.calls), Poller(8, pids, a.changing, a.calls)
+            small = Poller(1, pids, a.changing, a.calls, fake)
+            big = Poller(8, pids, a.changing, a.calls, fake)
             for _ in range(a.polls):
                 costs[0].append(small.poll())
                 costs[1].append(big.poll())
-            steps[0].extend(small.steps[-a.polls:])
-            steps[1].extend(big.steps[-a.polls:])
-            small.close()
-            big.close()
-        one, eight = statistics.median(costs[0]), statistics.median(costs[1])
+            for i, host in enumerate((small, big)):
+                steps[i].extend(host.steps[-a.polls:])
+                mains[i].extend(host.main[-a.polls:])
+                host.close()
     finally:
         for c in children:
             c.kill()
             c.wait()
+    one, eight = statistics.median(costs[0]), statistics.median(costs[1])
+    main1, main8 = statistics.median(mains[0]), statistics.median(mains[1])
     print(f"memory changing: {a.changing}; agents' calls reports: {a.calls}")
-    print(f"poll, 1 GPU + 1 server:   {one * 1e3:.3f} ms CPU (median of {a.polls})")
-    print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU")
-    print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x)")
+    print(f"poll, 1 GPU + 1 server:   {one * 1e3:.3f} ms CPU of the process (median of "
+          f"{a.polls}; main thread alone {main1 * 1e3:.3f} ms)")
+    print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU of the process (main thread "
+          f"alone {main8 * 1e3:.3f} ms)")
+    print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x; main thread alone "
+          f"{main8 / main1:.2f}x)")
     print(f"of which the pure step: {statistics.median(steps[0]) * 1e3:.3f} ms and "
           f"{statistics.median(steps[1]) * 1e3:.3f} ms")
     return 0

@@ -237,3 +237,42 @@ def test_reader_without_pidfds_reads_stat_alone():
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+def test_a_gpu_metered_process_has_its_rss_read_now_and_then_and_its_death_at_once():
+    from torch_watchdog.sidecar.sources.process import ProcessReader
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    now = [0.0]
+    reader = ProcessReader(rss_every_s=1.0, clock=lambda: now[0])
+    pages = []
+    reader._parse = lambda data, pidfd, parse=reader._parse: pages.append(1) or \
+        parse(data, pidfd)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        gpu = {child.pid: {"GPU-0": 5 << 30}}
+        (first,) = reader.read({child.pid}, gpu)
+        assert first.alive and first.rss_bytes > 1 << 20 and len(pages) == 1
+        now[0] = 1.0  # the first interval is spread over (0, 1] s by pid: due
+        (first,) = reader.read({child.pid}, gpu)
+        assert len(pages) == 2
+        for _ in range(5):  # within the interval: alive by its pidfd, RSS as read
+            now[0] += 0.1
+            again = reader.read({child.pid}, gpu)
+            assert again[0] is first
+        assert len(pages) == 2
+        now[0] = 2.0
+        reader.read({child.pid}, gpu)
+        assert len(pages) == 3  # due: read again
+        reader.read({child.pid})  # no GPU memory: RSS is its meter, read every poll
+        reader.read({child.pid})
+        assert len(pages) == 5
+        child.stdin.close()  # it exits within the RSS interval: dead at the next read
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        now[0] += 0.1
+        (dead,) = reader.read({child.pid}, gpu)
+        assert not dead.alive and dead.rss_bytes is None
+    finally:
+        reader.close()
+        child.stdin.close()
+        child.wait(10)

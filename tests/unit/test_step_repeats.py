@@ -2,6 +2,7 @@
 cheaply (core/step.py `_Poll`): it must decide and report exactly what a full poll does."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -21,13 +22,15 @@ FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 
 @pytest.fixture
 def repeats(monkeypatch):
-    """How many polls took the repeat path."""
-    seen = [0]
+    """How many polls took the repeat path, and how many of them were still (no cause, policy
+    or alert computed: before `_Poll.until`)."""
+    seen = [0, 0]
     fold_repeat = correlate.fold_repeat
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         seen[0] += 1
-        return fold_repeat(*args)
+        seen[1] += kwargs.get("causes") is False
+        return fold_repeat(*args, **kwargs)
 
     monkeypatch.setattr(correlate, "fold_repeat", counted)
     return seen
@@ -93,6 +96,7 @@ def test_repeated_polls_decide_and_report_what_full_polls_do(repeats):
     assert repeats[0] == 0
     fast = observe(Host(), trace, CFG)
     assert repeats[0] > 3000  # most polls of both servers repeat the last one
+    assert repeats[1] > 3000  # … and most of them are still: nothing due
     assert fast == full
     decided = {a["action"] for x in full if isinstance(x, list) for a in x}
     assert {"restart", "alert", "reload", "execute"} <= decided
@@ -106,7 +110,7 @@ def test_recorded_traces_replay_the_same_with_repeats(name, repeats):
 
     full = observe(Host(repeats=False), trace(), Config())
     fast = observe(Host(), trace(), Config())
-    assert repeats[0] > 500
+    assert repeats[0] > 500 and repeats[1] > 500
     assert fast == full
 
 
@@ -158,7 +162,89 @@ def test_a_big_host_with_changing_memory_decides_the_same_with_repeats(repeats):
     assert repeats[0] == 0
     fast = observe(Host(), trace, CFG)
     assert repeats[0] > 5000  # the still GPUs' servers repeat; the moving ones do not
+    assert repeats[1] > 5000
     assert fast == full
     decided = {(a["action"], a["server"]) for x in full if isinstance(x, list) for a in x}
     assert {("reload", "replica-1"), ("execute", "replica-1"),
             ("restart", "replica-7")} <= decided
+
+
+def time_alone_trace() -> tuple[list, Config]:
+    """Two servers whose memory stands still while what time alone changes comes due: the
+    warm-up's end, a recompile storm leaving its window, a memory step no longer pending (now
+    unexplained growth), the recordings' MB/graph gaining confidence with every still poll,
+    the request rate's window emptying (b's discovery forecast: its sizes would fill its GPU
+    at that rate), a wobble leaving the window, a pause in the polls."""
+    cfg = dataclasses.replace(
+        CFG, correlate=dataclasses.replace(CFG.correlate, storm_window_s=20.0,
+                                           storm_recompiles=3),
+        policy=dataclasses.replace(CFG.policy, warmup_s=15.0))
+    out, t = [], 1000.0
+    used = {"GPU-a": 20 * GB, "GPU-b": 80 * GB - 100 * MB}  # b: its recordings will fill it
+    out += [hello(t, 11, "a", ["GPU-a"]), hello(t, 22, "b", ["GPU-b"])]
+    for k in range(2200):
+        t += 0.1
+        if k == 5:
+            out.append(compile_event(t, 11))    # the warm-up ends 15 s on, while still
+        if k in (300, 301, 302):                # a storm, leaving its window while still
+            out.append(events.Recompile(t=t, pid=11, compile_id="0/1", function="f",
+                                        seconds=0.1, reason="size"))
+        if k == 700:
+            used["GPU-a"] += GB                 # a step: pending for 60 s, then unexplained
+        if 100 <= k < 140:                      # b: noisy recordings, confidence below 0.5
+            out.append(events.CudagraphRecord(t=t, pid=22, phase="record", compile_id="0/0",
+                                              key=[k], shape=[[1, k]], seconds=0.01))
+            used["GPU-b"] += 10 * MB if k % 2 else -6 * MB
+        if k % 10 == 0 and k < 1000:            # requests, then none: the rate's window empties
+            out.append(calls(t, 11, 40, 5))
+            out.append(calls(t, 22, 1, 40))         # b's: its discovery forecast's rate
+        if 100 <= k < 140:                      # b's sizes: most of them new, far from all seen
+            out.append(events.NewShape(t=t, pid=22, name="m", shape=[[1, k]], seconds=0.01,
+                                       distinct=k - 99))
+        if k in (1400, 1405):                   # a wobble that returns: growth 0.0 over the
+            used["GPU-a"] += 2 * MB if k == 1400 else -2 * MB  # window until it half leaves
+        if k == 1600:
+            t += 50.0                           # the sidecar paused: a thin window after
+        devices = tuple(DeviceSample(u, b, 80 * GB, 80 * GB - b) for u, b in used.items())
+        procs = (ProcessSample(11, True, 2 * GB, {"GPU-a": used["GPU-a"] - GB}),
+                 ProcessSample(22, True, 2 * GB, {"GPU-b": used["GPU-b"] - GB}))
+        out.append(Sample(t=t, devices=devices, processes=procs, host_total_bytes=128 * GB,
+                          host_available_bytes=100 * GB))
+    return out, cfg
+
+
+def test_still_polls_see_what_time_alone_changes(repeats):
+    trace, cfg = time_alone_trace()
+    full = observe(Host(repeats=False), trace, cfg)
+    fast = observe(Host(), trace, cfg)
+    assert repeats[1] > 1500
+    assert fast == full
+    alerted = {(a["server"], a["reason"]) for x in full if isinstance(x, list) for a in x}
+    assert {("a", "recompile_storm"), ("a", "memory_growth_unexplained"),
+            ("b", "cudagraph_per_shape")} <= alerted
+    storm = [x["a"][2] for x in full if isinstance(x, dict) and "a" in x]
+    assert any("recompile_storm" in f for f in storm) and "recompile_storm" not in storm[-1]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_still_polls_start_holding_when_the_warm_up_ends(repeats, dry_run):
+    """A server over its configured budget from the start, its memory still: the forecast
+    (an OOM now) is the same every poll, and only the warm-up's end lets the policy alert,
+    hold the condition for `hold_polls` polls and reload (dry run: and hold it again, each
+    poll, through the cooldown)."""
+    cfg = dataclasses.replace(
+        CFG, policy=dataclasses.replace(CFG.policy, warmup_s=15.0, dry_run=dry_run),
+        forecast=dataclasses.replace(CFG.forecast, process_budget_bytes=40 * GB))
+    trace, t = [hello(1000.0, 33, "c", ["GPU-c"])], 1000.0
+    for k in range(400):
+        t += 0.1
+        if k == 5:
+            trace.append(compile_event(t, 33))
+        trace.append(Sample(t=t, devices=(DeviceSample("GPU-c", 60 * GB, 80 * GB, 20 * GB),),
+                            processes=(ProcessSample(33, True, GB, {"GPU-c": 50 * GB}),)))
+    full = observe(Host(repeats=False), trace, cfg)
+    fast = observe(Host(), trace, cfg)
+    assert repeats[1] > 50  # still through the warm-up
+    assert fast == full
+    decided = [(a["action"], a["reason"]) for x in full if isinstance(x, list) for a in x]
+    assert ("alert", "oom_forecast") in decided and ("reload", "oom_forecast") in decided

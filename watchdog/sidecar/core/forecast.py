@@ -112,6 +112,27 @@ def rates(state: State, cfg: ForecastConfig) -> tuple:
     return slope, leak, _request_rate(state, cfg.window_s)
 
 
+_STILL_MARGIN_S = 1e-3  # for times' rounding (2.4e-7 s at 1.8e9 s)
+
+
+def rates_until(state: State, cfg: ForecastConfig, rates_now: tuple) -> float:
+    """Until when `rates(state, cfg)` gives `rates_now` again while only time passes, with
+    polls that repeat the last one (the same memory and recordings, no event: core/step.py
+    then does not compute them); -inf when not known. Known for a still window: growth 0.0
+    and 0.0 outside recordings (Trend.still_until), and the request rate's windows unchanged
+    (the memo _request_rate keeps is valid until the oldest of them leaves the window)."""
+    if rates_now[0] is None or rates_now[1] is None or rates_now[0] != 0.0 or \
+            rates_now[1] != 0.0:
+        return -math.inf
+    until = state.samples.still_until(state.now - cfg.window_s, cfg.window_s)
+    if state.calls:
+        memo = state.rate_memo
+        if memo is None:
+            return -math.inf
+        until = min(until, memo[2] + cfg.window_s - _STILL_MARGIN_S)
+    return until
+
+
 def _views(state: State, cfg: ForecastConfig) -> list[_View]:
     if cfg.per_process_budget_bytes is not None and state.proc_bytes:
         # each process against its own budget, with its share of the server's growth

@@ -19,6 +19,7 @@ alerts that fire.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -27,6 +28,7 @@ from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.forecast import rates as forecast_rates
+from torch_watchdog.sidecar.core.forecast import rates_until
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
@@ -61,17 +63,20 @@ class Server:
 @dataclass
 class _Poll:
     """What a server's last poll read and made of it. A poll that repeats it (the same
-    correlation state, no event since, the same config, its GPUs' numbers and its processes'
-    GPU memory equal) folds only the time (correlate.fold_repeat), and keeps the forecast
-    while the rates that move with time alone are the same too: the same numbers as a full
-    poll, for ~17 us instead of ~47 us a server (warm; benchmarks/host_scale.py: 8 replicas).
-    Measured 2026-12-01 on the 2-core machine, the pure step alone, warm, no I/O (min of 5
-    medians of 1,000 polls), main's code -> now: 8 still replicas 102 -> 76-81 us a poll, 8
-    whose memory moves every poll 360 -> 271-295 us, 1 still replica 16.9 -> 14-16 us (Host's
-    per-sample delta instead of each server's view, correlate._same_memory, no Sample rebuilt
-    per server, one pass over its GPUs, the kept request rate). Left, ~8 us a still server:
-    the trend's append and rates, the causes and the policy, every poll; the 8x8/1x1 poll is
-    2.2-2.8x (target 1.5x), see benchmarks/host_scale.py."""
+    correlation state, the same config, its GPUs' numbers and its processes' GPU memory
+    equal) folds only the time and the recordings (correlate.fold_repeat); with no event
+    since, it keeps the forecast while the rates that move with time alone are the same too:
+    the same numbers as a full poll. Before `until` such a poll is also still (no event
+    since): its causes cannot change before
+    correlate.causes_until (a storm's window, a pending step's age, the MB/graph confidence)
+    nor, with the same forecast, the policy's decisions and the alerts before
+    policy.still_until (the warm-up's end; outside the reload lead nothing is held); and
+    before `rates_until` its rates are known without computing them (a window whose growth
+    is 0.0: Trend.still_until; the kept request rate: forecast.rates_until). A still
+    server's poll is then its time, the trend's append and the regression's count: ~1.5 us
+    (was ~8 us: the trend's rates, the causes and the policy, every poll); tests/unit/
+    test_step_repeats.py checks every poll against full ones (`Host.repeats=False`).
+    Measured 2026-12-01 on the 2-core machine, benchmarks/host_scale.py: see its docstring."""
     state: correlate.State
     events: int
     cfg: Config
@@ -81,6 +86,10 @@ class _Poll:
     forecast: Forecast
     pids: frozenset = frozenset()   # the server's pids and GPUs its view was taken with
     gpus: frozenset = frozenset()
+    # before this time a repeat changes neither the causes nor (with the same forecast) the
+    # policy's decisions and the alerts: correlate.causes_until, policy.still_until
+    until: float = -math.inf
+    rates_until: float = -math.inf  # before this, a repeat's rates are `rates` (rates_until)
 
 
 @dataclass
@@ -100,6 +109,8 @@ class Host:
     # GPU memory changed, GPUs whose numbers did), None when the lists themselves changed
     _prev: Optional[tuple] = field(default=None, repr=False, compare=False)
     _delta: Optional[tuple] = field(default=None, repr=False, compare=False)
+    # the processes tuple `alive` was last updated from (the reader hands back the same one)
+    _alive_from: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def server(self, name: str) -> Server:
         s = self.servers.get(name)
@@ -237,23 +248,47 @@ def _all_gone(host: Host, server: Server) -> bool:
 # -- samples ------------------------------------------------------------------------------
 def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
-    host.alive.update({p.pid: p.alive for p in s.processes})
-    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids}
+    if s.processes is not host._alive_from:  # the same tuple: the same liveness
+        host.alive.update({p.pid: p.alive for p in s.processes})
+        host._alive_from = s.processes
+    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids} \
+        if s.servers else {}
     for pid, name in host.configured.items():
         if host.owner.get(pid) not in (None, name):  # announced before the config found it
             host.servers[host.owner[pid]].pids.pop(pid, None)
         host.owner[pid] = name
         host.server(name).pids.setdefault(pid, s.t)
-    _forget_silent(host, s.t)
+    if False in host.alive.values():  # only the dead are forgotten
+        _forget_silent(host, s.t)
     host._delta = _delta(host._prev, s) if host.repeats else None
     host._prev = (s.processes, s.devices)
     actions: list[policy.Action] = []
     servers = list(host.servers.values())
-    busy = sum(o.busy for o in servers)  # kept current below: counting it per server was n^2
+    busy = 0  # kept current below: counting it per server was n^2
+    for o in servers:  # o.busy, inlined (a generator of properties: ~0.2 us a server)
+        if o.pending is not None or o.reloading is not None:
+            busy += 1
+    t, ccfg = s.t, cfg.correlate
+    # nothing changed in the sources: a server whose poll is still (_fold's repeat before its
+    # `until` and `rates_until`, nothing pending) only folds the time, checked here inline
+    # (~1 us a server less than through _poll_server and _fold)
+    nothing = host._delta is _NOTHING and s.nvml_up
     for server in servers:
-        was = server.busy
-        actions += _poll_server(host, server, s, cfg, busy - was)
-        busy += server.busy - was
+        last = server.last
+        if nothing and last is not None and t < last.until and \
+                last.state is server.state and last.events == server.events and \
+                last.cfg is cfg and server.pending is None and server.note is None and \
+                server.reloading is None and server.pids.keys() == last.pids and \
+                server.gpus == last.gpus:
+            state = server.state
+            if t > state.mem_read_t and (t if t > state.now else state.now) < last.rates_until:
+                correlate.fold_repeat(state, s, ccfg, causes=False)
+                continue
+        was = server.pending is not None or server.reloading is not None
+        acted = _poll_server(host, server, s, cfg, busy - was)
+        if acted:
+            actions += acted
+        busy += (server.pending is not None or server.reloading is not None) - was
     return actions
 
 
@@ -269,6 +304,9 @@ class _Mine:
         self.host_available_bytes = s.host_available_bytes
 
 
+_NOTHING = (frozenset(), frozenset())
+
+
 def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
     """What changed since the last sample, found once for every server: (the pids whose
     liveness or GPU memory changed, the GPUs whose numbers changed), or None when a process or
@@ -276,6 +314,8 @@ def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
     if prev is None:
         return None
     procs, devices = prev
+    if procs is s.processes and devices is s.devices:
+        return _NOTHING  # the sources hand back the same tuples when nothing changed
     if len(procs) != len(s.processes) or len(devices) != len(s.devices):
         return None
     pids, uuids = set(), set()
@@ -300,24 +340,39 @@ def _forget_silent(host: Host, now: float) -> None:
             del host.agents[pid]
             if pid not in host.owner:
                 host.alive.pop(pid, None)
+                host._alive_from = None
     for server in host.servers.values():
         for pid, heard in list(server.pids.items()):
             if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
                 del server.pids[pid]
                 host.owner.pop(pid, None)
                 host.alive.pop(pid, None)
+                host._alive_from = None
 
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
                  others_busy: int) -> list[policy.Action]:
-    _fold(host, server, s, cfg)
+    if _fold(host, server, s, cfg) and server.pending is None and server.note is None and \
+            server.reloading is None:
+        return []  # still, nothing due: the same decisions (none) and alerts (`firing` kept)
     actions = _recheck(server, s.t, cfg)
     # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
     # shares, with no per-process numbers to pin it on this server, is alerted, not reloaded
     actions += _decide(host, server, cfg, allow_reload=bool(server.pids) and
                        others_busy < cfg.policy.max_concurrent_reloads and
                        _attributable(host, server))
+    noted = server.note is not None  # a reload's alert: shown until one poll after its outcome
     server.firing = _firing(server, cfg)
+    last = server.last
+    if last is not None and noted:
+        last.until = -math.inf
+    elif last is not None:
+        state = server.state
+        until = correlate.causes_until(state, cfg.correlate)
+        if until > s.t:
+            until = min(until, policy.still_until(state, server.forecast, server.policy,
+                                                  cfg.policy))
+        last.until = until
     return actions
 
 
@@ -330,12 +385,16 @@ def _attributable(host: Host, server: Server) -> bool:
     return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
 
 
-def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
-    """Fold the sample, as this server sees it, into its state, and forecast."""
+def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> bool:
+    """Fold the sample, as this server sees it, into its state, and forecast. True: a repeat
+    of the last poll before its `until`, with the same forecast (nothing else to do)."""
     state, last = server.state, server.last
     procs = devices = None
-    if (last is not None and last.state is state and last.events == server.events
-            and last.cfg is cfg and s.nvml_up and host.repeats):
+    # events since (a `calls` report every 2 s, recordings, compiles) leave the memory's
+    # fold a repeat (correlate.fold_repeat: the recordings' count, the settling time, as a
+    # full fold takes them), not a still poll
+    if (last is not None and last.state is state and last.cfg is cfg and s.nvml_up
+            and host.repeats):
         delta = host._delta
         # its view is the last one when its pids and GPUs are, and none of its processes or
         # GPUs changed since the last sample (which it was polled with too): ~3 us a server
@@ -353,13 +412,23 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
     else:
         same = False
     if same:
-        correlate.fold_repeat(state, s, cfg.correlate)
-        rates = forecast_rates(state, cfg.forecast)
-        if rates != last.rates:
-            last.rates = rates
-            last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
+        # before `until` the causes cannot change, and with the same rates (so forecast) the
+        # poll is still: no cause, policy or alert to compute (~4 us a server less)
+        heard = last.events != server.events  # the forecast's other inputs may have moved
+        quiet = s.t < last.until and not heard
+        if heard:
+            last.events, last.rates_until = server.events, -math.inf
+        later = state.mem_read_t is not None and s.t > state.mem_read_t
+        correlate.fold_repeat(state, s, cfg.correlate, causes=not quiet)
+        if not (later and state.now < last.rates_until):  # else: the same rates, known
+            rates = forecast_rates(state, cfg.forecast)
+            if heard or rates != last.rates:
+                last.rates = rates
+                last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
+                quiet = False
+            last.rates_until = rates_until(state, cfg.forecast, rates)
         server.forecast = last.forecast
-        return
+        return quiet
     if procs is None:
         procs, devices = _view(server, s)
     correlate.fold_sample(state, _Mine(s, procs, devices), cfg.correlate,  # its own only
@@ -370,6 +439,7 @@ def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> None:
     server.last = (_Poll(state, server.events, cfg, devices, procs, rates, server.forecast,
                          frozenset(server.pids), frozenset(server.gpus))
                    if s.nvml_up and devices and state.mem_read_t == s.t else None)
+    return False
 
 
 def _same_processes(a: tuple, b: tuple) -> bool:

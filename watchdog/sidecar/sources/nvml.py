@@ -94,6 +94,7 @@ class NvmlSource:
         self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
         self._late = False
         self._late_count = 0
+        self._shown: tuple = (None, None, None)  # (per_pid, pids, presented): the last copy
         # a source dropped without close() stops its worker (tests, a replaced daemon source)
         weakref.finalize(self, self._shared.stop_worker)
 
@@ -174,9 +175,12 @@ class NvmlSource:
             if age + res.query_s > deadline:
                 return self._late_reading(res, now, f"no answer for {age + res.query_s:.2f} s")
         self._late = False
+        if res.per_pid is not self._shown[0] or pids != self._shown[1]:
+            # a copy for the caller, made again only when the numbers or the pids change
+            self._shown = (res.per_pid, pids, {pid: dict(per) for pid, per in
+                                               res.per_pid.items() if pid in pids})
         return NvmlReading(devices=res.devices,
-                           process_gpu_bytes={pid: dict(per) for pid, per in res.per_pid.items()
-                                              if pid in pids},
+                           process_gpu_bytes=self._shown[2],
                            up=bool(res.devices), error=res.error, query_s=res.query_s,
                            down=dict(res.down), age_s=age, t=res.t)
 
@@ -262,6 +266,13 @@ class _Session:
         self.vanished: dict[str, str] = {}   # known uuids the last enumeration did not list
         self.known: dict[str, None] = {}     # every uuid enumerated since close(), in order
         self.memory_v2 = True
+        # the last reading's numbers, handed out again while equal: a still GPU costs no new
+        # sample, and the step compares by identity first (benchmarks/host_scale.py)
+        self.last_samples: dict[str, DeviceSample] = {}
+        self.last_devices: tuple[DeviceSample, ...] = ()
+        self.last_per_pid: dict[int, dict[str, Optional[int]]] = {}
+        self.proc_calls: Optional[list] = None  # the process-list calls that may work here
+        self.memory_version: Any = None         # the binding's v2 struct version, looked up
         self.retry_at: Optional[float] = None   # session down: the next init attempt
         self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
         self.error: Optional[str] = None        # why the session is down
@@ -310,6 +321,7 @@ class _Session:
             self.vanished.pop(uuid, None)
             self.known[uuid] = None
         self.devices, self.lost, self.memory_v2 = devices, {}, True
+        self.proc_calls = self.memory_version = None
         self.retry_at = self.reenum_at = self.error = None
         self.why = {}
         return True
@@ -368,21 +380,26 @@ class _Session:
         samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
         down: dict[str, str] = {}
+        last, lost = self.last_samples, self.lost
+        memory_info, process_memory = self._memory_info, self._process_memory
         for handle, uuid in self.devices:
-            if uuid in self.lost:
-                down[uuid] = self.lost[uuid]
+            if lost and uuid in lost:
+                down[uuid] = lost[uuid]
                 continue
             try:
-                mem = self._memory_info(nvml, handle)
-                total = int(mem.total)
-                sample = DeviceSample(uuid, int(mem.used), total, int(mem.free))
+                mem = memory_info(nvml, handle)
+                used, total, free = int(mem.used), int(mem.total), int(mem.free)
+                sample = last.get(uuid)
+                if sample is None or sample.used_bytes != used or sample.free_bytes != free \
+                        or sample.total_bytes != total:
+                    sample = last[uuid] = DeviceSample(uuid, used, total, free)
             except Exception as exc:
                 if self._device_failed(uuid, exc, down):
                     return self._down(start)
                 continue
             try:
                 # the process list is the slow call; skip it when nobody asks
-                procs = _process_memory(nvml, handle, pids, total) if pids else {}
+                procs = process_memory(nvml, handle, pids, total) if pids else {}
             except Exception as exc:
                 if self._device_failed(uuid, exc, down, device_down=False):
                     return self._down(start)
@@ -390,8 +407,8 @@ class _Session:
                     continue  # lost: its memory numbers just read are not trusted either
                 procs = {}    # the device's numbers stand; per-process stays unknown here
             samples.append(sample)
-            for pid, used in procs.items():
-                per_pid[pid][uuid] = used
+            for pid in procs:
+                per_pid[pid][uuid] = procs[pid]
         for uuid, why in self.vanished.items():
             down.setdefault(uuid, why)
         now = self.clock()
@@ -410,7 +427,14 @@ class _Session:
         if down:
             error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
                 _summary(down, prefix="")
-        return _Result(t=now, query_s=now - start, devices=tuple(samples), per_pid=per_pid,
+        devices = self.last_devices
+        if len(devices) != len(samples) or any(a is not b for a, b in zip(samples, devices)):
+            devices = self.last_devices = tuple(samples)
+        if per_pid == self.last_per_pid:
+            per_pid = self.last_per_pid  # the same object: read() presents it as it did
+        else:
+            self.last_per_pid = per_pid
+        return _Result(t=now, query_s=now - start, devices=devices, per_pid=per_pid,
                        down=down, error=error)
 
     def _device_failed(self, uuid: str, exc: Exception, down: dict[str, str],
@@ -431,8 +455,47 @@ class _Session:
             down[uuid] = why
         return False
 
+    def _process_memory(self, nvml: Any, handle: Any, pids: set[int], total: int
+                        ) -> dict[int, Optional[int]]:
+        """This process list's pids: usedGpuMemory, None where NVML does not say; {} where the
+        list is refused. The unversioned call uses _v3, and drivers older than the bindings
+        only have _v2: the calls are looked up once a session, and one the driver lacks is
+        dropped after its first failure (as the v2 memory call is)."""
+        calls = self.proc_calls
+        if calls is None:
+            calls = self.proc_calls = [c for c in (
+                getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None),
+                getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)) if c]
+        try:
+            while calls:
+                try:
+                    infos = calls[0](handle)
+                    break
+                except _errors(nvml, _VERSION_ERRORS):
+                    del calls[0]
+            else:
+                return {}  # no usable process call: device-level only
+        except _errors(nvml, _DENIED_ERRORS):
+            return {}  # device-level numbers still stand; per-process stays unknown
+        found: dict[int, Optional[int]] = {}
+        for info in infos:
+            pid = int(info.pid)
+            if pid not in pids:
+                continue
+            used = info.usedGpuMemory
+            # struct-layout mismatches made bindings read pids or garbage as memory
+            # (ops-anchors §1.3)
+            if used is not None and not 0 <= used <= total:
+                used = None
+            if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
+                used = None if used is None or found[pid] is None else found[pid] + used
+            found[pid] = used
+        return found
+
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
-        version = getattr(nvml, "nvmlMemory_v2", None)
+        version = self.memory_version
+        if version is None:  # looked up once a session
+            version = self.memory_version = getattr(nvml, "nvmlMemory_v2", None)
         if self.memory_v2 and version is not None:
             try:
                 # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 reads
@@ -448,38 +511,6 @@ def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
     if len(reasons) == 1:
         return prefix + reasons[0]
     return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
-
-
-def _process_memory(nvml: Any, handle: Any, pids: set[int], total: int) -> dict[int, Optional[int]]:
-    try:
-        infos = _running_processes(nvml, handle)
-    except _errors(nvml, _DENIED_ERRORS):
-        return {}  # device-level numbers still stand; per-process stays unknown
-    found: dict[int, Optional[int]] = {}
-    for info in infos:
-        pid = int(info.pid)
-        if pid not in pids:
-            continue
-        used = info.usedGpuMemory
-        # struct-layout mismatches made bindings read pids or garbage as memory (ops-anchors §1.3)
-        if used is not None and not 0 <= used <= total:
-            used = None
-        if pid in found:  # one entry per MIG/compute instance: sum, unknown if any part is
-            used = None if used is None or found[pid] is None else found[pid] + used
-        found[pid] = used
-    return found
-
-
-def _running_processes(nvml: Any, handle: Any) -> list:
-    # the unversioned call uses _v3; drivers older than the bindings only have _v2
-    calls = [getattr(nvml, name, None) for name in
-             ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")]
-    for call in filter(None, calls):
-        try:
-            return call(handle)
-        except _errors(nvml, _VERSION_ERRORS):
-            continue
-    return []  # no usable process call: device-level only
 
 
 def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:

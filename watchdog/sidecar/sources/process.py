@@ -14,6 +14,9 @@ import psutil
 from torch_watchdog.sidecar.sources.samples import ProcessSample
 
 SYSTEMCTL_TIMEOUT_S = 5.0
+# A process whose GPU memory NVML gives is metered by that: its RSS (a metric, the status
+# page, the sample log) is read this often, its liveness every poll (one poll() over pidfds)
+RSS_EVERY_S = 1.0
 
 
 def read_host_memory(path: str = "/proc/meminfo") -> tuple[int, int]:
@@ -57,10 +60,17 @@ class ProcessReader:
     the process they were opened for: once it has exited they say so, and a pid reused since
     is opened afresh, so "alive" means, as before, that a process has this pid now. Where
     /proc cannot be read (not Linux, hidepid=, another namespace) psutil reads the process.
+    A process that NVML lists with GPU memory (its meter) has its RSS read every
+    `rss_every_s` only, and its liveness from the pidfds alone in between: its statm read was
+    ~1.5 us of each process's ~2 us a poll (benchmarks/host_scale.py).
     """
 
-    def __init__(self, proc: str = "/proc"):
+    def __init__(self, proc: str = "/proc", rss_every_s: float = RSS_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
         self.proc = proc
+        self.rss_every_s, self.clock = rss_every_s, clock
+        self._rss_due: dict[int, float] = {}            # pid -> when its RSS is read next
+        self._out: tuple = ()                           # the last answer (reused when equal)
         # pid -> (its pidfd, or -1; its statm, or its stat without a pidfd), open
         self._fds: dict[int, tuple[int, int]] = {}
         self._last: dict[int, ProcessSample] = {}       # pid -> its last sample (reused)
@@ -79,25 +89,41 @@ class ProcessReader:
         process whose numbers did not change gets its last sample back (frozen): a poll
         allocates nothing for it."""
         gpu = gpu or {}
-        fds, last, out = self._fds, self._last, []
+        fds, last, out, due = self._fds, self._last, [], self._rss_due
         exited = {fd for fd, _ in self._exits.poll(0)} if self._exits is not None and fds \
             else ()
+        now = self.clock() if gpu else 0.0
         wanted = sorted(pids)
+        same = len(wanted) == len(self._out)
         for pid in wanted:
-            alive, rss = self._stat(pid, exited)
             gpu_bytes = gpu.get(pid) or {}
             prev = last.get(pid)
+            entry = fds.get(pid) if gpu_bytes else None
+            if entry is not None and entry[0] >= 0 and entry[0] not in exited and \
+                    prev is not None and prev.alive and now < due.get(pid, 0.0):
+                alive, rss = True, prev.rss_bytes  # alive (its pidfd says), RSS read lately
+            else:
+                alive, rss = self._stat(pid, exited)
+                if gpu_bytes:  # the first read of each spread over the interval
+                    due[pid] = now + self.rss_every_s * (1.0 if pid in due else
+                                                         (pid % 16 + 1) / 16)
             if prev is None or prev.alive is not alive or prev.rss_bytes != rss \
                     or prev.gpu_bytes != gpu_bytes:
                 prev = last[pid] = ProcessSample(pid, alive, rss, dict(gpu_bytes))
+                same = False
             out.append(prev)
-        if len(fds) > len(wanted) or len(last) > len(wanted):
+        if len(fds) > len(wanted) or len(last) > len(wanted) or len(due) > len(wanted):
             keep = set(wanted)
             for pid in [p for p in fds if p not in keep]:
                 self._drop(pid)
             for pid in [p for p in last if p not in keep]:
                 del last[pid]
-        return tuple(out)
+            for pid in [p for p in due if p not in keep]:
+                del due[pid]
+        if same and all(a is b for a, b in zip(out, self._out)):
+            return self._out  # nothing changed: the same tuple (the step compares it first)
+        self._out = tuple(out)
+        return self._out
 
     def host_memory(self) -> tuple[int, int]:
         """(total, available) bytes of the machine: read_host_memory through a descriptor
@@ -114,6 +140,8 @@ class ProcessReader:
         for pid in list(self._fds):
             self._drop(pid)
         self._last.clear()
+        self._rss_due.clear()
+        self._out = ()
         if self._meminfo is not None:
             _close(self._meminfo)
             self._meminfo = None
