@@ -321,3 +321,50 @@ def test_with_the_gc_disabled_every_shape_is_still_remembered(emitted, monkeypat
         gc.enable()
     assert len([e for e in emitted if e.kind == "new_shape"]) == 40
     assert f.take_window()[4] == 40 and len(f._h.fresh) == 36  # nothing untracked them
+
+
+def test_the_hooks_see_the_shape_of_the_call_in_progress_and_none_between_calls():
+    seen = []
+    inner = watch(lambda m: seen.append(("inner", timing.current_shape())) or m, name="inner")
+
+    def outer(x, mask=None):
+        seen.append(("outer", timing.current_shape()))
+        inner(torch.ones(5))  # a watched model inside a watched model: the innermost call
+        seen.append(("after inner", timing.current_shape()))
+        return x
+
+    f = watch(outer, name="outer")
+    f(torch.ones(2, 3))
+    f(x=torch.ones(4), mask=torch.ones(4, 1))
+    assert timing.current_shape() is None
+    assert seen == [("outer", (2, 3)), ("inner", (5,)), ("after inner", (2, 3)),
+                    ("outer", ((4,), (4, 1))), ("inner", (5,)), ("after inner", ((4,), (4, 1)))]
+
+
+def test_another_thread_sees_a_call_in_progress(emitted):
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    f = watch(lambda x: entered.set() or release.wait(10) and x, name="slow")
+    t = threading.Thread(target=f, args=(torch.ones(7, 2),))
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert timing.current_shape() == (7, 2)  # what drain's in_flight() reads
+    finally:
+        release.set()
+        t.join(10)
+    assert timing.current_shape() is None
+
+
+def test_partial_attribute_names_are_the_models():
+    class Model:
+        args, func, keywords = "model args", "model func", "model keywords"
+
+        def __call__(self, x):
+            return x
+
+    f = watch(Model(), name="m")
+    assert (f.args, f.func, f.keywords) == ("model args", "model func", "model keywords")
+    with pytest.raises(AttributeError):
+        watch(lambda x: x, name="plain").args  # a function has none: neither has its wrapper

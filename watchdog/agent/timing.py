@@ -13,6 +13,7 @@ GPU is nearly full is reported as an `oom` event of source "crash" (`crash_is_oo
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import itertools
 import os
@@ -30,20 +31,38 @@ from torch_watchdog.agent import _AFTER_FORK
 # or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
 tls = threading.local()
 
-# The shape signature of the watched call in progress (None between calls), for hooks.py to
-# tag cudagraph events. One shared slot, not thread-local: it is written twice per call and a
-# thread-local costs ~50 ns a write (a module global ~20 ns, a slot ~5 ns). With several
-# serving threads the tag is best effort.
-class _Current:
-    __slots__ = ("sig",)
-
-
-_current = _Current()
-_current.sig = None
-
-
 def current_shape() -> Any:
-    return _current.sig
+    """The signature of the watched call in progress on this thread (the innermost one), else
+    that of one in progress on another thread (best effort, as drain's `in_flight` needs),
+    else None: read from the call's own frame (its `sig` local), so the hot path writes
+    nothing for it. Why: the readers are rare (hooks.py tags a cudagraph warm-up or recording,
+    drain.py polls every 5 ms while draining) and a shared slot written twice per call cost
+    ~10 ns a write on every call (a thread-local ~50 ns). A walk costs ~1 us per 20 frames,
+    paid by the reader only; it is also exact per thread, where the slot was the last
+    writer's."""
+    try:
+        shape = _shape_in(sys._getframe(1))
+        if shape is not _NO_ARG:
+            return shape
+        me = threading.get_ident()
+        for ident, frame in list(sys._current_frames().items()):
+            if ident != me:
+                shape = _shape_in(frame)
+                if shape is not _NO_ARG:
+                    return shape
+    except Exception:
+        pass
+    return None
+
+
+def _shape_in(frame: Any) -> Any:
+    """The `sig` of the innermost watched call on this stack (None before it is read), or
+    _NO_ARG if there is none."""
+    while frame is not None:
+        if frame.f_code is _CALL_CODE:
+            return frame.f_locals.get("sig")
+        frame = frame.f_back
+    return _NO_ARG
 
 
 # What the installed agent tells every watched callable. Module globals, not attributes of an
@@ -229,13 +248,19 @@ def as_shape(sig: Any) -> events.Shape:
 _NO_ARG = object()  # "no first positional argument" for the hot path's signature
 
 
-def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
-    """The hot path of one watched callable, and a reader of its running totals (calls, total
-    ns): one exact-type check, `.shape`, two clock reads, one comparison (or set lookup), two
-    counters.
+def _unset(*args: Any, **kwargs: Any) -> None:  # a Watched's callable until _start()
+    raise TypeError("a Watched made without watch()")
+
+
+def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
+               ) -> tuple[Callable, Callable[[], tuple[int, int]]]:
+    """The hot path of one watched callable (the function its Watched calls, see Watched), and
+    a reader of its running totals (calls, total ns): one exact-type check, `.shape`, two
+    clock reads, one comparison (or set lookup), two counters. `ref`: the Watched, for the
+    slow paths only (a strong reference would make a cycle: the Watched holds this function).
 
     Measured choices (thread CPU time on a shared 2-core VM, where `x.shape` alone costs
-    ~130 ns, a clock read 67-108 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
+    ~130 ns, a clock read 60-100 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
     floor of the +500 ns target is there): a call with one tensor binds it to a
     positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less), on
     a branch of its own that builds no tuple; a signature equal to the last known one skips
@@ -245,45 +270,46 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
     they catch (Python 3.11+). Against the previous version in the same batches
     (benchmarks/agent_overhead.py --baseline, medians of 5 runs): 0.91-0.96x of its added time.
+    Then: nothing written per call for `current_shape()` (two slot writes, ~20 ns: readers
+    walk the frames instead), `last` rebound only when it changes, and no `self` parameter
+    (the function is called by functools.partial's vectorcall, see Watched).
     """
-    fn, tensor, seen, current, clock = h.fn, h.tensor, h.seen, _current, perf_counter_ns
+    fn, tensor, seen, clock = h.fn, h.tensor, h.seen, perf_counter_ns
     calls = total_ns = 0
     last: Any = _NO_ARG  # the last signature found in `seen`, so it is known (see below)
 
     def totals() -> tuple[int, int]:
         return calls, total_ns
 
-    def __call__(self: "Watched", x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls, total_ns, last
         if type(x) is tensor and not args and not kwargs:  # model(x): the common call
             try:
                 sig = x.shape
             except Exception:  # a torch function mode that hijacks `.shape`
                 sig = None
-            current.sig = sig
             t0 = clock()
             try:
-                out = self._route(sig)(x) if route_eager else fn(x)
+                out = ref()._route(sig)(x) if route_eager else fn(x)
             except BaseException as e:
-                current.sig = None
                 calls += 1
-                self._failed(e, sig, t0, (x,), {})
+                ref()._failed(e, sig, t0, (x,), {})
                 raise
             dt = clock() - t0
-            current.sig = None
             calls += 1
             total_ns += dt
             try:
-                if sig == last or sig in seen:  # known: nothing more to do unless it stalled
-                    last = sig
-                    if dt >= stall_ns:
-                        self._slow(sig, dt, t0, False)
-                    return out
-                new = not h.full and (not h.spill or _cold_unseen(h, sig))
+                if sig != last:
+                    if sig not in seen:  # not the last shape, not a hot one: look further
+                        if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                            ref()._slow(sig, dt, t0, True)
+                            return out
+                    else:
+                        last = sig
             except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
-                new = False
-            if new or dt >= stall_ns:
-                self._slow(sig, dt, t0, new)
+                pass
+            if dt >= stall_ns:
+                ref()._slow(sig, dt, t0, False)
             return out
 
         # keywords, several arguments, none, or not a tensor
@@ -298,33 +324,36 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
                 sig = shape_signature(args, kwargs, tensor)
         except Exception:  # a hostile argument: read each one on its own
             sig = shape_signature(args, kwargs, tensor)
-        current.sig = sig
         t0 = clock()
         try:
-            out = (self._route(sig) if route_eager else fn)(*args, **kwargs)
+            out = (ref()._route(sig) if route_eager else fn)(*args, **kwargs)
         except BaseException as e:
-            current.sig = None
             calls += 1
-            self._failed(e, sig, t0, args, kwargs)
+            ref()._failed(e, sig, t0, args, kwargs)
             raise
         dt = clock() - t0
-        current.sig = None
         calls += 1
         total_ns += dt
         try:
-            if sig == last or sig in seen:
-                last = sig
-                if dt >= stall_ns:
-                    self._slow(sig, dt, t0, False)
-                return out
-            new = not h.full and (not h.spill or _cold_unseen(h, sig))
+            if sig != last:
+                if sig not in seen:
+                    if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                        ref()._slow(sig, dt, t0, True)
+                        return out
+                else:
+                    last = sig
         except Exception:
-            new = False
-        if new or dt >= stall_ns:
-            self._slow(sig, dt, t0, new)
+            pass
+        if dt >= stall_ns:
+            ref()._slow(sig, dt, t0, False)
         return out
 
     return __call__, totals
+
+
+# The hot path's code object: current_shape() looks for frames running it.
+_CALL_CODE = next(c for c in _make_call.__code__.co_consts
+                  if getattr(c, "co_name", None) == "__call__")
 
 
 _MASK = (1 << 64) - 1
@@ -403,48 +432,64 @@ class _Hot:
         return [*self.seen, *(k for shard in self.cold for k in shard.values()), *self.arrival]
 
 
-class Watched:
+class Watched(functools.partial):
     """Calls `fn` unchanged; other attributes are the wrapped object's.
 
     Whatever the arguments, a call returns what `fn` returned and raises only what `fn` raised
     (the same object): every step of the bookkeeping around it is guarded.
 
-    Each instance gets its own subclass whose `__call__` closes over its state. Why: Watched
-    defines `__getattr__` (to pass attributes through to the model), and CPython 3.11 then
-    skips its specialised attribute loads on Watched instances; the 7 `self.` loads of a call
-    cost ~170 ns there, against ~10 ns for closure variables. Added time per call, same run,
-    this thread's CPU time (a shared 2-core VM): one tensor main +882-914 ns, here +653-673 ns
-    (0.74x); two keyword tensors main +1713-1839 ns, here +1356-1458 ns (0.79x).
+    A functools.partial of the hot path (`_make_call`, a closure over this callable's state),
+    not a class with a `__call__`. Why: calling an instance of a Python class goes through
+    `slot_tp_call` (a method lookup, an argument tuple, a second call); a partial (a C type)
+    is called through its vectorcall, which subclasses inherit from Python 3.12 on: one
+    tensor, CPython 3.12, 196 ns a call of an instance against 127 ns a call of this partial
+    (a trivial function: 96 ns); on 3.11, where subclasses do not inherit it, +12 ns. The
+    hot path reads nothing through `self` (it is a closure: Watched defines `__getattr__`,
+    which turns off CPython's specialised attribute loads, ~170 ns for the 7 loads a call
+    once made). partial's own attributes `func`, `args` and `keywords` are the wrapped
+    object's here (properties below); the partial's state is set only through
+    `functools.partial.__setstate__` (at creation and in a forked child).
     """
 
     __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "stall_calls", "stall_ns",
-                 "_taken", "_ration", "_ration_ns", "__weakref__")
+                 "_taken", "_ration", "_ration_ns")
 
-    def __init__(self, fn: Callable, name: str, tensor_type: type):
+    def __new__(cls, fn: Callable, name: str, tensor_type: type) -> "Watched":
+        self = super().__new__(cls, _unset)
         self.__wrapped__ = fn
         self.name = name
-        self._h = _Hot(fn, tensor_type)
         # the uncompiled callable, for routing novel shapes to eager under a graph budget
         self._eager = getattr(fn, "_orig_mod", None)
         if self._eager is None:
             self._eager = getattr(fn, "_torchdynamo_orig_callable", None)
+        self._start(_Hot(fn, tensor_type))
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # all done in __new__
+        pass
+
+    def _start(self, h: "_Hot") -> None:
+        """A shape memory, running totals from zero and the hot path over them."""
+        self._h = h
+        call, self._totals = _make_call(h, weakref.ref(self))
+        functools.partial.__setstate__(self, (call, (), None, None))
         # running totals, only ever incremented by serving threads; the agent's thread
         # subtracts its previous reading (`_taken`) instead of resetting them
         self.stall_calls = self.stall_ns = 0
         self._taken = (0, 0, 0, 0)
         self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
-        call, self._totals = _make_call(self._h)
-        self.__class__ = type("Watched", (Watched,), {
-            "__slots__": (), "__call__": call, "__module__": __name__,
-            "__qualname__": "Watched", "__doc__": Watched.__doc__})
 
     # the running totals of the hot path, and the wrapped callable, under their old names
     calls = property(lambda self: self._totals()[0])
     total_ns = property(lambda self: self._totals()[1])
     _fn = property(lambda self: self._h.fn)
+    # partial's attribute names: the wrapped object's, as every other attribute
+    func = property(lambda self: getattr(self._h.fn, "func"))
+    args = property(lambda self: getattr(self._h.fn, "args"))
+    keywords = property(lambda self: getattr(self._h.fn, "keywords"))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance, see above
-        raise TypeError("a Watched made without __init__; use watch()")
+    def __reduce__(self) -> Any:
+        raise TypeError("a watched callable cannot be pickled; watch() the unpickled model")
 
     def _route(self, sig: Any) -> Callable:
         """Under an "eager" graph budget, a shape never seen goes to the uncompiled callable."""
@@ -458,12 +503,7 @@ class Watched:
     def _forget(self) -> None:
         """A fresh shape memory and running totals (in a forked child: see `_after_fork`)."""
         _inherited.append(self._h)
-        self._h = _Hot(self._h.fn, self._h.tensor)
-        call, self._totals = _make_call(self._h)
-        type(self).__call__ = call  # the hot path closes over the memory: a new closure
-        self.stall_calls = self.stall_ns = 0
-        self._taken = (0, 0, 0, 0)
-        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
+        self._start(_Hot(self._h.fn, self._h.tensor))
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
         return getattr(self._h.fn, name)
