@@ -86,9 +86,12 @@ def load_baseline(path: str):
     return module
 
 
-def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3) -> dict:
+def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3, baseline=None) -> dict:
     """Worst call, bare and watched, over `calls` calls cycling through `shapes` shapes; the
     same loop `trials` times, each with a fresh watched callable (an empty shape memory).
+    `baseline`: another version's timing module, whose watch() gets its own loop after each
+    trial (alternating, so the host's noise hits both alike; not interleaved call by call,
+    so that each version's collections land in its own calls).
 
     Why trials and their median: on a shared VM the worst bare call of one loop is whatever
     the host did to it (0.08 ms of CPU in one run, 16 ms of wall time in the next: preemption,
@@ -102,10 +105,12 @@ def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3) -> dic
 
     xs = [torch.empty((0, n)) for n in range(shapes)]  # zero-size: no memory, distinct shapes
     cpu, wall = time.thread_time_ns, perf_counter_ns
-    state = {"in_watched": False, "start": 0, "cpu": 0}
-    longest = {0: 0, 1: 0, 2: 0}  # the longest collection of each generation, in a watched call
-    longest_cpu = {0: 0, 1: 0, 2: 0}
-    counts = {0: 0, 1: 0, 2: 0}
+
+    def new_stats() -> dict:
+        return {"runs": [], "longest": {0: 0, 1: 0, 2: 0}, "longest_cpu": {0: 0, 1: 0, 2: 0},
+                "counts": {0: 0, 1: 0, 2: 0}}
+
+    state = {"in_watched": False, "start": 0, "cpu": 0, "stats": None}
 
     def on_gc(phase: str, info: dict) -> None:
         if not state["in_watched"]:
@@ -113,14 +118,13 @@ def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3) -> dic
         if phase == "start":
             state["start"], state["cpu"] = perf_counter_ns(), cpu()
         else:
-            g = info["generation"]
-            counts[g] += 1
-            longest[g] = max(longest[g], perf_counter_ns() - state["start"])
-            longest_cpu[g] = max(longest_cpu[g], cpu() - state["cpu"])
+            g, st = info["generation"], state["stats"]
+            st["counts"][g] += 1
+            st["longest"][g] = max(st["longest"][g], perf_counter_ns() - state["start"])
+            st["longest_cpu"][g] = max(st["longest_cpu"][g], cpu() - state["cpu"])
 
-    runs = []
-    for trial in range(trials):
-        watched = agent.watch(trivial, name=f"gc-{trial}")
+    def loop(watched, stats: dict) -> None:
+        state["stats"] = stats
         gc.collect()  # making the inputs must not be what sets off a collection in the loop
         gc.callbacks.append(on_gc)
         bare = [0, 0]  # worst wall ns, worst CPU ns
@@ -146,9 +150,26 @@ def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3) -> dic
                     watch_[1] = c
         finally:
             gc.callbacks.remove(on_gc)
-        runs.append({"worst_bare_ms": bare[0] / 1e6, "worst_watched_ms": watch_[0] / 1e6,
-                     "cpu_worst_bare_ms": bare[1] / 1e6, "cpu_worst_watched_ms": watch_[1] / 1e6})
-        del watched
+        stats["runs"].append({"worst_bare_ms": bare[0] / 1e6, "worst_watched_ms": watch_[0] / 1e6,
+                              "cpu_worst_bare_ms": bare[1] / 1e6,
+                              "cpu_worst_watched_ms": watch_[1] / 1e6})
+
+    ours, theirs = new_stats(), new_stats()
+    for trial in range(trials):
+        loop(agent.watch(trivial, name=f"gc-{trial}"), ours)
+        if baseline is not None:
+            loop(baseline.watch(trivial, name=f"gc-baseline-{trial}"), theirs)
+    out = gc_summary(ours, calls, shapes, trials)
+    if baseline is not None:
+        out["baseline"] = gc_summary(theirs, calls, shapes, trials)
+        out["ratio_vs_baseline"] = round(out["ratio"] / max(out["baseline"]["ratio"], 1e-6), 3)
+        out["cpu_ratio_vs_baseline"] = round(
+            out["cpu_ratio"] / max(out["baseline"]["cpu_ratio"], 1e-6), 3)
+    return out
+
+
+def gc_summary(stats: dict, calls: int, shapes: int, trials: int) -> dict:
+    runs = stats["runs"]
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 3)
@@ -158,11 +179,11 @@ def bench_gc(calls: int = 500_000, shapes: int = 65_536, trials: int = 3) -> dic
            "cpu_worst_bare_ms": med("cpu_worst_bare_ms"),
            "cpu_worst_watched_ms": med("cpu_worst_watched_ms"),
            "per_trial": [{k: round(v, 3) for k, v in r.items()} for r in runs],
-           "collections_in_watched_calls": {f"gen{g}": n for g, n in counts.items()},
-           "longest_collection_in_watched_call_ms": {f"gen{g}": round(v / 1e6, 3)
-                                                     for g, v in longest.items()},
-           "cpu_longest_collection_in_watched_call_ms": {f"gen{g}": round(v / 1e6, 3)
-                                                         for g, v in longest_cpu.items()}}
+           "collections_in_watched_calls": {f"gen{g}": n for g, n in stats["counts"].items()},
+           "longest_collection_in_watched_call_ms": {
+               f"gen{g}": round(v / 1e6, 3) for g, v in stats["longest"].items()},
+           "cpu_longest_collection_in_watched_call_ms": {
+               f"gen{g}": round(v / 1e6, 3) for g, v in stats["longest_cpu"].items()}}
     out["ratio"] = round(out["worst_watched_ms"] / max(out["worst_bare_ms"], 1e-6), 2)
     out["cpu_ratio"] = round(out["cpu_worst_watched_ms"] / max(out["cpu_worst_bare_ms"], 1e-6), 2)
     return out
@@ -259,12 +280,17 @@ def main() -> int:
     only = set(args.only or ["watch", "gc", "emit"])
     agent.install(socket_path="", event_log=None)  # live hooks and runtime, nowhere to send
     results = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    if baseline is not None:  # the installed agent's settings, as install() gave ours
+        from torch_watchdog.agent import timing
+
+        baseline.configure(emit=timing.emit, stall_ns=timing.stall_ns,
+                           max_shapes=timing.max_shapes)
     if "watch" in only:
-        baseline = load_baseline(args.baseline) if args.baseline else None
         runs = [bench_watch(args.batches, args.calls, baseline) for _ in range(args.runs)]
         results["watch"] = {case: median_of([r[case] for r in runs]) for case in runs[0]}
     if "gc" in only:
-        results["gc"] = bench_gc(trials=args.gc_trials)
+        results["gc"] = bench_gc(trials=args.gc_trials, baseline=baseline)
     if "emit" in only:
         results["emit"] = bench_emit()
     if torch.cuda.is_available():
@@ -288,6 +314,14 @@ def main() -> int:
               f"watched calls, all trials: {g['collections_in_watched_calls']}, longest "
               f"{g['longest_collection_in_watched_call_ms']} ms (CPU "
               f"{g['cpu_longest_collection_in_watched_call_ms']} ms)")
+        if "baseline" in g:
+            o = g["baseline"]
+            print(f"    baseline: bare {o['worst_bare_ms']} ms, watched {o['worst_watched_ms']} ms,"
+                  f" ratio {o['ratio']}x; CPU bare {o['cpu_worst_bare_ms']} ms, watched "
+                  f"{o['cpu_worst_watched_ms']} ms, ratio {o['cpu_ratio']}x; collections "
+                  f"{o['collections_in_watched_calls']}, longest "
+                  f"{o['longest_collection_in_watched_call_ms']} ms (CPU "
+                  f"{o['cpu_longest_collection_in_watched_call_ms']} ms)")
     e = results.get("emit")
     if e:
         print(f"emit() x{e['emits']} with no sidecar: total {e['total_ms']} ms, median "

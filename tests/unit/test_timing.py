@@ -368,3 +368,30 @@ def test_partial_attribute_names_are_the_models():
     assert (f.args, f.func, f.keywords) == ("model args", "model func", "model keywords")
     with pytest.raises(AttributeError):
         watch(lambda x: x, name="plain").args  # a function has none: neither has its wrapper
+
+
+def test_new_shapes_queued_for_later_make_the_same_events():
+    import gc
+
+    from torch_watchdog.agent.emitter import LATER
+
+    def calls(f):
+        f(torch.ones(2, 3))
+        f(torch.ones(()))
+        f(x=torch.ones(4), mask=torch.ones(4, 1))
+        f(torch.ones(1), [torch.ones(2), torch.ones(3)], None)
+
+    eager, later = [], []
+    try:
+        timing.configure(emit=eager.append)
+        calls(watch(lambda *a, **k: None, name="m"))
+        timing.configure(emit=eager.append, emit_later=later.append)
+        calls(watch(lambda *a, **k: None, name="m"))
+    finally:
+        timing.reset()
+    gc.collect()
+    assert not [item for item in later if gc.is_tracked(item)]
+    built = [LATER[item[0]](*item[1:]) for item in later]
+    strip = [(e.name, e.shape, e.distinct) for e in eager]
+    assert [(e.name, e.shape, e.distinct) for e in built] == strip
+    assert strip[0][1] == [[2, 3]] and strip[1][1] == [[]] and strip[3][1] == [[1], [2], [3]]

@@ -71,15 +71,20 @@ def _discard(event: events.Event) -> None:
     return None
 
 
-INERT = {"emit": _discard, "stall_ns": 50_000_000, "max_shapes": 65_536, "route_eager": False}
+INERT = {"emit": _discard, "emit_later": None, "stall_ns": 50_000_000, "max_shapes": 65_536,
+         "route_eager": False}
 emit: Callable[[events.Event], None] = _discard
+# The emitter's emit_later (install() sets it): new_shape events are queued as tuples of
+# untracked values and built on the sender thread; None: built here and given to `emit`.
+emit_later: Optional[Callable[[tuple], None]] = None
 stall_ns: int = INERT["stall_ns"]
 max_shapes: int = INERT["max_shapes"]
 route_eager: bool = False  # graph budget in "eager" mode: novel shapes skip the compiler
 
 
 def configure(**settings: Any) -> None:
-    """Set emit / stall_ns / max_shapes / route_eager (install() and the mitigations do)."""
+    """Set emit / emit_later / stall_ns / max_shapes / route_eager (install() and the
+    mitigations do)."""
     unknown = set(settings) - set(INERT)
     if unknown:
         raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
@@ -432,6 +437,18 @@ class _Hot:
         return [*self.seen, *(k for shard in self.cold for k in shard.values()), *self.arrival]
 
 
+def _shape_text(shape: events.Shape) -> str:
+    """A new_shape event's shape as text, "x2,3;x4" for [[2, 3], [4]] (the emitter's builder
+    reads it back on the sender thread: emitter.shape_from_text). Why text: a queued NewShape
+    event is a dataclass and 1 + n lists, all tracked; held until the sender's next tick, up to
+    NEW_SHAPE_BURST of them reached the middle generation, and the gen-1 collection that walked
+    them was the worst of 500,000 watched calls (0.14-0.24 ms of CPU on the 2-core VM, 0.04 ms
+    with no events queued; benchmarks/agent_overhead.py gc). A tuple of str and numbers is
+    untracked by the first collection it meets; one holding tuples may need two (a collection
+    can meet the outer tuple before the inner ones are untracked)."""
+    return ";".join(["x" + ",".join([str(d) for d in dims]) for dims in shape])
+
+
 class Watched(functools.partial):
     """Calls `fn` unchanged; other attributes are the wrapped object's.
 
@@ -523,8 +540,13 @@ class Watched(functools.partial):
             shape = None
             if new and self._rationed(t0 + dt):
                 shape = as_shape(sig) if key is not None else []
-                emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
-                                     shape=shape, seconds=dt / 1e9, distinct=h.count))
+                if emit_later is not None:
+                    # queued as a tuple of untracked values: see _shape_text
+                    emit_later(("new_shape", time.time(), os.getpid(), self.name,
+                                _shape_text(shape), dt / 1e9, h.count))
+                else:
+                    emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
+                                         shape=shape, seconds=dt / 1e9, distinct=h.count))
             if dt >= stall_ns:
                 self.stall_calls += 1
                 self.stall_ns += dt
