@@ -395,3 +395,16 @@ def test_new_shapes_queued_for_later_make_the_same_events():
     strip = [(e.name, e.shape, e.distinct) for e in eager]
     assert [(e.name, e.shape, e.distinct) for e in built] == strip
     assert strip[0][1] == [[2, 3]] and strip[1][1] == [[]] and strip[3][1] == [[1], [2], [3]]
+
+
+def test_two_keyword_arguments_are_one_shape_in_either_order(emitted):
+    f = watch(lambda **k: k, name="kw")
+    out = f(x=torch.ones(2), mask=torch.ones(3))
+    assert list(out) == ["x", "mask"]  # the model gets the keywords as they came
+    f(mask=torch.ones(3), x=torch.ones(2))  # same arguments: not a new shape
+    f(a=torch.ones(4), b=[torch.ones(5), torch.ones(6)])
+    f(x=torch.ones(2), mask=torch.ones(3))  # back to the first names: still known
+    f(x=torch.ones(2), mask=torch.ones(7))
+    new = [e.shape for e in emitted if e.kind == "new_shape"]
+    assert new == [[[2], [3]], [[4], [5], [6]], [[2], [7]]]
+    assert f.calls == 5 and f.take_window()[4] == 3

@@ -60,7 +60,12 @@ def _shape_in(frame: Any) -> Any:
     _NO_ARG if there is none."""
     while frame is not None:
         if frame.f_code is _CALL_CODE:
-            return frame.f_locals.get("sig")
+            names = frame.f_locals
+            if "sig" in names:
+                return names["sig"]
+            if "sb" in names:  # two keyword arguments: the tuple is built only on a miss
+                return names["sa"], names["sb"]
+            return None
         frame = frame.f_back
     return _NO_ARG
 
@@ -78,6 +83,7 @@ emit: Callable[[events.Event], None] = _discard
 # untracked values and built on the sender thread; None: built here and given to `emit`.
 emit_later: Optional[Callable[[tuple], None]] = None
 stall_ns: int = INERT["stall_ns"]
+stall_s: float = stall_ns / 1e9  # the same, for the hot path's clock (seconds, see _make_call)
 max_shapes: int = INERT["max_shapes"]
 route_eager: bool = False  # graph budget in "eager" mode: novel shapes skip the compiler
 
@@ -89,6 +95,7 @@ def configure(**settings: Any) -> None:
     if unknown:
         raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
     globals().update(settings)
+    globals()["stall_s"] = stall_ns / 1e9
 
 
 def reset() -> None:
@@ -279,15 +286,21 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     walk the frames instead), `last` rebound only when it changes, and no `self` parameter
     (the function is called by functools.partial's vectorcall, see Watched).
     """
-    fn, tensor, seen, clock = h.fn, h.tensor, h.seen, perf_counter_ns
-    calls = total_ns = 0
+    fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
+    calls = 0
+    total = 0.0  # seconds
     last: Any = _NO_ARG  # the last signature found in `seen`, so it is known (see below)
+    # two keyword arguments: their names in the last such call (read by name, not through
+    # kwargs.values(): ~50 ns less), and their last shapes found in `seen` (compared one by
+    # one: no tuple to build on a hit). The signature is in the remembered names' order.
+    ka = kb = ""
+    la = lb = _NO_ARG
 
     def totals() -> tuple[int, int]:
-        return calls, total_ns
+        return calls, round(total * 1e9)
 
     def __call__(x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal calls, total_ns, last
+        nonlocal calls, total, last, ka, kb, la, lb
         if type(x) is tensor and not args and not kwargs:  # model(x): the common call
             try:
                 sig = x.shape
@@ -302,7 +315,7 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
                 raise
             dt = clock() - t0
             calls += 1
-            total_ns += dt
+            total += dt
             try:
                 if sig != last:
                     if sig not in seen:  # not the last shape, not a hot one: look further
@@ -313,20 +326,51 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
                         last = sig
             except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
                 pass
-            if dt >= stall_ns:
+            if dt >= stall_s:
                 ref()._slow(sig, dt, t0, False)
             return out
 
-        # keywords, several arguments, none, or not a tensor
+        if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
+            try:
+                a, b = kwargs[ka], kwargs[kb]
+            except KeyError:  # other names than the last such call's: remember these
+                ka, kb = kwargs
+                a, b = kwargs[ka], kwargs[kb]
+            try:
+                sa = a.shape if type(a) is tensor else _other(a, tensor)
+                sb = b.shape if type(b) is tensor else _other(b, tensor)
+            except Exception:  # a hostile argument: read each one on its own
+                sa, sb = _entry(a, tensor), _entry(b, tensor)
+            t0 = clock()
+            try:
+                out = (ref()._route((sa, sb)) if route_eager else fn)(**kwargs)
+            except BaseException as e:
+                calls += 1
+                ref()._failed(e, (sa, sb), t0, args, kwargs)
+                raise
+            dt = clock() - t0
+            calls += 1
+            total += dt
+            try:
+                if sa != la or sb != lb:
+                    sig = (sa, sb)
+                    if sig not in seen:
+                        if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                            ref()._slow(sig, dt, t0, True)
+                            return out
+                    else:
+                        la, lb = sa, sb
+            except Exception:
+                pass
+            if dt >= stall_s:
+                ref()._slow((sa, sb), dt, t0, False)
+            return out
+
+        # several arguments, other keywords, none, or not a tensor
         try:
-            if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
-                a, b = kwargs.values()
-                sig = (a.shape if type(a) is tensor else _other(a, tensor),
-                       b.shape if type(b) is tensor else _other(b, tensor))
-            else:
-                if x is not _NO_ARG:
-                    args = (x, *args)
-                sig = shape_signature(args, kwargs, tensor)
+            if x is not _NO_ARG:
+                args = (x, *args)
+            sig = shape_signature(args, kwargs, tensor)
         except Exception:  # a hostile argument: read each one on its own
             sig = shape_signature(args, kwargs, tensor)
         t0 = clock()
@@ -338,7 +382,7 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
             raise
         dt = clock() - t0
         calls += 1
-        total_ns += dt
+        total += dt
         try:
             if sig != last:
                 if sig not in seen:
@@ -349,7 +393,7 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
                     last = sig
         except Exception:
             pass
-        if dt >= stall_ns:
+        if dt >= stall_s:
             ref()._slow(sig, dt, t0, False)
         return out
 
@@ -528,8 +572,11 @@ class Watched(functools.partial):
     def __repr__(self) -> str:
         return f"<watched {self.name!r}: {self._h.fn!r}>"
 
-    def _slow(self, sig: Any, dt: int, t0: int, new: bool) -> None:
+    def _slow(self, sig: Any, seconds: float, start: float, new: bool) -> None:
+        """A new shape or a stall: `seconds` the call's wall time, `start` when it began
+        (time.perf_counter(), the clock of perf_counter_ns() in seconds)."""
         try:
+            dt, t0 = round(seconds * 1e9), round(start * 1e9)
             h = self._h
             key = _key(sig)  # None: no readable shape (its events say [])
             new = new and key is not None and h.unseen(key)
@@ -547,7 +594,7 @@ class Watched(functools.partial):
                 else:
                     emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
                                          shape=shape, seconds=dt / 1e9, distinct=h.count))
-            if dt >= stall_ns:
+            if seconds >= stall_s:
                 self.stall_calls += 1
                 self.stall_ns += dt
                 if shape is None:
@@ -566,8 +613,10 @@ class Watched(functools.partial):
         self._ration = ration - 1 if ration >= 1 else ration
         return ration >= 1
 
-    def _failed(self, exc: BaseException, sig: Any, t0: int, args: tuple, kwargs: dict) -> None:
+    def _failed(self, exc: BaseException, sig: Any, start: float, args: tuple,
+                kwargs: dict) -> None:
         try:
+            t0 = round(start * 1e9)  # see _slow
             if getattr(tls, "oom_ns", -1) >= t0:
                 return  # the allocator's observer already reported this call's OOM
             if is_oom(exc):
