@@ -397,14 +397,30 @@ def test_new_shapes_queued_for_later_make_the_same_events():
     assert strip[0][1] == [[2, 3]] and strip[1][1] == [[]] and strip[3][1] == [[1], [2], [3]]
 
 
-def test_two_keyword_arguments_are_one_shape_in_either_order(emitted):
+def test_two_keyword_arguments_reach_the_model_as_they_came(emitted):
     f = watch(lambda **k: k, name="kw")
-    out = f(x=torch.ones(2), mask=torch.ones(3))
-    assert list(out) == ["x", "mask"]  # the model gets the keywords as they came
-    f(mask=torch.ones(3), x=torch.ones(2))  # same arguments: not a new shape
+    x, m = torch.ones(2), torch.ones(3)
+    assert list(f(x=x, mask=m).items()) == [("x", x), ("mask", m)]
+    assert list(f(mask=m, x=x).items()) == [("mask", m), ("x", x)]  # in the call's order
     f(a=torch.ones(4), b=[torch.ones(5), torch.ones(6)])
     f(x=torch.ones(2), mask=torch.ones(3))  # back to the first names: still known
     f(x=torch.ones(2), mask=torch.ones(7))
+    assert list(f(**{"input-ids": x, "class": m})) == ["input-ids", "class"]  # no identifiers
     new = [e.shape for e in emitted if e.kind == "new_shape"]
-    assert new == [[[2], [3]], [[4], [5], [6]], [[2], [7]]]
-    assert f.calls == 5 and f.take_window()[4] == 3
+    # the signature is in the call's order, as for any other call
+    assert new == [[[2], [3]], [[3], [2]], [[4], [5], [6]], [[2], [7]]]
+    assert f.calls == 6 and f.take_window()[4] == 4
+
+
+def test_a_failing_call_with_two_keywords_raises_what_the_model_raised(emitted):
+    boom = ValueError("bad mask")
+
+    def model(input_ids, attention_mask):
+        raise boom
+
+    f = watch(model, name="kw")
+    with pytest.raises(ValueError) as caught:
+        f(input_ids=torch.ones(2), attention_mask=torch.ones(2))
+    assert caught.value is boom and f.calls == 1
+    with pytest.raises(TypeError):  # a wrong name is the model's TypeError, as unwatched
+        f(input_ids=torch.ones(2), mask=torch.ones(2))

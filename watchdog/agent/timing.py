@@ -16,6 +16,7 @@ import collections
 import functools
 import gc
 import itertools
+import keyword
 import os
 import sys
 import threading
@@ -295,12 +296,13 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     # one: no tuple to build on a hit). The signature is in the remembered names' order.
     ka = kb = ""
     la = lb = _NO_ARG
+    call2: Optional[Callable] = None  # _caller(ka, kb)
 
     def totals() -> tuple[int, int]:
         return calls, round(total * 1e9)
 
     def __call__(x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal calls, total, last, ka, kb, la, lb
+        nonlocal calls, total, last, ka, kb, la, lb, call2
         if type(x) is tensor and not args and not kwargs:  # model(x): the common call
             try:
                 sig = x.shape
@@ -331,11 +333,16 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
             return out
 
         if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
+            for first in kwargs:
+                break
             try:
+                if first != ka:
+                    raise KeyError(first)
                 a, b = kwargs[ka], kwargs[kb]
-            except KeyError:  # other names than the last such call's: remember these
+            except KeyError:  # other names, or another order, than the last such call's
                 ka, kb = kwargs
                 a, b = kwargs[ka], kwargs[kb]
+                call2 = _caller(ka, kb)
             try:
                 sa = a.shape if type(a) is tensor else _other(a, tensor)
                 sb = b.shape if type(b) is tensor else _other(b, tensor)
@@ -343,7 +350,8 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
                 sa, sb = _entry(a, tensor), _entry(b, tensor)
             t0 = clock()
             try:
-                out = (ref()._route((sa, sb)) if route_eager else fn)(**kwargs)
+                target = ref()._route((sa, sb)) if route_eager else fn
+                out = target(**kwargs) if call2 is None else call2(target, a, b)
             except BaseException as e:
                 calls += 1
                 ref()._failed(e, (sa, sb), t0, args, kwargs)
@@ -398,6 +406,28 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
         return out
 
     return __call__, totals
+
+
+_CALLERS: dict = {}
+
+
+def _caller(ka: str, kb: str) -> Optional[Callable]:
+    """`call(fn, a, b)` that returns `fn(<ka>=a, <kb>=b)`, compiled once per pair of names;
+    None if they are not plain identifiers (the call then goes through `fn(**kwargs)`). Why:
+    `fn(**kwargs)` copies the dict and unpacks it again for the callee's vectorcall:
+    240 ns against 107 ns through this helper (CPython 3.12; 3.11: 194 and 100 ns)."""
+    key = (ka, kb)
+    call = _CALLERS.get(key, _NO_ARG)
+    if call is _NO_ARG:
+        call = None
+        if all(k.isascii() and k.isidentifier() and not keyword.iskeyword(k) for k in key):
+            if len(_CALLERS) >= 256:  # a server cycling through names: stay bounded
+                _CALLERS.clear()
+            scope: dict = {}
+            exec(f"def call(fn, a, b):\n    return fn({ka}=a, {kb}=b)\n", scope)  # noqa: S102
+            call = scope["call"]
+        _CALLERS[key] = call
+    return call
 
 
 # The hot path's code object: current_shape() looks for frames running it.
