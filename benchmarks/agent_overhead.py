@@ -18,7 +18,7 @@
    torch.cuda.set_sync_debug_mode("error") (any GPU sync the agent added would raise).
 
     python benchmarks/agent_overhead.py [--quick] [--batches 200] [--calls 5000] [--runs 1]
-        [--gc-trials 3] [--only watch|gc|emit ...] [--baseline OLD_TIMING_PY] [--json OUT]
+        [--gc-trials 3] [--only watch|gc|emit|gpu ...] [--baseline OLD_TIMING_PY] [--json OUT]
 """
 from __future__ import annotations
 
@@ -306,13 +306,13 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=1,
                    help="repeat the watch() comparison; the median of the runs is printed")
     p.add_argument("--gc-trials", type=int, default=3, help="trials of the GC loop (median)")
-    p.add_argument("--only", choices=["watch", "gc", "emit"], action="append",
-                   help="run only these parts (repeatable); default all")
+    p.add_argument("--only", choices=["watch", "gc", "emit", "gpu"], action="append",
+                   help="run only these parts (repeatable); default all (gpu: with CUDA)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args()
     if args.quick:
         args.batches, args.calls = 60, 2000
-    only = set(args.only or ["watch", "gc", "emit"])
+    only = set(args.only or ["watch", "gc", "emit", "gpu"])
     agent.install(socket_path="", event_log=None)  # live hooks and runtime, nowhere to send
     results = {"torch": torch.__version__, "python": sys.version.split()[0]}
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -328,7 +328,7 @@ def main() -> int:
         results["gc"] = bench_gc(trials=args.gc_trials, baseline=baseline)
     if "emit" in only:
         results["emit"] = bench_emit()
-    if torch.cuda.is_available():
+    if "gpu" in only and torch.cuda.is_available():
         results["gpu_reduce_overhead"] = bench_gpu(200)
     agent.uninstall()
     targets = {"one_tensor": 500, "two_kwargs": 1000}
