@@ -1,7 +1,7 @@
 """watch(): a drop-in wrapper that times each call and notes its input shapes, with no GPU sync.
 
-The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter_ns`
-calls and a set lookup; events are built only on the slow path — a shape seen for the first
+The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter`
+calls and a comparison or set lookup; events are built only on the slow path — a shape seen for the first
 time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
 CPU-visible (FACTS #4), so wall time around the call is enough.
 
@@ -283,9 +283,20 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
     they catch (Python 3.11+). Against the previous version in the same batches
     (benchmarks/agent_overhead.py --baseline, medians of 5 runs): 0.91-0.96x of its added time.
-    Then: nothing written per call for `current_shape()` (two slot writes, ~20 ns: readers
-    walk the frames instead), `last` rebound only when it changes, and no `self` parameter
-    (the function is called by functools.partial's vectorcall, see Watched).
+    Then (issue 11's last targets): nothing written per call for `current_shape()` (two slot
+    writes: its rare readers walk the frames instead); `last` rebound only when it changes;
+    the clock is `perf_counter()` (floats come from a free list; perf_counter_ns's ints and
+    their arithmetic were ~8 % of the added time, 3.11); two keyword arguments read by their
+    remembered names (unpacking `kwargs.values()` ~76 ns, two subscripts ~30 ns), their
+    shapes compared one by one (no tuple on a hit) and passed on through `_caller` (not
+    `fn(**kwargs)`, which copies the dict and unpacks it again: 240 ns against 107 ns, 3.12);
+    no `self` parameter (the function is called through functools.partial's vectorcall, see
+    Watched). Added time against main's in the same batches (2026-12-01, 2-core VM, CPython
+    3.11, torch 2.13, --baseline, medians of 3 runs, 4 invocations): model(x) 0.89-0.92x,
+    model(x=, mask=) 0.85-0.86x; through fn(*args, **kwargs) 0.89-0.92x and 0.83-0.86x. On
+    CPython 3.12 (no torch there: a stand-in tensor whose `.shape` builds a tuple subclass),
+    where partial's vectorcall is inherited, 0.83-0.85x and 0.69-0.72x (0.85-0.90x and
+    0.80-0.85x through fn(*args, **kwargs)).
     """
     fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
     calls = 0
