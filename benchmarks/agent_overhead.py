@@ -347,12 +347,14 @@ def main() -> int:
     for name, r in results.get("watch", {}).items():
         target = targets[name.replace("_splat", "")]
         runs = f", median of {r['runs']} runs: {r['added_ns_per_run']}" if r["runs"] > 1 else ""
-        print(f"watch() {name:16s}: bare {r['bare_ns']:7.1f} ns  watched {r['watched_ns']:7.1f} ns"
+        print(f"watch() {name:16s}: bare {r['bare_ns']:7.1f} ns  watched {r['watched_ns']:7.1f}"
+              f" ns"
               f"  added {r['added_ns']:6.1f} ns (min {r['added_min_ns']:6.1f})  ratio "
               f"{r['ratio']:.2f}x  (target <= {target} ns, thread CPU time{runs})")
         if "baseline_added_ns" in r:
-            print(f"              baseline added {r['baseline_added_ns']:6.1f} ns; added time vs the "
-                  f"baseline: {r['added_vs_baseline']:.2f}x (min {r['added_min_vs_baseline']:.2f}x)")
+            print(f"              baseline added {r['baseline_added_ns']:6.1f} ns; added time vs "
+                  f"the baseline: {r['added_vs_baseline']:.2f}x (min "
+                  f"{r['added_min_vs_baseline']:.2f}x)")
     g = results.get("gc")
     if g:
         print(f"GC: worst of {g['calls']} calls over {g['shapes']} shapes, median of {g['trials']}"

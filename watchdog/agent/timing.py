@@ -1,9 +1,9 @@
 """watch(): a drop-in wrapper that times each call and notes its input shapes, with no GPU sync.
 
 The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter`
-calls and a comparison or set lookup; events are built only on the slow path — a shape seen for the first
-time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
-CPU-visible (FACTS #4), so wall time around the call is enough.
+calls and a comparison or set lookup; events are built only on the slow path — a shape seen
+for the first time or a call over the stall threshold. Stalls from warm-up, recording and
+recompiles are CPU-visible (FACTS #4), so wall time around the call is enough.
 
 Nothing the bookkeeping meets (hostile arguments, unreadable or unhashable shapes, a failing
 emit) reaches the caller: a watched call returns what the model returned and raises only what
