@@ -424,3 +424,27 @@ def test_a_failing_call_with_two_keywords_raises_what_the_model_raised(emitted):
     assert caught.value is boom and f.calls == 1
     with pytest.raises(TypeError):  # a wrong name is the model's TypeError, as unwatched
         f(input_ids=torch.ones(2), mask=torch.ones(2))
+
+
+def test_a_copied_or_pickled_watched_model_is_watched_on_its_own():
+    import copy
+    import pickle
+
+    f = watch(torch.nn.Identity(), name="ident")
+    f(torch.ones(2))
+    for other in (copy.copy(f), copy.deepcopy(f), pickle.loads(pickle.dumps(f))):
+        assert isinstance(other, timing.Watched) and other.name == "ident"
+        x = torch.ones(3)
+        assert other(x) is x and other.calls == 1 and other.take_window()[4] == 1
+    assert f.calls == 1  # the copies count their own calls
+    assert copy.copy(f)._h.fn is f._h.fn and copy.deepcopy(f)._h.fn is not f._h.fn
+
+
+def test_attributes_are_the_models_and_cannot_be_set_on_the_wrapper():
+    model = torch.nn.Linear(2, 2)
+    f = watch(model, name="lin")
+    assert f.weight is model.weight and vars(f) is vars(model)
+    with pytest.raises(AttributeError):
+        f.anything = 1
+    with pytest.raises(AttributeError):
+        f.weight = None  # as before: the wrapper has no attributes of its own to set

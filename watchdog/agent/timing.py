@@ -473,7 +473,8 @@ class _Hot:
     the `cold` shards (hash -> untracked key) or, while a collection has not yet untracked them,
     in `fresh` (see HOT_SHAPES)."""
 
-    __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full")
+    __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full",
+                 "stall_calls", "stall_ns", "ration", "ration_ns")
 
     def __init__(self, fn: Callable, tensor_type: type):
         self.fn = fn
@@ -485,6 +486,10 @@ class _Hot:
         self.spill = False  # `seen` is full: look in the cold memory on a miss
         self.count = 0
         self.full = False
+        # the Watched's stall totals and new_shape ration (here, not on the Watched: its
+        # attributes are set through Watched.__setattr__, a Python call)
+        self.stall_calls = self.stall_ns = 0
+        self.ration, self.ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
 
     def unseen(self, sig: Any) -> bool:
         return sig not in self.seen and (not self.spill or _cold_unseen(self, sig))
@@ -553,8 +558,7 @@ class Watched(functools.partial):
     `functools.partial.__setstate__` (at creation and in a forked child).
     """
 
-    __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "stall_calls", "stall_ns",
-                 "_taken", "_ration", "_ration_ns")
+    __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "_taken")
 
     def __new__(cls, fn: Callable, name: str, tensor_type: type) -> "Watched":
         self = super().__new__(cls, _unset)
@@ -577,21 +581,33 @@ class Watched(functools.partial):
         functools.partial.__setstate__(self, (call, (), None, None))
         # running totals, only ever incremented by serving threads; the agent's thread
         # subtracts its previous reading (`_taken`) instead of resetting them
-        self.stall_calls = self.stall_ns = 0
         self._taken = (0, 0, 0, 0)
-        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
 
     # the running totals of the hot path, and the wrapped callable, under their old names
     calls = property(lambda self: self._totals()[0])
     total_ns = property(lambda self: self._totals()[1])
     _fn = property(lambda self: self._h.fn)
+    stall_calls = property(lambda self: self._h.stall_calls)
+    stall_ns = property(lambda self: self._h.stall_ns)
     # partial's attribute names: the wrapped object's, as every other attribute
     func = property(lambda self: getattr(self._h.fn, "func"))
     args = property(lambda self: getattr(self._h.fn, "args"))
     keywords = property(lambda self: getattr(self._h.fn, "keywords"))
 
+    # and so is `__dict__` (a partial has one; a Watched stores nothing there, see __setattr__)
+    __dict__ = property(lambda self: getattr(self._h.fn, "__dict__"))  # type: ignore[assignment]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Only Watched's own slots, as before it was a partial (whose instance dict would
+        otherwise take any name and hide the model's attribute of that name)."""
+        if name not in Watched.__slots__:
+            raise AttributeError(f"'Watched' object has no attribute {name!r}")
+        object.__setattr__(self, name, value)
+
     def __reduce__(self) -> Any:
-        raise TypeError("a watched callable cannot be pickled; watch() the unpickled model")
+        """copy, deepcopy and pickle: a new watch() of (the copy of) the wrapped callable,
+        with its own shape memory and totals (partial's would copy the hot path's closure)."""
+        return _rewatch, (self._h.fn, self.name)
 
     def _route(self, sig: Any) -> Callable:
         """Under an "eager" graph budget, a shape never seen goes to the uncompiled callable."""
@@ -636,8 +652,8 @@ class Watched(functools.partial):
                     emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
                                          shape=shape, seconds=dt / 1e9, distinct=h.count))
             if seconds >= stall_s:
-                self.stall_calls += 1
-                self.stall_ns += dt
+                h.stall_calls += 1
+                h.stall_ns += dt
                 if shape is None:
                     shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
@@ -648,10 +664,11 @@ class Watched(functools.partial):
 
     def _rationed(self, now_ns: int) -> bool:
         """Take one new_shape event from the ration, if one is left."""
+        h = self._h
         ration = min(float(NEW_SHAPE_BURST),
-                     self._ration + (now_ns - self._ration_ns) * NEW_SHAPE_PER_S / 1e9)
-        self._ration_ns = now_ns
-        self._ration = ration - 1 if ration >= 1 else ration
+                     h.ration + (now_ns - h.ration_ns) * NEW_SHAPE_PER_S / 1e9)
+        h.ration_ns = now_ns
+        h.ration = ration - 1 if ration >= 1 else ration
         return ration >= 1
 
     def _failed(self, exc: BaseException, sig: Any, start: float, args: tuple,
@@ -685,6 +702,10 @@ class Watched(functools.partial):
         delta = tuple(a - b for a, b in zip(now, self._taken))
         self._taken = now
         return (*delta, self._h.count)
+
+
+def _rewatch(fn: Callable, name: str) -> "Watched":
+    return watch(fn, name)
 
 
 # The shape memories a forked child inherited, kept and never touched. Why: a worker must
