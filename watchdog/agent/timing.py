@@ -294,7 +294,7 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     Watched). Added time against main's in the same batches (2026-12-01, 2-core VM, CPython
     3.11, torch 2.13, --baseline, medians of 3 runs, 4 invocations): model(x) 0.89-0.92x,
     model(x=, mask=) 0.85-0.86x; through fn(*args, **kwargs) 0.89-0.92x and 0.83-0.86x. On
-    CPython 3.12 (no torch there: a stand-in tensor whose `.shape` builds a tuple subclass),
+    CPython 3.12 (no torch there: benchmarks/watch_stand_in.py, a stand-in tensor),
     where partial's vectorcall is inherited, 0.81-0.85x and 0.68-0.72x (0.85-0.90x and
     0.80-0.85x through fn(*args, **kwargs)).
     """
