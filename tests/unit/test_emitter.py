@@ -186,3 +186,45 @@ def test_tick_errors_never_kill_the_thread(collector):
     assert collector.wait(lambda c: len(c.of("heartbeat")) == 1, 5)
     em.stop()
     assert len(calls) > 3 and all(isinstance(e, RuntimeError) for e in errors)
+
+
+def test_a_new_shape_queued_as_a_tuple_is_sent_as_its_event_in_order(short_tmp):
+    import gc
+
+    log = os.path.join(short_tmp, "events.jsonl")
+    em = Emitter(None, log, tick_s=0.02)
+    em.emit(_hb(1))
+    later = ("new_shape", 12.5, os.getpid(), "llm", "x1,7;x1,7,4096;x", 0.25, 3)
+    em.emit_later(later)
+    em.emit(_hb(2))
+    gc.collect()
+    assert not gc.is_tracked(later)  # what waits in the queue costs the collections nothing
+    em.start()
+    em.stop()
+    with open(log) as f:
+        got = [events.decode(line) for line in f]
+    assert [e.kind for e in got] == ["heartbeat", "new_shape", "heartbeat"]
+    assert got[1] == events.NewShape(t=12.5, pid=os.getpid(), name="llm",
+                                     shape=[[1, 7], [1, 7, 4096], []], seconds=0.25,
+                                     distinct=3)
+
+
+def test_a_queued_tuple_that_builds_no_event_is_an_error_not_a_dead_thread(short_tmp):
+    log = os.path.join(short_tmp, "events.jsonl")
+    errors = []
+    em = Emitter(None, log, tick_s=0.02, on_error=errors.append)
+    em.emit_later(("no_such_kind", 1.0))
+    em.emit_later(("new_shape", 1.0))  # missing fields
+    em.emit(_hb(1))
+    em.start()
+    em.stop()
+    with open(log) as f:
+        assert [events.decode(line).kind for line in f] == ["heartbeat"]
+    assert len(errors) == 2
+
+
+def test_emit_later_respects_the_queue_bound():
+    em = Emitter(None, None, queue_size=3)
+    for i in range(5):
+        em.emit_later(("new_shape", 1.0, 1, "m", f"x{i}", 0.1, i))
+    assert em.depth() == 3 and em.dropped["queue_full"] == 2

@@ -321,3 +321,130 @@ def test_with_the_gc_disabled_every_shape_is_still_remembered(emitted, monkeypat
         gc.enable()
     assert len([e for e in emitted if e.kind == "new_shape"]) == 40
     assert f.take_window()[4] == 40 and len(f._h.fresh) == 36  # nothing untracked them
+
+
+def test_the_hooks_see_the_shape_of_the_call_in_progress_and_none_between_calls():
+    seen = []
+    inner = watch(lambda m: seen.append(("inner", timing.current_shape())) or m, name="inner")
+
+    def outer(x, mask=None):
+        seen.append(("outer", timing.current_shape()))
+        inner(torch.ones(5))  # a watched model inside a watched model: the innermost call
+        seen.append(("after inner", timing.current_shape()))
+        return x
+
+    f = watch(outer, name="outer")
+    f(torch.ones(2, 3))
+    f(x=torch.ones(4), mask=torch.ones(4, 1))
+    assert timing.current_shape() is None
+    assert seen == [("outer", (2, 3)), ("inner", (5,)), ("after inner", (2, 3)),
+                    ("outer", ((4,), (4, 1))), ("inner", (5,)), ("after inner", ((4,), (4, 1)))]
+
+
+def test_another_thread_sees_a_call_in_progress(emitted):
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    f = watch(lambda x: entered.set() or release.wait(10) and x, name="slow")
+    t = threading.Thread(target=f, args=(torch.ones(7, 2),))
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert timing.current_shape() == (7, 2)  # what drain's in_flight() reads
+    finally:
+        release.set()
+        t.join(10)
+    assert timing.current_shape() is None
+
+
+def test_partial_attribute_names_are_the_models():
+    class Model:
+        args, func, keywords = "model args", "model func", "model keywords"
+
+        def __call__(self, x):
+            return x
+
+    f = watch(Model(), name="m")
+    assert (f.args, f.func, f.keywords) == ("model args", "model func", "model keywords")
+    with pytest.raises(AttributeError):
+        watch(lambda x: x, name="plain").args  # a function has none: neither has its wrapper
+
+
+def test_new_shapes_queued_for_later_make_the_same_events():
+    import gc
+
+    from torch_watchdog.agent.emitter import LATER
+
+    def calls(f):
+        f(torch.ones(2, 3))
+        f(torch.ones(()))
+        f(x=torch.ones(4), mask=torch.ones(4, 1))
+        f(torch.ones(1), [torch.ones(2), torch.ones(3)], None)
+
+    eager, later = [], []
+    try:
+        timing.configure(emit=eager.append)
+        calls(watch(lambda *a, **k: None, name="m"))
+        timing.configure(emit=eager.append, emit_later=later.append)
+        calls(watch(lambda *a, **k: None, name="m"))
+    finally:
+        timing.reset()
+    gc.collect()
+    assert not [item for item in later if gc.is_tracked(item)]
+    built = [LATER[item[0]](*item[1:]) for item in later]
+    strip = [(e.name, e.shape, e.distinct) for e in eager]
+    assert [(e.name, e.shape, e.distinct) for e in built] == strip
+    assert strip[0][1] == [[2, 3]] and strip[1][1] == [[]] and strip[3][1] == [[1], [2], [3]]
+
+
+def test_two_keyword_arguments_reach_the_model_as_they_came(emitted):
+    f = watch(lambda **k: k, name="kw")
+    x, m = torch.ones(2), torch.ones(3)
+    assert list(f(x=x, mask=m).items()) == [("x", x), ("mask", m)]
+    assert list(f(mask=m, x=x).items()) == [("mask", m), ("x", x)]  # in the call's order
+    f(a=torch.ones(4), b=[torch.ones(5), torch.ones(6)])
+    f(x=torch.ones(2), mask=torch.ones(3))  # back to the first names: still known
+    f(x=torch.ones(2), mask=torch.ones(7))
+    assert list(f(**{"input-ids": x, "class": m})) == ["input-ids", "class"]  # no identifiers
+    new = [e.shape for e in emitted if e.kind == "new_shape"]
+    # the signature is in the call's order, as for any other call
+    assert new == [[[2], [3]], [[3], [2]], [[4], [5], [6]], [[2], [7]]]
+    assert f.calls == 6 and f.take_window()[4] == 4
+
+
+def test_a_failing_call_with_two_keywords_raises_what_the_model_raised(emitted):
+    boom = ValueError("bad mask")
+
+    def model(input_ids, attention_mask):
+        raise boom
+
+    f = watch(model, name="kw")
+    with pytest.raises(ValueError) as caught:
+        f(input_ids=torch.ones(2), attention_mask=torch.ones(2))
+    assert caught.value is boom and f.calls == 1
+    with pytest.raises(TypeError):  # a wrong name is the model's TypeError, as unwatched
+        f(input_ids=torch.ones(2), mask=torch.ones(2))
+
+
+def test_a_copied_or_pickled_watched_model_is_watched_on_its_own():
+    import copy
+    import pickle
+
+    f = watch(torch.nn.Identity(), name="ident")
+    f(torch.ones(2))
+    for other in (copy.copy(f), copy.deepcopy(f), pickle.loads(pickle.dumps(f))):
+        assert isinstance(other, timing.Watched) and other.name == "ident"
+        x = torch.ones(3)
+        assert other(x) is x and other.calls == 1 and other.take_window()[4] == 1
+    assert f.calls == 1  # the copies count their own calls
+    assert copy.copy(f)._h.fn is f._h.fn and copy.deepcopy(f)._h.fn is not f._h.fn
+
+
+def test_attributes_are_the_models_and_cannot_be_set_on_the_wrapper():
+    model = torch.nn.Linear(2, 2)
+    f = watch(model, name="lin")
+    assert f.weight is model.weight and vars(f) is vars(model)
+    with pytest.raises(AttributeError):
+        f.anything = 1
+    with pytest.raises(AttributeError):
+        f.weight = None  # as before: the wrapper has no attributes of its own to set

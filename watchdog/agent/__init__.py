@@ -118,7 +118,8 @@ class Agent:
             except Exception as e:
                 self.on_error(e)
         self.hooks.install()
-        timing.configure(emit=self.emitter.emit, max_shapes=self.config.max_shapes,
+        timing.configure(emit=self.emitter.emit, emit_later=self.emitter.emit_later,
+                         max_shapes=self.config.max_shapes,
                          stall_ns=int(self.config.stall_threshold_s * 1e9))
         self.emitter.emit(self.hello())
         self._next_hello = time.monotonic() + self.config.hello_every_s

@@ -1,9 +1,9 @@
 """watch(): a drop-in wrapper that times each call and notes its input shapes, with no GPU sync.
 
-The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter_ns`
-calls and a set lookup; events are built only on the slow path — a shape seen for the first
-time or a call over the stall threshold. Stalls from warm-up, recording and recompiles are
-CPU-visible (FACTS #4), so wall time around the call is enough.
+The hot path reads tensor `.shape` (host metadata, no device access), two `perf_counter`
+calls and a comparison or set lookup; events are built only on the slow path — a shape seen
+for the first time or a call over the stall threshold. Stalls from warm-up, recording and
+recompiles are CPU-visible (FACTS #4), so wall time around the call is enough.
 
 Nothing the bookkeeping meets (hostile arguments, unreadable or unhashable shapes, a failing
 emit) reaches the caller: a watched call returns what the model returned and raises only what
@@ -13,8 +13,10 @@ GPU is nearly full is reported as an `oom` event of source "crash" (`crash_is_oo
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import itertools
+import keyword
 import os
 import sys
 import threading
@@ -30,20 +32,43 @@ from torch_watchdog.agent import _AFTER_FORK
 # or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
 tls = threading.local()
 
-# The shape signature of the watched call in progress (None between calls), for hooks.py to
-# tag cudagraph events. One shared slot, not thread-local: it is written twice per call and a
-# thread-local costs ~50 ns a write (a module global ~20 ns, a slot ~5 ns). With several
-# serving threads the tag is best effort.
-class _Current:
-    __slots__ = ("sig",)
-
-
-_current = _Current()
-_current.sig = None
-
-
 def current_shape() -> Any:
-    return _current.sig
+    """The signature of the watched call in progress on this thread (the innermost one), else
+    that of one in progress on another thread (best effort, as drain's `in_flight` needs),
+    else None: read from the call's own frame (its `sig` local), so the hot path writes
+    nothing for it. Why: the readers are rare (hooks.py tags a cudagraph warm-up or recording,
+    drain.py polls every 5 ms while draining) and a shared slot written twice per call cost
+    ~10 ns a write on every call (a thread-local ~50 ns). A walk costs ~1 us per 20 frames,
+    paid by the reader only; it is also exact per thread, where the slot was the last
+    writer's."""
+    try:
+        shape = _shape_in(sys._getframe(1))
+        if shape is not _NO_ARG:
+            return shape
+        me = threading.get_ident()
+        for ident, frame in list(sys._current_frames().items()):
+            if ident != me:
+                shape = _shape_in(frame)
+                if shape is not _NO_ARG:
+                    return shape
+    except Exception:
+        pass
+    return None
+
+
+def _shape_in(frame: Any) -> Any:
+    """The `sig` of the innermost watched call on this stack (None before it is read), or
+    _NO_ARG if there is none."""
+    while frame is not None:
+        if frame.f_code is _CALL_CODE:
+            names = frame.f_locals
+            if "sig" in names:
+                return names["sig"]
+            if "sb" in names:  # two keyword arguments: the tuple is built only on a miss
+                return names["sa"], names["sb"]
+            return None
+        frame = frame.f_back
+    return _NO_ARG
 
 
 # What the installed agent tells every watched callable. Module globals, not attributes of an
@@ -52,19 +77,26 @@ def _discard(event: events.Event) -> None:
     return None
 
 
-INERT = {"emit": _discard, "stall_ns": 50_000_000, "max_shapes": 65_536, "route_eager": False}
+INERT = {"emit": _discard, "emit_later": None, "stall_ns": 50_000_000, "max_shapes": 65_536,
+         "route_eager": False}
 emit: Callable[[events.Event], None] = _discard
+# The emitter's emit_later (install() sets it): new_shape events are queued as tuples of
+# untracked values and built on the sender thread; None: built here and given to `emit`.
+emit_later: Optional[Callable[[tuple], None]] = None
 stall_ns: int = INERT["stall_ns"]
+stall_s: float = stall_ns / 1e9  # the same, for the hot path's clock (seconds, see _make_call)
 max_shapes: int = INERT["max_shapes"]
 route_eager: bool = False  # graph budget in "eager" mode: novel shapes skip the compiler
 
 
 def configure(**settings: Any) -> None:
-    """Set emit / stall_ns / max_shapes / route_eager (install() and the mitigations do)."""
+    """Set emit / emit_later / stall_ns / max_shapes / route_eager (install() and the
+    mitigations do)."""
     unknown = set(settings) - set(INERT)
     if unknown:
         raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
     globals().update(settings)
+    globals()["stall_s"] = stall_ns / 1e9
 
 
 def reset() -> None:
@@ -229,13 +261,19 @@ def as_shape(sig: Any) -> events.Shape:
 _NO_ARG = object()  # "no first positional argument" for the hot path's signature
 
 
-def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
-    """The hot path of one watched callable, and a reader of its running totals (calls, total
-    ns): one exact-type check, `.shape`, two clock reads, one comparison (or set lookup), two
-    counters.
+def _unset(*args: Any, **kwargs: Any) -> None:  # a Watched's callable until _start()
+    raise TypeError("a Watched made without watch()")
+
+
+def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
+               ) -> tuple[Callable, Callable[[], tuple[int, int]]]:
+    """The hot path of one watched callable (the function its Watched calls, see Watched), and
+    a reader of its running totals (calls, total ns): one exact-type check, `.shape`, two
+    clock reads, one comparison (or set lookup), two counters. `ref`: the Watched, for the
+    slow paths only (a strong reference would make a cycle: the Watched holds this function).
 
     Measured choices (thread CPU time on a shared 2-core VM, where `x.shape` alone costs
-    ~130 ns, a clock read 67-108 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
+    ~130 ns, a clock read 60-100 ns, `sig in seen` ~80 ns and calling an instance ~65 ns: the
     floor of the +500 ns target is there): a call with one tensor binds it to a
     positional-only parameter and calls `fn(x)`, not `fn(*args, **kwargs)` (~150 ns less), on
     a branch of its own that builds no tuple; a signature equal to the last known one skips
@@ -245,86 +283,167 @@ def _make_call(h: "_Hot") -> tuple[Callable, Callable[[], tuple[int, int]]]:
     loop, ~300 ns less than a helper with two comprehensions). Try blocks cost nothing until
     they catch (Python 3.11+). Against the previous version in the same batches
     (benchmarks/agent_overhead.py --baseline, medians of 5 runs): 0.91-0.96x of its added time.
+    Then (issue 11's last targets): nothing written per call for `current_shape()` (two slot
+    writes: its rare readers walk the frames instead); `last` rebound only when it changes;
+    the clock is `perf_counter()` (floats come from a free list; perf_counter_ns's ints and
+    their arithmetic were ~8 % of the added time, 3.11); two keyword arguments read by their
+    remembered names (unpacking `kwargs.values()` ~76 ns, two subscripts ~30 ns), their
+    shapes compared one by one (no tuple on a hit) and passed on through `_caller` (not
+    `fn(**kwargs)`, which copies the dict and unpacks it again: 240 ns against 107 ns, 3.12);
+    no `self` parameter (the function is called through functools.partial's vectorcall, see
+    Watched). Added time against main's in the same batches (2026-12-01, 2-core VM, CPython
+    3.11, torch 2.13, --baseline, medians of 3 runs, 4 invocations): model(x) 0.89-0.92x,
+    model(x=, mask=) 0.85-0.86x; through fn(*args, **kwargs) 0.89-0.92x and 0.83-0.86x. On
+    CPython 3.12 (no torch there: benchmarks/watch_stand_in.py, a stand-in tensor),
+    where partial's vectorcall is inherited, 0.81-0.85x and 0.68-0.72x (0.85-0.90x and
+    0.80-0.85x through fn(*args, **kwargs)).
     """
-    fn, tensor, seen, current, clock = h.fn, h.tensor, h.seen, _current, perf_counter_ns
-    calls = total_ns = 0
+    fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
+    calls = 0
+    total = 0.0  # seconds
     last: Any = _NO_ARG  # the last signature found in `seen`, so it is known (see below)
+    # two keyword arguments: their names in the last such call (read by name, not through
+    # kwargs.values(): ~50 ns less), and their last shapes found in `seen` (compared one by
+    # one: no tuple to build on a hit). The signature is in the remembered names' order.
+    ka = kb = ""
+    la = lb = _NO_ARG
+    call2: Optional[Callable] = None  # _caller(ka, kb)
 
     def totals() -> tuple[int, int]:
-        return calls, total_ns
+        return calls, round(total * 1e9)
 
-    def __call__(self: "Watched", x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal calls, total_ns, last
+    def __call__(x: Any = _NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls, total, last, ka, kb, la, lb, call2
         if type(x) is tensor and not args and not kwargs:  # model(x): the common call
             try:
                 sig = x.shape
             except Exception:  # a torch function mode that hijacks `.shape`
                 sig = None
-            current.sig = sig
             t0 = clock()
             try:
-                out = self._route(sig)(x) if route_eager else fn(x)
+                out = ref()._route(sig)(x) if route_eager else fn(x)
             except BaseException as e:
-                current.sig = None
                 calls += 1
-                self._failed(e, sig, t0, (x,), {})
+                ref()._failed(e, sig, t0, (x,), {})
                 raise
             dt = clock() - t0
-            current.sig = None
             calls += 1
-            total_ns += dt
+            total += dt
             try:
-                if sig == last or sig in seen:  # known: nothing more to do unless it stalled
-                    last = sig
-                    if dt >= stall_ns:
-                        self._slow(sig, dt, t0, False)
-                    return out
-                new = not h.full and (not h.spill or _cold_unseen(h, sig))
+                if sig != last:
+                    if sig not in seen:  # not the last shape, not a hot one: look further
+                        if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                            ref()._slow(sig, dt, t0, True)
+                            return out
+                    else:
+                        last = sig
             except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
-                new = False
-            if new or dt >= stall_ns:
-                self._slow(sig, dt, t0, new)
+                pass
+            if dt >= stall_s:
+                ref()._slow(sig, dt, t0, False)
             return out
 
-        # keywords, several arguments, none, or not a tensor
+        if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
+            for first in kwargs:
+                break
+            try:
+                if first != ka:
+                    raise KeyError(first)
+                a, b = kwargs[ka], kwargs[kb]
+            except KeyError:  # other names, or another order, than the last such call's
+                ka, kb = kwargs
+                a, b = kwargs[ka], kwargs[kb]
+                call2 = _caller(ka, kb)
+            try:
+                sa = a.shape if type(a) is tensor else _other(a, tensor)
+                sb = b.shape if type(b) is tensor else _other(b, tensor)
+            except Exception:  # a hostile argument: read each one on its own
+                sa, sb = _entry(a, tensor), _entry(b, tensor)
+            t0 = clock()
+            try:
+                target = ref()._route((sa, sb)) if route_eager else fn
+                out = target(**kwargs) if call2 is None else call2(target, a, b)
+            except BaseException as e:
+                calls += 1
+                ref()._failed(e, (sa, sb), t0, args, kwargs)
+                raise
+            dt = clock() - t0
+            calls += 1
+            total += dt
+            try:
+                if sa != la or sb != lb:
+                    sig = (sa, sb)
+                    if sig not in seen:
+                        if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                            ref()._slow(sig, dt, t0, True)
+                            return out
+                    else:
+                        la, lb = sa, sb
+            except Exception:
+                pass
+            if dt >= stall_s:
+                ref()._slow((sa, sb), dt, t0, False)
+            return out
+
+        # several arguments, other keywords, none, or not a tensor
         try:
-            if x is _NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
-                a, b = kwargs.values()
-                sig = (a.shape if type(a) is tensor else _other(a, tensor),
-                       b.shape if type(b) is tensor else _other(b, tensor))
-            else:
-                if x is not _NO_ARG:
-                    args = (x, *args)
-                sig = shape_signature(args, kwargs, tensor)
+            if x is not _NO_ARG:
+                args = (x, *args)
+            sig = shape_signature(args, kwargs, tensor)
         except Exception:  # a hostile argument: read each one on its own
             sig = shape_signature(args, kwargs, tensor)
-        current.sig = sig
         t0 = clock()
         try:
-            out = (self._route(sig) if route_eager else fn)(*args, **kwargs)
+            out = (ref()._route(sig) if route_eager else fn)(*args, **kwargs)
         except BaseException as e:
-            current.sig = None
             calls += 1
-            self._failed(e, sig, t0, args, kwargs)
+            ref()._failed(e, sig, t0, args, kwargs)
             raise
         dt = clock() - t0
-        current.sig = None
         calls += 1
-        total_ns += dt
+        total += dt
         try:
-            if sig == last or sig in seen:
-                last = sig
-                if dt >= stall_ns:
-                    self._slow(sig, dt, t0, False)
-                return out
-            new = not h.full and (not h.spill or _cold_unseen(h, sig))
+            if sig != last:
+                if sig not in seen:
+                    if not h.full and (not h.spill or _cold_unseen(h, sig)):
+                        ref()._slow(sig, dt, t0, True)
+                        return out
+                else:
+                    last = sig
         except Exception:
-            new = False
-        if new or dt >= stall_ns:
-            self._slow(sig, dt, t0, new)
+            pass
+        if dt >= stall_s:
+            ref()._slow(sig, dt, t0, False)
         return out
 
     return __call__, totals
+
+
+_CALLERS: dict = {}
+
+
+def _caller(ka: str, kb: str) -> Optional[Callable]:
+    """`call(fn, a, b)` that returns `fn(<ka>=a, <kb>=b)`, compiled once per pair of names;
+    None if they are not plain identifiers (the call then goes through `fn(**kwargs)`). Why:
+    `fn(**kwargs)` copies the dict and unpacks it again for the callee's vectorcall:
+    240 ns against 107 ns through this helper (CPython 3.12; 3.11: 194 and 100 ns)."""
+    key = (ka, kb)
+    call = _CALLERS.get(key, _NO_ARG)
+    if call is _NO_ARG:
+        call = None
+        if all(k.isascii() and k.isidentifier() and not keyword.iskeyword(k) for k in key):
+            if len(_CALLERS) >= 256:  # a server cycling through names: stay bounded
+                _CALLERS.clear()
+            scope: dict = {}
+            exec(f"def call(fn, a, b):\n    return fn({ka}=a, {kb}=b)\n", scope)  # noqa: S102
+            call = scope["call"]
+        _CALLERS[key] = call
+    return call
+
+
+# The hot path's code object: current_shape() looks for frames running it.
+_CALL_CODE = next(c for c in _make_call.__code__.co_consts
+                  if getattr(c, "co_name", None) == "__call__")
 
 
 _MASK = (1 << 64) - 1
@@ -354,7 +473,8 @@ class _Hot:
     the `cold` shards (hash -> untracked key) or, while a collection has not yet untracked them,
     in `fresh` (see HOT_SHAPES)."""
 
-    __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full")
+    __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full",
+                 "stall_calls", "stall_ns", "ration", "ration_ns")
 
     def __init__(self, fn: Callable, tensor_type: type):
         self.fn = fn
@@ -366,6 +486,10 @@ class _Hot:
         self.spill = False  # `seen` is full: look in the cold memory on a miss
         self.count = 0
         self.full = False
+        # the Watched's stall totals and new_shape ration (here, not on the Watched: its
+        # attributes are set through Watched.__setattr__, a Python call)
+        self.stall_calls = self.stall_ns = 0
+        self.ration, self.ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
 
     def unseen(self, sig: Any) -> bool:
         return sig not in self.seen and (not self.spill or _cold_unseen(self, sig))
@@ -403,48 +527,87 @@ class _Hot:
         return [*self.seen, *(k for shard in self.cold for k in shard.values()), *self.arrival]
 
 
-class Watched:
+def _shape_text(shape: events.Shape) -> str:
+    """A new_shape event's shape as text, "x2,3;x4" for [[2, 3], [4]] (the emitter's builder
+    reads it back on the sender thread: emitter.shape_from_text). Why text: a queued NewShape
+    event is a dataclass and 1 + n lists, all tracked; held until the sender's next tick, up to
+    NEW_SHAPE_BURST of them reached the middle generation, and the gen-1 collection that walked
+    them was the worst of 500,000 watched calls (0.14-0.24 ms of CPU on the 2-core VM, 0.04 ms
+    with no events queued; benchmarks/agent_overhead.py gc). A tuple of str and numbers is
+    untracked by the first collection it meets; one holding tuples may need two (a collection
+    can meet the outer tuple before the inner ones are untracked)."""
+    return ";".join(["x" + ",".join([str(d) for d in dims]) for dims in shape])
+
+
+class Watched(functools.partial):
     """Calls `fn` unchanged; other attributes are the wrapped object's.
 
     Whatever the arguments, a call returns what `fn` returned and raises only what `fn` raised
     (the same object): every step of the bookkeeping around it is guarded.
 
-    Each instance gets its own subclass whose `__call__` closes over its state. Why: Watched
-    defines `__getattr__` (to pass attributes through to the model), and CPython 3.11 then
-    skips its specialised attribute loads on Watched instances; the 7 `self.` loads of a call
-    cost ~170 ns there, against ~10 ns for closure variables. Added time per call, same run,
-    this thread's CPU time (a shared 2-core VM): one tensor main +882-914 ns, here +653-673 ns
-    (0.74x); two keyword tensors main +1713-1839 ns, here +1356-1458 ns (0.79x).
+    A functools.partial of the hot path (`_make_call`, a closure over this callable's state),
+    not a class with a `__call__`. Why: calling an instance of a Python class goes through
+    `slot_tp_call` (a method lookup, an argument tuple, a second call); a partial (a C type)
+    is called through its vectorcall, which subclasses inherit from Python 3.12 on: one
+    tensor, CPython 3.12, 196 ns a call of an instance against 127 ns a call of this partial
+    (a trivial function: 96 ns); on 3.11, where subclasses do not inherit it, +12 ns. The
+    hot path reads nothing through `self` (it is a closure: Watched defines `__getattr__`,
+    which turns off CPython's specialised attribute loads, ~170 ns for the 7 loads a call
+    once made). partial's own attributes `func`, `args` and `keywords` are the wrapped
+    object's here (properties below); the partial's state is set only through
+    `functools.partial.__setstate__` (at creation and in a forked child).
     """
 
-    __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "stall_calls", "stall_ns",
-                 "_taken", "_ration", "_ration_ns", "__weakref__")
+    __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "_taken")
 
-    def __init__(self, fn: Callable, name: str, tensor_type: type):
+    def __new__(cls, fn: Callable, name: str, tensor_type: type) -> "Watched":
+        self = super().__new__(cls, _unset)
         self.__wrapped__ = fn
         self.name = name
-        self._h = _Hot(fn, tensor_type)
         # the uncompiled callable, for routing novel shapes to eager under a graph budget
         self._eager = getattr(fn, "_orig_mod", None)
         if self._eager is None:
             self._eager = getattr(fn, "_torchdynamo_orig_callable", None)
+        self._start(_Hot(fn, tensor_type))
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # all done in __new__
+        pass
+
+    def _start(self, h: "_Hot") -> None:
+        """A shape memory, running totals from zero and the hot path over them."""
+        self._h = h
+        call, self._totals = _make_call(h, weakref.ref(self))
+        functools.partial.__setstate__(self, (call, (), None, None))
         # running totals, only ever incremented by serving threads; the agent's thread
         # subtracts its previous reading (`_taken`) instead of resetting them
-        self.stall_calls = self.stall_ns = 0
         self._taken = (0, 0, 0, 0)
-        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
-        call, self._totals = _make_call(self._h)
-        self.__class__ = type("Watched", (Watched,), {
-            "__slots__": (), "__call__": call, "__module__": __name__,
-            "__qualname__": "Watched", "__doc__": Watched.__doc__})
 
     # the running totals of the hot path, and the wrapped callable, under their old names
     calls = property(lambda self: self._totals()[0])
     total_ns = property(lambda self: self._totals()[1])
     _fn = property(lambda self: self._h.fn)
+    stall_calls = property(lambda self: self._h.stall_calls)
+    stall_ns = property(lambda self: self._h.stall_ns)
+    # partial's attribute names: the wrapped object's, as every other attribute
+    func = property(lambda self: getattr(self._h.fn, "func"))
+    args = property(lambda self: getattr(self._h.fn, "args"))
+    keywords = property(lambda self: getattr(self._h.fn, "keywords"))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance, see above
-        raise TypeError("a Watched made without __init__; use watch()")
+    # and so is `__dict__` (a partial has one; a Watched stores nothing there, see __setattr__)
+    __dict__ = property(lambda self: getattr(self._h.fn, "__dict__"))  # type: ignore[assignment]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Only Watched's own slots, as before it was a partial (whose instance dict would
+        otherwise take any name and hide the model's attribute of that name)."""
+        if name not in Watched.__slots__:
+            raise AttributeError(f"'Watched' object has no attribute {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __reduce__(self) -> Any:
+        """copy, deepcopy and pickle: a new watch() of (the copy of) the wrapped callable,
+        with its own shape memory and totals (partial's would copy the hot path's closure)."""
+        return _rewatch, (self._h.fn, self.name)
 
     def _route(self, sig: Any) -> Callable:
         """Under an "eager" graph budget, a shape never seen goes to the uncompiled callable."""
@@ -458,12 +621,7 @@ class Watched:
     def _forget(self) -> None:
         """A fresh shape memory and running totals (in a forked child: see `_after_fork`)."""
         _inherited.append(self._h)
-        self._h = _Hot(self._h.fn, self._h.tensor)
-        call, self._totals = _make_call(self._h)
-        type(self).__call__ = call  # the hot path closes over the memory: a new closure
-        self.stall_calls = self.stall_ns = 0
-        self._taken = (0, 0, 0, 0)
-        self._ration, self._ration_ns = float(NEW_SHAPE_BURST), perf_counter_ns()
+        self._start(_Hot(self._h.fn, self._h.tensor))
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
         return getattr(self._h.fn, name)
@@ -471,8 +629,11 @@ class Watched:
     def __repr__(self) -> str:
         return f"<watched {self.name!r}: {self._h.fn!r}>"
 
-    def _slow(self, sig: Any, dt: int, t0: int, new: bool) -> None:
+    def _slow(self, sig: Any, seconds: float, start: float, new: bool) -> None:
+        """A new shape or a stall: `seconds` the call's wall time, `start` when it began
+        (time.perf_counter(), the clock of perf_counter_ns() in seconds)."""
         try:
+            dt, t0 = round(seconds * 1e9), round(start * 1e9)
             h = self._h
             key = _key(sig)  # None: no readable shape (its events say [])
             new = new and key is not None and h.unseen(key)
@@ -483,11 +644,16 @@ class Watched:
             shape = None
             if new and self._rationed(t0 + dt):
                 shape = as_shape(sig) if key is not None else []
-                emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
-                                     shape=shape, seconds=dt / 1e9, distinct=h.count))
-            if dt >= stall_ns:
-                self.stall_calls += 1
-                self.stall_ns += dt
+                if emit_later is not None:
+                    # queued as a tuple of untracked values: see _shape_text
+                    emit_later(("new_shape", time.time(), os.getpid(), self.name,
+                                _shape_text(shape), dt / 1e9, h.count))
+                else:
+                    emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
+                                         shape=shape, seconds=dt / 1e9, distinct=h.count))
+            if seconds >= stall_s:
+                h.stall_calls += 1
+                h.stall_ns += dt
                 if shape is None:
                     shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
@@ -498,14 +664,17 @@ class Watched:
 
     def _rationed(self, now_ns: int) -> bool:
         """Take one new_shape event from the ration, if one is left."""
+        h = self._h
         ration = min(float(NEW_SHAPE_BURST),
-                     self._ration + (now_ns - self._ration_ns) * NEW_SHAPE_PER_S / 1e9)
-        self._ration_ns = now_ns
-        self._ration = ration - 1 if ration >= 1 else ration
+                     h.ration + (now_ns - h.ration_ns) * NEW_SHAPE_PER_S / 1e9)
+        h.ration_ns = now_ns
+        h.ration = ration - 1 if ration >= 1 else ration
         return ration >= 1
 
-    def _failed(self, exc: BaseException, sig: Any, t0: int, args: tuple, kwargs: dict) -> None:
+    def _failed(self, exc: BaseException, sig: Any, start: float, args: tuple,
+                kwargs: dict) -> None:
         try:
+            t0 = round(start * 1e9)  # see _slow
             if getattr(tls, "oom_ns", -1) >= t0:
                 return  # the allocator's observer already reported this call's OOM
             if is_oom(exc):
@@ -533,6 +702,10 @@ class Watched:
         delta = tuple(a - b for a, b in zip(now, self._taken))
         self._taken = now
         return (*delta, self._h.count)
+
+
+def _rewatch(fn: Callable, name: str) -> "Watched":
+    return watch(fn, name)
 
 
 # The shape memories a forked child inherited, kept and never touched. Why: a worker must
