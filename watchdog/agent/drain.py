@@ -18,9 +18,9 @@ kubelet) starts the server again:
    exits with `drain_exit_code` (75, EX_TEMPFAIL) through os._exit: atexit handlers do not
    run; the server's own cleanup belongs in an on_drain callback.
 
-A call in hand is seen through timing's current-call slot (set by every watched call, None
-between calls: no change to the hot path). With several serving threads that slot is the
-last writer's, so the wait also asks for the call totals to stand still for QUIET_S.
+A call in hand is seen through timing.current_shape(): the frame of a watched call in
+progress, on any thread (the hot path writes nothing for it). The wait also asks for the
+call totals to stand still for QUIET_S: a call between two frames' reads is not seen.
 """
 from __future__ import annotations
 
