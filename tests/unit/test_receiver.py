@@ -133,6 +133,32 @@ def test_each_line_of_a_packed_datagram_is_judged_on_its_own(rx, tx):
     assert rx.received == 2
 
 
+def test_a_packed_datagram_of_valid_lines_arrives_whole_and_a_spoofed_one_is_still_caught(rx, tx):
+    # every line valid JSON of the schema: the datagram is parsed in one go (one array)
+    kinds = [_hb(1),
+             events.NewShape(t=time.time(), pid=os.getpid(), name="m", shape=[[1, 7], [2]],
+                             seconds=0.05, distinct=1),
+             events.CudagraphRecord(t=time.time(), pid=os.getpid(), phase="record",
+                                    compile_id="0/1", key=[7], shape=[[1, 7]], seconds=0.01),
+             _hb(2, pid=os.getpid() + 1), _hb(3)]
+    tx.sendto(b"\n".join(events.encode(e) for e in kinds), rx.path)
+    got = [e for e, _ in rx.receive()]
+    assert got == [kinds[0], kinds[1], kinds[2], kinds[4]]
+    assert rx.dropped == {**NO_DROPS, "spoofed": 1}
+
+
+def test_lines_that_are_json_only_when_joined_are_each_dropped(rx, tx):
+    # parsed as one array, `{"a":[{}` + `{}]}` would be one object and `{..},{..}` two: each
+    # line is judged alone, as one event per line, so all three are malformed
+    good = events.to_dict(_hb(1))
+    split = json.dumps(good, separators=(",", ":"))
+    lines = [split[:-1] + ',"devices":[{}', '{}]}',
+             split + "," + split, split]
+    tx.sendto("\n".join(lines).encode(), rx.path)
+    assert [e.seq for e, _ in rx.receive()] == [1]
+    assert rx.dropped == {**NO_DROPS, "malformed": 3}
+
+
 def test_sender_with_a_uid_not_allowed_is_foreign(path, tx):
     with Receiver(path, allowed_uids={os.getuid() + 1}) as rx:
         tx.sendto(events.encode(_hb(1)), path)
