@@ -288,7 +288,8 @@ def decode(data: Union[bytes, str]) -> Event:
     return from_dict(obj)
 
 
-def decode_many(data: Union[bytes, str]) -> list[Event]:
+def decode_many(data: Union[bytes, str],
+                fast_loads: Optional[Callable[[str], Any]] = None) -> list[Event]:
     """The events of a datagram of several (`\\n`-separated lines, no blank line, each line
     one JSON object starting with `{` and ending with `}`), parsed as one JSON array: one
     scanner call per datagram, not one per line. Any problem raises EventDecodeError, for the
@@ -300,11 +301,20 @@ def decode_many(data: Union[bytes, str]) -> list[Event]:
     try:
         text = data.decode() if isinstance(data, (bytes, bytearray)) else data
         text = "[" + text.replace("\n", ",") + "]"
-        objs, end = _SCAN(text, 0)
+        objs = None
+        if fast_loads is not None:
+            try:  # what it refuses (NaN, a lone surrogate, 1e400) is json's to judge
+                objs = fast_loads(text)
+            except Exception:
+                objs = None
+        if objs is None:
+            objs, end = _SCAN(text, 0)
+            if end != len(text):  # the array is the whole text: cannot be otherwise
+                raise EventDecodeError("not JSON lines: trailing data")
     except (ValueError, RecursionError, StopIteration) as e:
         raise EventDecodeError(f"not JSON lines: {e!r}") from None
-    if end != len(text):  # the array is the whole text: cannot be otherwise, but say so
-        raise EventDecodeError("not JSON lines: trailing data")
+    if type(objs) is not list:
+        raise EventDecodeError("not JSON lines")
     return [from_dict(obj) for obj in objs]
 
 

@@ -291,3 +291,22 @@ def test_namespace_ids_of_a_process_in_our_namespace_is_none():
     from torch_watchdog.sidecar.sources.receiver import namespace_ids
     assert namespace_ids(os.getpid()) is None
     assert namespace_ids(2 ** 22 + 12345) is None  # no such process
+
+
+def test_a_packed_datagram_decodes_to_what_each_line_decodes_to_with_or_without_orjson(rx, tx):
+    # the receiver's faster parser (orjson, where installed) must not change an event: an
+    # integer past 64 bits (orjson reads it as a float) in a float field stays json's integer
+    from torch_watchdog.sidecar.sources import receiver
+
+    long_int = 2 ** 64 + 1
+    lines = [events.encode(_hb(1)),
+             json.dumps({**events.to_dict(_hb(2)), "uptime_s": long_int}).encode(),
+             events.encode(events.NewShape(t=time.time(), pid=os.getpid(), name="m\u00e9",
+                                           shape=[[1, 2]], seconds=1e-300, distinct=3))]
+    data = b"\n".join(lines)
+    expected = [events.decode(line) for line in lines]
+    assert receiver._decode_packed(data) == expected
+    assert type(receiver._decode_packed(data)[1].uptime_s) is int
+    assert events.decode_many(data) == expected
+    tx.sendto(data, rx.path)
+    assert [e for e, _ in rx.receive()] == expected
