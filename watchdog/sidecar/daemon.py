@@ -256,7 +256,8 @@ class Daemon:
         started = time.perf_counter()
         now = self.clock()
         observations: list = self._receive()
-        observations += self._outcomes(now, observations)
+        outcomes = self._outcomes(now, observations)
+        observations += outcomes
         configured = self.configured_pids()
         pids = {p for ps in configured.values() for p in ps}
         heard = {o.pid for o in observations if isinstance(o, events.Event)}
@@ -277,8 +278,10 @@ class Daemon:
         observations.append(sample)
         self._log_observations(observations)  # first: what the step sees is what replay sees
         cfg = self.cfg
-        decided: list[policy.Action] = []
-        for obs in observations:
+        # the events first, as one batch (step.fold_events: what step() of each would do)
+        events_n = len(observations) - len(outcomes) - 1
+        decided: list[policy.Action] = step.fold_events(self.host, observations[:events_n], cfg)
+        for obs in observations[events_n:]:
             decided += step.step(self.host, obs, cfg)
         for action in decided:
             self._act(action)

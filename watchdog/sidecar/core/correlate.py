@@ -258,11 +258,15 @@ def fold_sample(state: State, s: Any, cfg: CorrelateConfig, attribution: str = "
 
 def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
     """One agent event, without evaluating the causes (the step evaluates once per poll)."""
+    t = e.t
     if state.first_t is None:
-        state.first_t = e.t
-    if e.t > state.now:
-        state.now = e.t
-    _event(state, e, cfg)
+        state.first_t = t
+    if t > state.now:
+        state.now = t
+    state.pids.add(e.pid)  # _event(state, e, cfg), inlined: it runs for every event
+    handler = _EVENT_HANDLERS.get(e.kind)
+    if handler is not None:
+        handler(state, e, cfg)
 
 
 # -- events -------------------------------------------------------------------------------
