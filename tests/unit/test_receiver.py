@@ -133,6 +133,32 @@ def test_each_line_of_a_packed_datagram_is_judged_on_its_own(rx, tx):
     assert rx.received == 2
 
 
+def test_a_packed_datagram_of_valid_lines_arrives_whole_and_a_spoofed_one_is_still_caught(rx, tx):
+    # every line valid JSON of the schema: the datagram is parsed in one go (one array)
+    kinds = [_hb(1),
+             events.NewShape(t=time.time(), pid=os.getpid(), name="m", shape=[[1, 7], [2]],
+                             seconds=0.05, distinct=1),
+             events.CudagraphRecord(t=time.time(), pid=os.getpid(), phase="record",
+                                    compile_id="0/1", key=[7], shape=[[1, 7]], seconds=0.01),
+             _hb(2, pid=os.getpid() + 1), _hb(3)]
+    tx.sendto(b"\n".join(events.encode(e) for e in kinds), rx.path)
+    got = [e for e, _ in rx.receive()]
+    assert got == [kinds[0], kinds[1], kinds[2], kinds[4]]
+    assert rx.dropped == {**NO_DROPS, "spoofed": 1}
+
+
+def test_lines_that_are_json_only_when_joined_are_each_dropped(rx, tx):
+    # parsed as one array, `{"a":[{}` + `{}]}` would be one object and `{..},{..}` two: each
+    # line is judged alone, as one event per line, so all three are malformed
+    good = events.to_dict(_hb(1))
+    split = json.dumps(good, separators=(",", ":"))
+    lines = [split[:-1] + ',"devices":[{}', '{}]}',
+             split + "," + split, split]
+    tx.sendto("\n".join(lines).encode(), rx.path)
+    assert [e.seq for e, _ in rx.receive()] == [1]
+    assert rx.dropped == {**NO_DROPS, "malformed": 3}
+
+
 def test_sender_with_a_uid_not_allowed_is_foreign(path, tx):
     with Receiver(path, allowed_uids={os.getuid() + 1}) as rx:
         tx.sendto(events.encode(_hb(1)), path)
@@ -265,3 +291,22 @@ def test_namespace_ids_of_a_process_in_our_namespace_is_none():
     from torch_watchdog.sidecar.sources.receiver import namespace_ids
     assert namespace_ids(os.getpid()) is None
     assert namespace_ids(2 ** 22 + 12345) is None  # no such process
+
+
+def test_a_packed_datagram_decodes_to_what_each_line_decodes_to_with_or_without_orjson(rx, tx):
+    # the receiver's faster parser (orjson, where installed) must not change an event: an
+    # integer past 64 bits (orjson reads it as a float) in a float field stays json's integer
+    from torch_watchdog.sidecar.sources import receiver
+
+    long_int = 2 ** 64 + 1
+    lines = [events.encode(_hb(1)),
+             json.dumps({**events.to_dict(_hb(2)), "uptime_s": long_int}).encode(),
+             events.encode(events.NewShape(t=time.time(), pid=os.getpid(), name="m\u00e9",
+                                           shape=[[1, 2]], seconds=1e-300, distinct=3))]
+    data = b"\n".join(lines)
+    expected = [events.decode(line) for line in lines]
+    assert receiver._decode_packed(data) == expected
+    assert type(receiver._decode_packed(data)[1].uptime_s) is int
+    assert events.decode_many(data) == expected
+    tx.sendto(data, rx.path)
+    assert [e for e, _ in rx.receive()] == expected

@@ -179,6 +179,41 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
     return actions
 
 
+def fold_events(host: Host, evs: list, cfg: Config) -> list[policy.Action]:
+    """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
+    actions. The daemon's path for a poll's events (1,000 a second from one busy agent): the
+    common event, from a known process, on time, after the first sample, is folded here with
+    the host's tables looked up once per batch (one call less per event, ~0.5-1 us of ~3);
+    anything else goes through `_on_event`. Only a sample changes host.now and
+    host.configured, so both hold for the whole batch."""
+    actions: list[policy.Action] = []
+    now = host.now
+    if now is None:
+        for e in evs:
+            actions += _on_event(host, e, cfg)
+        return actions
+    skew = cfg.correlate.max_clock_skew_s
+    trust = cfg.server.trust_agent_pids
+    correlate_cfg = cfg.correlate
+    configured, owner, servers, agents = host.configured, host.owner, host.servers, host.agents
+    fold = correlate.fold_event
+    for e in evs:
+        t = e.t
+        if e.kind == "hello" or not -skew <= t - now <= skew:
+            actions += _on_event(host, e, cfg)
+            continue
+        pid = e.pid
+        agents[pid] = t
+        name = configured.get(pid) or owner.get(pid, DEFAULT_SERVER)
+        server = servers.get(name) or host.server(name)
+        if pid in configured or (trust and server.name not in configured.values()):
+            server.pids[pid] = t
+            owner[pid] = server.name
+        fold(server.state, e, correlate_cfg)
+        server.events += 1
+    return actions
+
+
 def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
     name = owner_of(host, e)
     _adopt(host, e, name)
