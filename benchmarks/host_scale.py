@@ -43,10 +43,12 @@ forecast, causes and policy are computed again (`--calls`).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -127,11 +129,7 @@ class Poller:
         read() waits for (`self.main`: this thread's alone, `self.steps`: the pure step's)."""
         self.t += 0.1
         self.polls += 1
-        move = MIB2 if self.polls % 16 < 8 else -MIB2
-        for d in self.moving:  # the fake's numbers: the NVML worker reads them at read()
-            pid, used = d["procs"][0]
-            d["used"] += move
-            d["procs"] = [(pid, used + move)]
+        _move(self.moving, self.polls)
         started, cpu = time.thread_time(), time.process_time()
         for i, pid in enumerate(self.pid_list if self.calls else ()):
             if (self.polls + i) % 20 == 0:  # every 2 s, the servers' reports spread out
@@ -153,6 +151,66 @@ class Poller:
     def close(self) -> None:
         self.source.close()
         self.processes.close()
+
+
+class DaemonPoller:
+    """`--daemon`: the same host polled by a real Daemon's tick (no HTTP server, no alert
+    sender, no sample log): the sources and the step as above, plus what the daemon does with
+    each server every poll (its view for the metrics and the status page, the snapshot, the
+    status history). The agents' hellos come in as received events."""
+
+    def __init__(self, n: int, pids: list[int], changing: str = "none", calls: bool = False,
+                 fake: type = LeanNvml, state_dir: str = "/tmp"):
+        import structlog
+
+        from torch_watchdog.sidecar.config import AgentSocketConfig
+        from torch_watchdog.sidecar.daemon import Daemon
+        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+        gpus = [f"GPU-{i:04d}" for i in range(n)]
+        nvml = fake([{"uuid": g.encode(), "total": 80 * GB, "used": 10 * GB,
+                      "procs": [(pids[i], 8 * GB)]} for i, g in enumerate(gpus)])
+        self.moving = [] if changing == "none" else \
+            nvml.devices if changing == "all" else nvml.devices[::2]
+        self.t, self.polls, self.steps, self.main = time.time(), 0, [], []
+        self.calls, self.pid_list = calls, pids[:n]
+        cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(state_dir, f"ev{n}.sock")),
+                     state_dir=os.path.join(state_dir, f"state{n}"))
+        self.daemon = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml),
+                             clock=lambda: self.t, serve_metrics=False)
+        self.daemon.start()
+        for i in range(n):
+            self.daemon.pending.append((events.Hello(
+                t=self.t, pid=pids[i], torch="2.11", agent="bench", devices=[gpus[i]],
+                config={}, capabilities={}, watched=["m"], argv="serve",
+                server=f"replica-{i}"), pids[i]))
+        for _ in range(700):
+            self.poll()
+
+    def poll(self) -> float:
+        self.t += 0.1
+        self.polls += 1
+        _move(self.moving, self.polls)
+        for i, pid in enumerate(self.pid_list if self.calls else ()):
+            if (self.polls + i) % 20 == 0:
+                self.daemon.pending.append((events.Calls(
+                    t=self.t, pid=pid, name="m", calls=200, seconds=0.5, stall_calls=0,
+                    stall_seconds=0.0, distinct_shapes=4, window_s=2.0), pid))
+        started, main = time.process_time(), time.thread_time()
+        self.daemon.tick()
+        self.main.append(time.thread_time() - main)
+        return time.process_time() - started
+
+    def close(self) -> None:
+        self.daemon.halt()
+
+
+def _move(devices: list, polls: int) -> None:
+    """The fake's numbers of the moving GPUs: the NVML worker reads them at read()."""
+    move = MIB2 if polls % 16 < 8 else -MIB2
+    for d in devices:
+        pid, used = d["procs"][0]
+        d["used"] += move
+        d["procs"] = [(pid, used + move)]
 
 
 class _OneShot:
@@ -182,10 +240,15 @@ def main() -> int:
                    help="GPUs whose memory moves every poll (half: every other one)")
     p.add_argument("--calls", action="store_true",
                    help="the agents report their requests every 2 s, as they do")
+    p.add_argument("--daemon", action="store_true",
+                   help="the whole tick of a real Daemon (its per-server views, snapshot and "
+                        "status history too), not only the sources and the step")
     p.add_argument("--test-fake", action="store_true",
                    help="the tests' FakeNvml as it is (its call log and lock: ~2 us a GPU)")
     a = p.parse_args()
     fake = FakeNvml if a.test_fake else LeanNvml
+    tmp = tempfile.TemporaryDirectory(prefix="tw-hs-")
+    kind = functools.partial(DaemonPoller, state_dir=tmp.name) if a.daemon else Poller
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(7)]
     try:
         pids = [os.getpid()] + [c.pid for c in children]
@@ -194,7 +257,7 @@ def main() -> int:
         steps: tuple[list, list] = ([], [])
         if a.sequential:  # as measured before: all of one host's polls, then the other's
             for i, n in enumerate((1, 8)):
-                host = Poller(n, pids, a.changing, a.calls, fake)
+                host = kind(n, pids, a.changing, a.calls, fake)
                 host.steps.clear()
                 host.main.clear()
                 costs[i].extend(host.poll() for _ in range(a.polls))
@@ -202,8 +265,8 @@ def main() -> int:
                 mains[i].extend(host.main)
                 host.close()
         else:
-            small = Poller(1, pids, a.changing, a.calls, fake)
-            big = Poller(8, pids, a.changing, a.calls, fake)
+            small = kind(1, pids, a.changing, a.calls, fake)
+            big = kind(8, pids, a.changing, a.calls, fake)
             for _ in range(a.polls):
                 costs[0].append(small.poll())
                 costs[1].append(big.poll())
@@ -215,17 +278,20 @@ def main() -> int:
         for c in children:
             c.kill()
             c.wait()
+        tmp.cleanup()
     one, eight = statistics.median(costs[0]), statistics.median(costs[1])
     main1, main8 = statistics.median(mains[0]), statistics.median(mains[1])
-    print(f"memory changing: {a.changing}; agents' calls reports: {a.calls}")
+    print(f"memory changing: {a.changing}; agents' calls reports: {a.calls}; "
+          f"{'the daemon' + chr(39) + 's whole tick' if a.daemon else 'sources and step'}")
     print(f"poll, 1 GPU + 1 server:   {one * 1e3:.3f} ms CPU of the process (median of "
           f"{a.polls}; main thread alone {main1 * 1e3:.3f} ms)")
     print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU of the process (main thread "
           f"alone {main8 * 1e3:.3f} ms)")
     print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x; main thread alone "
           f"{main8 / main1:.2f}x)")
-    print(f"of which the pure step: {statistics.median(steps[0]) * 1e3:.3f} ms and "
-          f"{statistics.median(steps[1]) * 1e3:.3f} ms")
+    if steps[0]:
+        print(f"of which the pure step: {statistics.median(steps[0]) * 1e3:.3f} ms and "
+              f"{statistics.median(steps[1]) * 1e3:.3f} ms")
     return 0
 
 

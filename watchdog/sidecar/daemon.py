@@ -24,6 +24,7 @@ from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.actions import alerts, control, reload
 from torch_watchdog.sidecar.core import policy, step
+from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
@@ -101,6 +102,7 @@ class Daemon:
         # it again (an idle poll's recvmsg, cold after 100 ms asleep, was ~60 us of its ~500)
         self.quiet = False
         self._unknown: Optional[tuple] = None  # _unknown_focus's numbers, and for what
+        self._fc_dicts: dict[str, tuple] = {}  # server -> (Forecast, its as_dict())
         self.http = None
         self.running = False
         self.ticks = 0
@@ -434,11 +436,24 @@ class Daemon:
 
     def _server_views(self) -> dict[str, dict[str, Any]]:
         return {name: {"estimates": server.state.estimates(self.cfg.correlate),
-                       "forecast": server.forecast.as_dict(),
+                       "forecast": self._forecast_dict(name, server.forecast),
                        "active_causes": tuple(server.state.active),
                        "pids": sorted(server.pids),
                        "gpus": sorted(server.state.gpus or server.gpus)}
                 for name, server in self.host.servers.items()}
+
+    def _forecast_dict(self, name: str, fc: Forecast) -> dict[str, Any]:
+        """fc.as_dict(), made once per Forecast: a still server keeps its Forecast (frozen)
+        from poll to poll (core/step.py), and 8 servers' dicts were ~3 us each a poll. The
+        dict is shared by the polls that show it: its readers (metrics, alerts, the status
+        page) only read it."""
+        kept = self._fc_dicts.get(name)
+        if kept is None or kept[0] is not fc:
+            kept = self._fc_dicts[name] = (fc, fc.as_dict())
+            if len(self._fc_dicts) > 2 * len(self.host.servers) + 16:  # servers come and go
+                self._fc_dicts = {k: v for k, v in self._fc_dicts.items()
+                                  if k in self.host.servers}
+        return kept[1]
 
     def _alert(self, now: float, servers: dict[str, dict[str, Any]]) -> None:
         """Hand the alerts the step says fire, for every server, to the sender's thread."""
