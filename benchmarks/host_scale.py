@@ -34,6 +34,12 @@ Static memory, the issue's case, is at the 1.5x target's edge: 3 more runs alone
 NVML worker's loop ~2 us a GPU, a still server's step ~2.4 us, a process ~0.5 us, cold as
 polled in turn) against a fixed ~70 us (the worker's wake-up and hand-off, the poll's
 sample, the step's host-wide part).
+`--daemon` polls the same hosts through a real Daemon's whole tick (what it does with each
+server every poll: its view for the metrics and status page, the snapshot, the status
+history; no HTTP server, alert sender or sample log): 2026-12-01, 2-core VM, static,
+1.64 1.68x, then 1.60 1.63x once the daemon made a Forecast's dict once per Forecast
+(0.14-0.19 ms vs 0.23-0.31 ms). Left there: each server's estimates dict, built every poll
+(~6 us), and the snapshot's per-process loops.
 A still server's poll folds only its time (core/step.py `_Poll`: causes, policy, alerts and
 rates provably unchanged until a horizon); a still GPU's sample and a still process's sample
 are handed out again, and a process NVML meters has its RSS read once a second. A server whose
