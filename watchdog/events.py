@@ -288,36 +288,6 @@ def decode(data: Union[bytes, str]) -> Event:
     return from_dict(obj)
 
 
-def decode_many(data: Union[bytes, str],
-                fast_loads: Optional[Callable[[str], Any]] = None) -> list[Event]:
-    """The events of a datagram of several (`\\n`-separated lines, no blank line, each line
-    one JSON object starting with `{` and ending with `}`), parsed as one JSON array: one
-    scanner call per datagram, not one per line. Any problem raises EventDecodeError, for the
-    datagram as a whole: a caller that must know which lines were bad (the receiver counts
-    each) decodes them one by one then. It is the caller's to check the lines' shape
-    (receiver._decode_packed says why that makes each element exactly its line's event)."""
-    if len(data) > MAX_DATAGRAM_BYTES:
-        raise EventDecodeError(f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM_BYTES}")
-    try:
-        text = data.decode() if isinstance(data, (bytes, bytearray)) else data
-        text = "[" + text.replace("\n", ",") + "]"
-        objs = None
-        if fast_loads is not None:
-            try:  # what it refuses (NaN, a lone surrogate, 1e400) is json's to judge
-                objs = fast_loads(text)
-            except Exception:
-                objs = None
-        if objs is None:
-            objs, end = _SCAN(text, 0)
-            if end != len(text):  # the array is the whole text: cannot be otherwise
-                raise EventDecodeError("not JSON lines: trailing data")
-    except (ValueError, RecursionError, StopIteration) as e:
-        raise EventDecodeError(f"not JSON lines: {e!r}") from None
-    if type(objs) is not list:
-        raise EventDecodeError("not JSON lines")
-    return [from_dict(obj) for obj in objs]
-
-
 def from_dict(obj: Any) -> Event:
     # the common case, a valid event with every field: one generated function checks and
     # builds it (1.3 -> ~0.8 us per event); anything else takes the path below, which says

@@ -134,7 +134,7 @@ def test_each_line_of_a_packed_datagram_is_judged_on_its_own(rx, tx):
 
 
 def test_a_packed_datagram_of_valid_lines_arrives_whole_and_a_spoofed_one_is_still_caught(rx, tx):
-    # every line valid JSON of the schema: the datagram is parsed in one go (one array)
+    # every line a valid event: the datagram is taken on the fast path (orjson, a line each)
     kinds = [_hb(1),
              events.NewShape(t=time.time(), pid=os.getpid(), name="m", shape=[[1, 7], [2]],
                              seconds=0.05, distinct=1),
@@ -148,7 +148,7 @@ def test_a_packed_datagram_of_valid_lines_arrives_whole_and_a_spoofed_one_is_sti
 
 
 def test_lines_that_are_json_only_when_joined_are_each_dropped(rx, tx):
-    # parsed as one array, `{"a":[{}` + `{}]}` would be one object and `{..},{..}` two: each
+    # joined into one array, `{"a":[{}` + `{}]}` would be one object and `{..},{..}` two: each
     # line is judged alone, as one event per line, so all three are malformed
     good = events.to_dict(_hb(1))
     split = json.dumps(good, separators=(",", ":"))
@@ -157,6 +157,18 @@ def test_lines_that_are_json_only_when_joined_are_each_dropped(rx, tx):
     tx.sendto("\n".join(lines).encode(), rx.path)
     assert [e.seq for e, _ in rx.receive()] == [1]
     assert rx.dropped == {**NO_DROPS, "malformed": 3}
+
+
+def test_two_lines_that_join_into_one_event_inside_a_string_are_each_dropped(rx, tx):
+    # `...,"name":"x}` + `{y",...}`: neither line is JSON, but joined by a comma the two read
+    # as one valid new_shape whose name is "x},{y". Each line is judged alone: two malformed
+    good = events.to_dict(events.NewShape(t=time.time(), pid=os.getpid(), name="x},{y",
+                                          shape=[[1, 2]], seconds=0.1, distinct=1))
+    text = json.dumps(good, separators=(",", ":"))
+    cut = text.index("},{") + 1
+    tx.sendto((text[:cut] + "\n" + text[cut + 1:]).encode(), rx.path)
+    assert rx.receive() == []
+    assert rx.dropped == {**NO_DROPS, "malformed": 2}
 
 
 def test_sender_with_a_uid_not_allowed_is_foreign(path, tx):
@@ -295,18 +307,22 @@ def test_namespace_ids_of_a_process_in_our_namespace_is_none():
 
 def test_a_packed_datagram_decodes_to_what_each_line_decodes_to_with_or_without_orjson(rx, tx):
     # the receiver's faster parser (orjson, where installed) must not change an event: an
-    # integer past 64 bits (orjson reads it as a float) in a float field stays json's integer
+    # integer past 64 bits (orjson reads it as a float) in a float field stays json's integer;
+    # a negative one of 19 digits too (past int64: a float to orjson)
     from torch_watchdog.sidecar.sources import receiver
 
     long_int = 2 ** 64 + 1
     lines = [events.encode(_hb(1)),
              json.dumps({**events.to_dict(_hb(2)), "uptime_s": long_int}).encode(),
+             json.dumps({**events.to_dict(_hb(3)), "uptime_s": -9999999999999999999}).encode(),
              events.encode(events.NewShape(t=time.time(), pid=os.getpid(), name="m\u00e9",
                                            shape=[[1, 2]], seconds=1e-300, distinct=3))]
     data = b"\n".join(lines)
     expected = [events.decode(line) for line in lines]
-    assert receiver._decode_packed(data) == expected
-    assert type(receiver._decode_packed(data)[1].uptime_s) is int
-    assert events.decode_many(data) == expected
+    assert receiver._decode_packed(data) is None  # json's, line by line
+    plain = b"\n".join([lines[0], lines[3]])
+    assert receiver._decode_packed(plain) == [expected[0], expected[3]]
     tx.sendto(data, rx.path)
-    assert [e for e, _ in rx.receive()] == expected
+    got = [e for e, _ in rx.receive()]
+    assert got == expected
+    assert type(got[1].uptime_s) is int and got[2].uptime_s == -9999999999999999999

@@ -20,18 +20,18 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid (
 # a plain int: `flags & socket.MSG_TRUNC` goes through enum.IntFlag's __rand__ and builds a
 # flag object: 1.8 us per datagram vs 0.03 us (timeit; under cProfile 12 % of receive())
 _MSG_TRUNC = int(socket.MSG_TRUNC)
-# orjson, where installed, parses a packed datagram in 0.7 us per event (the agent's 100-event
-# datagrams of benchmarks/sidecar_cost.py's mix), json's scanner in 2.0-2.4 us (a 2-core VM);
-# it reads whatever it accepts as json does, except integers of 20 digits or more (floats past
-# 64 bits): a datagram with one is json's alone
+# orjson, where installed, parses an event in well under json's 2.0-2.4 us (a 2-core VM);
+# it reads whatever it accepts as json does, except integers past 64 bits (as floats: from
+# 19 digits on, for negative ones): a datagram with a number of 19 digits or more is json's
+# alone (an event's numbers have at most 17 significant digits)
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - where orjson is not installed: json alone
     _fast_loads = None
-# every digit as "0", everything else as " ": a run of 20 zeros is a number that long (a
+# every digit as "0", everything else as " ": a run of 19 zeros is a number that long (a
 # regular expression took longer than the parse it guards)
 _DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
-_LONG_INT = b"0" * 20
+_LONG_INT = b"0" * 19
 
 
 class Receiver:
@@ -201,25 +201,23 @@ def _credentials(ancdata: list) -> Optional[tuple[int, int, int]]:
 
 
 def _decode_packed(data: bytes) -> Optional[list[events.Event]]:
-    """Every event of a datagram of several, parsed as one JSON array (one parser call, not
-    one per line); None unless every line is a valid event (the caller then takes the lines
-    one at a time, counting each bad one as before). Measured on the agent's 100-event
-    datagrams (benchmarks/sidecar_cost.py's mix): see events.decode_many.
-
-    Why the array holds exactly the lines' events: every line begins with `{` and ends with
-    `}`, so a comma put between two lines is followed by `{`. Inside a valid event no comma is
-    followed by `{` (no field holds a list of objects; an object's keys are strings), so if
-    every element is a valid event, each joining comma sits between two elements and each
-    line is exactly one of them: the object its own parse would give."""
-    if data[:1] != b"{" or data[-1:] != b"}":
+    """Every event of a datagram whose lines are all valid events, each line parsed on its own
+    by orjson; None otherwise (no orjson, a blank line, a bad line, a number orjson would read
+    otherwise than json): the caller then takes the lines one at a time with json, counting
+    each bad one. Each line alone, never the datagram joined into one JSON array: joined, a
+    string or a list may span two lines that are not JSON on their own (`"name":"x}` +
+    `{y"...`), and the pair would pass as one event. Measured on the agent's 100-event
+    datagrams (benchmarks/sidecar_cost.py's mix, a 2-core VM): see its docstring."""
+    if _fast_loads is None or _LONG_INT in data.translate(_DIGITS):
         return None
-    newlines = data.count(b"\n")
-    if newlines == 0 or data.count(b"}\n{") != newlines:
-        return None
+    lines = data.split(b"\n")
+    if len(data) > events.MAX_EVENT_BYTES and \
+            max(map(len, lines)) > events.MAX_EVENT_BYTES:
+        return None  # an oversized line: counted as such by the line path
+    loads, build = _fast_loads, events.from_dict
     try:
-        return events.decode_many(data, None if _fast_loads is None or
-                                  _LONG_INT in data.translate(_DIGITS) else _fast_loads)
-    except Exception:  # EventDecodeError, or a bug: the line-by-line path decides
+        return [build(loads(line)) for line in lines]
+    except Exception:  # EventDecodeError, orjson's error, or a bug: the line path decides
         return None
 
 
