@@ -12,6 +12,8 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.step import Host, step
 from torch_watchdog.sidecar.offline.traces import Reader, read_all
+from torch_watchdog.sidecar.present import snapshot
+from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.views import ServerViews
 from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, \
     Sample
@@ -118,3 +120,16 @@ def test_a_config_change_builds_the_views_again():
     loose = views.build(host.servers, cfg.correlate)
     assert loose["srv"]["estimates"]["mb_per_graph"] == pytest.approx(10 * MB / 1e6, rel=0.01)
     assert loose == fresh(host, cfg)
+
+
+def test_a_snapshot_made_at_once_is_the_one_init_makes():
+    """snapshot.make (the daemon's, each poll) fills the frozen instance's dict at once."""
+    values = {f.name: f"value of {f.name}" for f in dataclasses.fields(Snapshot)}
+    made = snapshot.make(values)
+    assert type(made) is Snapshot and made == Snapshot(**values)
+    assert vars(made) == vars(Snapshot(**values))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.t = 1.0  # type: ignore[misc]
+    assert snapshot.make({"t": 2.0}) == Snapshot(t=2.0)  # a field left out: its default
+    with pytest.raises(TypeError):
+        snapshot.make({**values, "nonsense": 1})
