@@ -34,9 +34,11 @@ Later on 2026-12-01 (branch daemoncost), three runs each in turn with the code b
 agent 0.0209 / 0.0229 / 0.0229 -> 0.0209 / 0.0209 / 0.0199; 1,000 datagrams/s 0.080 / 0.087 /
 0.078 -> 0.078 / 0.092 / 0.073 (noise). Per thread (schedstat, the daemon in-process): the
 status page's socket thread woke every 0.2 s to look for a stop, 0.7 ms/s of an idle daemon's
-~5 ms/s, now it sleeps until a client or its wake; each server's view, its alerts, the
+~5 ms/s, now it sleeps until a client or its wake (the daemon in-process, all threads, 8 s,
+2 runs each in turn: no server 6.28 / 6.26 -> 4.83 / 4.76 ms/s, one server in host-memory
+mode 8.99 / 9.85 -> 8.37 / 8.10 ms/s); each server's view, its alerts, the
 snapshot's per-process sums are built again only when their inputs changed, and the
-Snapshot made by filling its dict (5.3 -> 0.6 us hot). Why idle hardly moved: a poll is
+Snapshot made by filling its dict (5.3 -> 0.6 us hot). Why idle did not drop more: a poll is
 ~70 us hot but ~400 us cold (after 100 ms asleep on this shared VM, a cold clock_gettime is
 ~9 us): the sources (the NVML hand-off ~50 us, /proc/meminfo ~35-60 us, the processes ~20-60
 us), the step (~170 us a host-memory server's poll: without GPUs no poll repeats, the RSS and
