@@ -40,7 +40,7 @@ history; no HTTP server, alert sender or sample log): 2026-12-01, 2-core VM, sta
 1.64 1.68x, then 1.60 1.63x once the daemon made a Forecast's dict once per Forecast
 (0.14-0.19 ms vs 0.23-0.31 ms). Then (same day, 3 runs each, the code before, 016e692, run
 from an extracted copy in turn): static 1.70 1.58 1.58x -> 1.40 1.39 1.42x (0.10-0.12 ms vs
-0.14-0.17 ms), `--calls` 1.81 1.82 1.95x -> 1.60 1.58 1.50x, once each server's view is built
+0.14-0.17 ms; 3 more later: 1.65 1.67x -> 1.47 1.44 1.40x), `--calls` 1.81 1.82 1.95x -> 1.60 1.58 1.50x, once each server's view is built
 again only when what it shows changed (present/views.py: its estimates' inputs as a key), its
 alerts likewise, the snapshot made by filling its dict (a frozen dataclass's __init__ was
 5.3 us) and its per-process sums kept while the processes tuple is the same. With `--calls`
