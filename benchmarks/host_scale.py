@@ -38,8 +38,14 @@ sample, the step's host-wide part).
 server every poll: its view for the metrics and status page, the snapshot, the status
 history; no HTTP server, alert sender or sample log): 2026-12-01, 2-core VM, static,
 1.64 1.68x, then 1.60 1.63x once the daemon made a Forecast's dict once per Forecast
-(0.14-0.19 ms vs 0.23-0.31 ms). Left there: each server's estimates dict, built every poll
-(~6 us), and the snapshot's per-process loops.
+(0.14-0.19 ms vs 0.23-0.31 ms). Then (same day, 3 runs each, the code before, 016e692, run
+from an extracted copy in turn): static 1.70 1.58 1.58x -> 1.40 1.39 1.42x (0.10-0.12 ms vs
+0.14-0.17 ms; 3 more later: 1.65 1.67x -> 1.47 1.44 1.40x), `--calls` 1.81 1.82 1.95x -> 1.60 1.58 1.50x, once each server's view is built
+again only when what it shows changed (present/views.py: its estimates' inputs as a key), its
+alerts likewise, the snapshot made by filling its dict (a frozen dataclass's __init__ was
+5.3 us) and its per-process sums kept while the processes tuple is the same. With `--calls`
+what is left is the step's (after each report a server's forecast, causes and policy are
+computed again: the step alone is 1.6-1.8x there).
 A still server's poll folds only its time (core/step.py `_Poll`: causes, policy, alerts and
 rates provably unchanged until a horizon); a still GPU's sample and a still process's sample
 are handed out again, and a process NVML meters has its RSS read once a second. A server whose

@@ -30,6 +30,24 @@ decoding, ~2 us folding (1.8x a hot loop's: a daemon that wakes 20 times a secon
 per poll ~500 us of Python at 10 Hz when idle (the NVML and /proc reads ~100 us, the sample's
 step ~20 us, the snapshot, views and status ~150 us) and, with a server, ~120 us more for the
 sample's full fold (its state changes with every event) and ~150 us of views and status.
+Later on 2026-12-01 (branch daemoncost), three runs each in turn with the code before it
+(016e692): idle 0.0060 / 0.0050 / 0.0060 -> 0.0050 / 0.0050 / 0.0050; 1,000 events/s from an
+agent 0.0209 / 0.0229 / 0.0229 -> 0.0209 / 0.0209 / 0.0199; 1,000 datagrams/s 0.080 / 0.087 /
+0.078 -> 0.078 / 0.092 / 0.073 (noise). Per thread (schedstat, the daemon in-process): the
+status page's socket thread woke every 0.2 s to look for a stop, 0.7 ms/s of an idle daemon's
+~5 ms/s, now it sleeps until a client or its wake (the daemon in-process, all threads, 8 s,
+2 runs each in turn: no server 6.28 / 6.26 -> 4.83 / 4.76 ms/s, one server in host-memory
+mode 8.99 / 9.85 -> 8.37 / 8.10 ms/s); each server's view, its alerts, the
+snapshot's per-process sums are built again only when their inputs changed, and the
+Snapshot made by filling its dict (5.3 -> 0.6 us hot). Why idle did not drop more: a poll is
+~70 us hot but ~400 us cold (after 100 ms asleep on this shared VM, a cold clock_gettime is
+~9 us): the sources (the NVML hand-off ~50 us, /proc/meminfo ~35-60 us, the processes ~20-60
+us), the step (~170 us a host-memory server's poll: without GPUs no poll repeats, the RSS and
+PSS are read and folded every poll) and the loop's wake-up dominate. With 1,000 events/s
+(100 a poll), per poll in the daemon: intake (receive + decode) ~0.7 ms, their fold ~0.3 ms,
+the sample's step ~0.17 ms, the status history's marks over the events ~0.08 ms, the views
+~0.07 ms (their estimates change every poll then): the events' own cost is 1 % of a core,
+so the 1 % target needs a cheaper intake and fold, not a cheaper presentation.
 """
 from __future__ import annotations
 

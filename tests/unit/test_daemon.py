@@ -459,3 +459,50 @@ def test_an_event_from_the_far_future_is_counted_and_the_server_is_still_forecas
     d.tick()
     assert 'torch_watchdog_events_skewed_total 1.0' in render(d.registry).decode()
     assert d.host.focus().state.now < clock.t + 1  # the state's clock did not move
+
+
+def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
+    """The daemon builds a server's alerts again only when what they read changed (its
+    `firing`, its view's dicts): every poll's firing alerts equal ones built from scratch,
+    while a cause fires through still polls and its description moves with new recordings."""
+    from torch_watchdog.sidecar.actions import alerts
+    from torch_watchdog.sidecar.config import AlertsConfig
+
+    me = os.getpid()
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 correlate=CorrelateConfig(min_records=10), state_dir=short_tmp,
+                 alerts=AlertsConfig(urls=["http://127.0.0.1:9"], instance="box"))
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)  # not started: alerts stay in the book and outbox
+    d.pending.append((events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f",
+                                     seconds=2.0), me))
+    d.tick()
+    clock.t += 20
+    descriptions = set()
+    try:
+        for i in range(120):
+            if i < 30 or 80 <= i < 90:  # recordings that cost memory, then still, then more
+                d.pending.extend((events.CudagraphRecord(
+                    t=clock.t, pid=me, phase="record", compile_id="0/1", key=[i, k],
+                    shape=None, seconds=0.01), me) for k in (0, 1))
+                nvml.devices[0]["procs"] = [(me, nvml.devices[0]["procs"][0][1] + MB)]
+                nvml.devices[0]["used"] += MB
+            clock.t += 0.1
+            d.tick()
+            fresh: dict = {}
+            for name, server in d.host.servers.items():
+                labels = {"service": "inference", "instance": "box", "server": name,
+                          "gpu_uuid": GPU}
+                fresh.update(alerts.build(server.firing,
+                                          server.state.estimates(cfg.correlate),
+                                          server.forecast.as_dict(), labels))
+            kept = {k: t.alert for k, t in d.book.tracked.items() if t.ends_at is None}
+            assert kept == fresh, i
+            descriptions |= {a["annotations"]["description"] for a in fresh.values()}
+    finally:
+        d.nvml.close()
+    assert any(("cause", "cudagraph_per_shape") in key for key in d.book.tracked)  # fired
+    assert len(descriptions) > 10  # … and its description moved with the recordings

@@ -24,7 +24,6 @@ from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.actions import alerts, control, reload
 from torch_watchdog.sidecar.core import policy, step
-from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
@@ -34,7 +33,9 @@ from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, chil
 from torch_watchdog.sidecar.sources.receiver import Receiver
 from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
     outcome_to_dict, sample_to_dict
+from torch_watchdog.sidecar.present import snapshot as snapshot_mod
 from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.views import ServerViews
 from torch_watchdog.sidecar.actions.systemd import Notifier
 
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often
@@ -102,7 +103,11 @@ class Daemon:
         # it again (an idle poll's recvmsg, cold after 100 ms asleep, was ~60 us of its ~500)
         self.quiet = False
         self._unknown: Optional[tuple] = None  # _unknown_focus's numbers, and for what
-        self._fc_dicts: dict[str, tuple] = {}  # server -> (Forecast, its as_dict())
+        self.views = ServerViews()  # each server's view, built again only when it changed
+        self._focus_kept: Optional[tuple] = None  # (estimates, forecast, the two merged)
+        self._procs_kept: Optional[tuple] = None  # (processes, what _snapshot made of them)
+        self._actions_kept: Optional[dict] = None  # dict(actions_total), until an action
+        self._alerts_kept: dict[str, tuple] = {}  # server -> (what alerts.build read, built)
         self.http = None
         self.running = False
         self.ticks = 0
@@ -293,8 +298,7 @@ class Daemon:
         servers = self._server_views()  # once a poll, for the alerts and the snapshot
         view = servers.get(focus.name)  # the focus's numbers: computed once, not twice a poll
         if view is not None and self.host.servers.get(focus.name) is focus:
-            forecast = dict(view["forecast"])
-            estimates = {**view["estimates"], **forecast}
+            estimates, forecast = self._focus_numbers(view)
         else:
             estimates, forecast = self._unknown_focus(focus, cfg)
         self._alert(now, servers)
@@ -379,6 +383,7 @@ class Daemon:
     def _act(self, action: policy.Action) -> None:
         """Carry out what the step decided; decisions and outcomes go to reloads.json first."""
         self.actions_total[action.action] += 1
+        self._actions_kept = None
         log = (self.log.info if action.action in ("restart", "reload_ok") else
                self.log.error if action.action == "reload_failed" else self.log.warning)
         log("action", **action.as_dict())
@@ -412,7 +417,8 @@ class Daemon:
     def _outcomes(self, now: float, received: list = ()) -> list[ReloadOutcome]:
         """Reloads that finished since the last poll, as observations for the step; the
         hellos `received` go to the reloads' threads first."""
-        self.hellos.add(e for e in received if isinstance(e, events.Hello))
+        if received:
+            self.hellos.add(e for e in received if isinstance(e, events.Hello))
         out = []
         for server, reloader in list(self.reloaders.items()):
             result = reloader.poll()
@@ -435,25 +441,17 @@ class Daemon:
             self.log.error("cannot write the reload record", error=self.reload_log.error)
 
     def _server_views(self) -> dict[str, dict[str, Any]]:
-        return {name: {"estimates": server.state.estimates(self.cfg.correlate),
-                       "forecast": self._forecast_dict(name, server.forecast),
-                       "active_causes": tuple(server.state.active),
-                       "pids": sorted(server.pids),
-                       "gpus": sorted(server.state.gpus or server.gpus)}
-                for name, server in self.host.servers.items()}
+        """Every server's view (present/views.py: made again only when it changed)."""
+        return self.views.build(self.host.servers, self.cfg.correlate)
 
-    def _forecast_dict(self, name: str, fc: Forecast) -> dict[str, Any]:
-        """fc.as_dict(), made once per Forecast: a still server keeps its Forecast (frozen)
-        from poll to poll (core/step.py), and 8 servers' dicts were ~3 us each a poll. The
-        dict is shared by the polls that show it: its readers (metrics, alerts, the status
-        page) only read it."""
-        kept = self._fc_dicts.get(name)
-        if kept is None or kept[0] is not fc:
-            kept = self._fc_dicts[name] = (fc, fc.as_dict())
-            if len(self._fc_dicts) > 2 * len(self.host.servers) + 16:  # servers come and go
-                self._fc_dicts = {k: v for k, v in self._fc_dicts.items()
-                                  if k in self.host.servers}
-        return kept[1]
+    def _focus_numbers(self, view: dict[str, Any]) -> tuple[dict, dict]:
+        """The focus's estimates merged with its forecast, and its forecast: merged again only
+        when its view's dicts change (shared, read only, like the views)."""
+        kept = self._focus_kept
+        if kept is None or kept[0] is not view["estimates"] or kept[1] is not view["forecast"]:
+            kept = self._focus_kept = (view["estimates"], view["forecast"],
+                                       {**view["estimates"], **view["forecast"]})
+        return kept[2], kept[1]
 
     def _alert(self, now: float, servers: dict[str, dict[str, Any]]) -> None:
         """Hand the alerts the step says fire, for every server, to the sender's thread."""
@@ -462,14 +460,26 @@ class Daemon:
         a = self.cfg.alerts
         base = {"service": a.service, "instance": a.instance or socket.gethostname()}
         firing: dict = {}
+        kept = self._alerts_kept
         for name, server in self.host.servers.items():
+            if not server.firing:  # the common case: nothing of it fires (build() gives {})
+                continue
             labels = {**base, "server": name}
             view = servers[name]
             uuid = server.forecast.gpu_uuid or (view["gpus"][0] if view["gpus"] else None)
             if uuid:
                 labels["gpu_uuid"] = uuid
-            firing.update(alerts.build(server.firing, view["estimates"], view["forecast"],
-                                       labels))
+            # built again only when what build() reads changed: a still server keeps its
+            # `firing` and its view's dicts (each alert's description is ~10 us of strings)
+            was = kept.get(name)
+            if was is None or was[0] is not server.firing or was[1] is not view["estimates"] \
+                    or was[2] is not view["forecast"] or was[3] != labels:
+                was = kept[name] = (server.firing, view["estimates"], view["forecast"], labels,
+                                    alerts.build(server.firing, view["estimates"],
+                                                 view["forecast"], labels))
+            firing.update(was[4])
+        if len(kept) > len(self.host.servers):  # servers come and go
+            self._alerts_kept = {k: v for k, v in kept.items() if k in self.host.servers}
         if self.reload_log.unreadable:
             firing.update(alerts.build({"reload_record_unreadable": {
                 "detail": self.reload_log.unreadable}}, {}, {}, base))
@@ -507,29 +517,36 @@ class Daemon:
         if known is None or known[0] is not focus or known[1] is not cfg:
             known = self._unknown = (focus, cfg, step.estimates(focus, cfg),
                                      focus.forecast.as_dict())
-        return dict(known[2]), dict(known[3])
+        return known[2], known[3]  # shared, read only, like the views
 
     def _snapshot(self, sample: Sample, estimates: dict, focus: step.Server,
                   servers: dict[str, dict[str, Any]], poll_s: float,
                   forecast: Optional[dict] = None) -> Snapshot:
-        gpu: dict[str, Optional[int]] = {}
-        for p in sample.processes:
-            for uuid, used in p.gpu_bytes.items():
-                gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
-                    else gpu.get(uuid, 0) + used
-        alive = [p for p in sample.processes if p.alive]
-        rss = [p.host_bytes for p in alive if p.host_bytes is not None]
+        processes = sample.processes
+        kept = self._procs_kept
+        if kept is None or kept[0] is not processes:  # the reader hands back the same tuple
+            gpu: dict[str, Optional[int]] = {}      # when nothing changed: the same sums
+            for p in processes:
+                for uuid, used in p.gpu_bytes.items():
+                    gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
+                        else gpu.get(uuid, 0) + used
+            alive = [p for p in processes if p.alive]
+            rss = [p.host_bytes for p in alive if p.host_bytes is not None]
+            kept = self._procs_kept = (processes, gpu, sum(rss) if rss else None, bool(alive))
+        _, gpu, rss_bytes, any_alive = kept
+        if self._actions_kept is None:
+            self._actions_kept = dict(self.actions_total)
         receiver = self.receiver
-        return Snapshot(
+        return snapshot_mod.make(dict(  # Snapshot(...) at a ninth of the cost
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             gpu_attribution=self.cfg.gpu.attribution,
-            server_rss_bytes=sum(rss) if rss else None,
-            server_alive=bool(alive) if sample.processes else None,
+            server_rss_bytes=rss_bytes,
+            server_alive=any_alive if processes else None,
             estimates=estimates,
             forecast=focus.forecast.as_dict() if forecast is None else forecast,
-            active_causes=tuple(focus.state.active), actions_total=dict(self.actions_total),
+            active_causes=tuple(focus.state.active), actions_total=self._actions_kept,
             servers=servers, focus=focus.name if focus.name in servers else None,
-            sources_up={"nvml": sample.nvml_up, "process": bool(alive),
+            sources_up={"nvml": sample.nvml_up, "process": any_alive,
                         "agent": self.host.agents_alive()},
             poll_seconds=poll_s, nvml_query_seconds=sample.query_s,
             events_received_total=self.accepted,
@@ -542,7 +559,7 @@ class Daemon:
                                         for v in self.host.servers.values()),
             alerts_sent_total=dict(self.sender.sent) if self.sender else {},
             alert_posts_failed_total=dict(self.sender.failed) if self.sender else {},
-            alerts_dropped_total=dict(self.sender.dropped) if self.sender else {})
+            alerts_dropped_total=dict(self.sender.dropped) if self.sender else {}))
 
 
 def _status_line(server: step.Server) -> str:

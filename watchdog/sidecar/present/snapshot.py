@@ -5,7 +5,7 @@ reference it finds, so it never waits for the loop and never sees half an update
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from torch_watchdog.sidecar.sources.samples import DeviceSample
@@ -40,3 +40,19 @@ class Snapshot:
     alert_posts_failed_total: dict[str, int] = field(default_factory=dict)  # (a few, configured)
     alerts_dropped_total: dict[str, int] = field(default_factory=dict)
     gpu_attribution: str = "auto"                  # config gpu.attribution: whose memory
+
+
+_FIELDS = frozenset(f.name for f in fields(Snapshot))
+_new = object.__new__
+
+
+def make(values: dict[str, Any]) -> Snapshot:
+    """Snapshot(**values), the daemon's each poll. With every field given, the instance's dict
+    is filled at once: a frozen dataclass's __init__ sets its 24 fields one object.__setattr__
+    at a time (5.3 us a poll, hot, on the 2-core VM; this: 0.6 us). The same Snapshot, frozen
+    alike; anything else (a field missing or unknown) goes through __init__."""
+    if values.keys() != _FIELDS:
+        return Snapshot(**values)
+    snap = _new(Snapshot)
+    snap.__dict__.update(values)
+    return snap
