@@ -4,7 +4,10 @@ torch.compile'd model, a health flag read from `torch_watchdog.agent.ready()`.
 It serves requests one after another (each a watched call lasting `--call-s`), and takes new
 work only while ready() is True, as a server behind a load balancer whose health check reads
 it. Progress goes to `--progress` as JSON lines: start, compiled {seconds}, ready (the first
-answer), begin/end {i} per request, on_drain (the callback), not_ready (work refused once).
+answer), begin/end {i} per request, on_drain {ready} (the callback, with what ready() said
+then), not_ready (work refused once). Reading ready() and taking a request happen under one
+lock the on_drain callback also takes, as a load balancer's health check and its dispatch:
+a request either began before the drain's callback or was refused.
 `--grow-mib-per-s`: host memory it keeps after the first answer (the sidecar's forecast).
 
     python tests/integration/drain_server.py --socket S --progress P --event-log L
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -53,7 +57,13 @@ def main() -> int:
     put(fh, "start", ppid=os.getppid())
     agent.install(socket_path=a.socket, event_log=a.event_log, server=a.server, tick_s=0.05,
                   reconnect_s=0.2)
-    agent.on_drain(lambda: put(fh, "on_drain"))
+    gate = threading.Lock()
+
+    def drained() -> None:
+        with gate:
+            put(fh, "on_drain", ready=agent.ready())
+
+    agent.on_drain(drained)
     torch.manual_seed(0)
     model = torch.compile(Net(), backend=a.backend)
 
@@ -71,14 +81,17 @@ def main() -> int:
         hoard, i, refused = [], 0, False
         grow_from = time.monotonic()
         while not a.requests or i < a.requests:
-            if not agent.ready():  # the health endpoint says 503: no new work comes
-                if not refused:
+            with gate:
+                taken = agent.ready()  # the health endpoint says 503: no new work comes
+                if taken:
+                    i += 1
+                    put(fh, "begin", i=i)
+                elif not refused:
                     put(fh, "not_ready")
                     refused = True
+            if not taken:
                 time.sleep(0.01)
                 continue
-            i += 1
-            put(fh, "begin", i=i)
             served(x)
             put(fh, "end", i=i)
             owed = a.grow_mib_per_s * (time.monotonic() - grow_from) - len(hoard)
