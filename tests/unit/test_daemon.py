@@ -506,3 +506,40 @@ def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
         d.nvml.close()
     assert any(("cause", "cudagraph_per_shape") in key for key in d.book.tracked)  # fired
     assert len(descriptions) > 10  # … and its description moved with the recordings
+
+
+def test_the_socket_is_read_between_polls_only_once_a_poll_found_it_busy(rig):
+    """A datagram a poll (one agent at 1,000 events/s) waits for the poll: no wake for it. A
+    poll that takes several datagrams makes the waits read them as they come (the kernel
+    queues ~11), until a poll takes fewer again."""
+    d, nvml, clock, sender = rig
+    me = os.getpid()
+
+    def beat(seq: int) -> None:
+        send(sender, events.Heartbeat(t=clock.t, pid=me, seq=seq, uptime_s=1.0, queue_depth=0,
+                                      errors=0))
+
+    def poll() -> None:
+        clock.t += 0.1
+        d.tick()
+
+    beat(0)
+    poll()
+    assert d.accepted == 1 and not d.eager
+    beat(1)
+    d._wait(0.05)  # the wait does not take it: the poll does
+    assert d.pending == [] and d.accepted == 1
+    poll()
+    assert d.accepted == 2 and not d.eager
+    for seq in range(2, 2 + 5):  # a burst: 5 datagrams before the next poll
+        beat(seq)
+    poll()
+    assert d.accepted == 7 and d.eager
+    beat(7)
+    d._wait(0.05)  # now the wait takes it as it comes
+    assert [e.seq for e, _ in d.pending] == [7]
+    poll()  # a poll of one datagram: quiet again
+    assert d.accepted == 8 and not d.eager
+    beat(8)
+    d._wait(0.05)
+    assert d.pending == []

@@ -52,6 +52,7 @@ class Receiver:
         self.max_batch = max_batch
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self.received = 0
+        self.datagrams = 0  # taken from the socket, good or not
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, mode=0o750, exist_ok=True)  # an existing dir (e.g. /run) keeps its mode
         _remove_stale_socket(path)
@@ -93,6 +94,7 @@ class Receiver:
                                                              self._ancbufsize)
             except (BlockingIOError, InterruptedError):
                 break
+            self.datagrams += 1
             if flags & _MSG_TRUNC:
                 self.dropped["oversized"] += 1
                 continue
