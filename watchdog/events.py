@@ -364,24 +364,26 @@ def _checker(hint: Any) -> Callable[[Any], bool]:
     return lambda v: type(v) is hint
 
 
-def _inline(hint: Any, v: str = "v") -> Optional[str]:
+def _inline(hint: Any, v: str = "v", finite: bool = False) -> Optional[str]:
     """The check of a scalar field as a Python expression on variable `v` (None: not a
-    scalar)."""
+    scalar). `finite`: the parser never gives inf or nan (orjson refuses them)."""
     if hint in (int, bool, str):
         return f"type({v}) is {hint.__name__}"
     if hint is float:
-        return f"((type({v}) is float and _finite({v})) or type({v}) is int)"
+        return f"(type({v}) is float or type({v}) is int)" if finite else \
+            f"((type({v}) is float and _finite({v})) or type({v}) is int)"
     args = typing.get_args(hint)
     if typing.get_origin(hint) is Union and len(args) == 2 and type(None) in args:
-        inner = _inline(next(a for a in args if a is not type(None)), v)
+        inner = _inline(next(a for a in args if a is not type(None)), v, finite)
         return None if inner is None else f"({v} is None or {inner})"
     return None
 
 
-def _statements(hint: Any, var: str, name: str, indent: str, depth: int = 0) -> list[str]:
+def _statements(hint: Any, var: str, name: str, indent: str, depth: int = 0,
+                finite: bool = False) -> list[str]:
     """Lines that `return name` unless `var` matches `hint`: scalars inline, lists as plain
     loops (a generator per list was a third of a cudagraph_record's decode), None if neither."""
-    inline = _inline(hint, var)
+    inline = _inline(hint, var, finite)
     if inline is not None:
         return [f"{indent}if not {inline}: return {name!r}"]
     args = typing.get_args(hint)
@@ -394,19 +396,20 @@ def _statements(hint: Any, var: str, name: str, indent: str, depth: int = 0) -> 
         head, indent = [f"{indent}if {var} is not None:"], indent + "    "
     else:
         head = []
-    body = _statements(typing.get_args(inner)[0], item, name, indent + "    ", depth + 1)
+    body = _statements(typing.get_args(inner)[0], item, name, indent + "    ", depth + 1,
+                       finite)
     if body is None:
         return None
     return head + [f"{indent}if type({var}) is not list: return {name!r}",
                    f"{indent}for {item} in {var}:"] + body
 
 
-def _check_lines(kind: str, indent: str = "    ") -> list[str]:
+def _check_lines(kind: str, indent: str = "    ", finite: bool = False) -> list[str]:
     """The statements of `_validator`'s check: each returns the name of a bad field."""
     lines = []
     for name in _FIELDS[kind]:
         lines.append(f"{indent}v = o[{name!r}]")
-        body = _statements(_HINTS[kind][name], "v", name, indent)
+        body = _statements(_HINTS[kind][name], "v", name, indent, finite=finite)
         lines += body if body is not None else \
             [f"{indent}if not _nested[{name!r}](v): return {name!r}"]
     return lines
@@ -428,12 +431,13 @@ def _validator(kind: str) -> Callable[[dict], Optional[str]]:
     return namespace["check"]
 
 
-def _builder(kind: str) -> Callable[[dict], Optional[Event]]:
+def _builder(kind: str, finite: bool = False) -> Callable[[dict], Optional[Event]]:
     """One generated function per kind: the event of a dict holding every field of the kind,
     each valid (`_validator`'s checks, inlined), else None (from_dict's checks then say why).
-    A dict of the kind's size with a field missing has an unknown one: None too."""
+    A dict of the kind's size with a field missing has an unknown one: None too. `finite`:
+    for a parser that never gives inf or nan (FINITE_BUILDERS)."""
     checks = [line.rsplit(" return ", 1)[0] + " return None" if " return " in line else line
-              for line in _check_lines(kind, "        ")]
+              for line in _check_lines(kind, "        ", finite)]
     lines = ["def build(o):",
              f"    if len(o) != {len(_FIELDS[kind]) + 2}: return None",
              "    v = o.get('v')",
@@ -454,6 +458,9 @@ def _builder(kind: str) -> Callable[[dict], Optional[Event]]:
 
 _VALIDATORS = {kind: _validator(kind) for kind in KINDS}
 _BUILDERS = {kind: _builder(kind) for kind in KINDS}
+# kind -> the builder for a dict from orjson, which refuses NaN, Infinity and numbers past a
+# double's range (json's parser takes them): no isfinite() per float (the receiver's path)
+FINITE_BUILDERS = {kind: _builder(kind, finite=True) for kind in KINDS}
 # kind -> (class, fields + `v` + `kind`, validator): one lookup per event
 _SPECS = {kind: (cls, len(_FIELDS[kind]) + 2, _VALIDATORS[kind]) for kind, cls in KINDS.items()}
 _SCAN = json.JSONDecoder().scan_once
