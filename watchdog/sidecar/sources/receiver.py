@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import socket
 import stat
 import struct
@@ -74,6 +75,10 @@ class Receiver:
             raise
         self._sock = sock
         self._ancbufsize = socket.CMSG_SPACE(_UCRED.size)
+        # asked before each read: an empty queue answers [] where recvmsg raises
+        # BlockingIOError, ~60 us of CPU in a poll woken after 100 ms asleep (~3 us hot)
+        self._ready = select.poll()
+        self._ready.register(sock, select.POLLIN)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -84,9 +89,10 @@ class Receiver:
         or time.monotonic() passes `deadline` (a datagram is taken whole: at most 64 KB);
         return the good events with sender pids."""
         good: list[tuple[events.Event, int]] = []
+        ready = self._ready.poll
         for _ in range(self.max_batch):
             if (max_events is not None and len(good) >= max_events) or \
-                    (deadline is not None and time.monotonic() >= deadline):
+                    (deadline is not None and time.monotonic() >= deadline) or not ready(0):
                 break
             try:
                 # A buffer of exactly MAX_EVENT_BYTES: anything longer comes back with MSG_TRUNC.
@@ -152,6 +158,7 @@ class Receiver:
     def close(self) -> None:
         """Close the socket and remove its path (idempotent)."""
         if self._sock.fileno() != -1:
+            self._ready.unregister(self._sock)
             self._sock.close()
             try:
                 os.unlink(self.path)
