@@ -174,8 +174,9 @@ class Daemon:
         return self.halt()
 
     def _wait(self, timeout: float) -> None:
-        """Until the next poll: take agent datagrams as they come (the kernel queues only ~10
-        per socket) into `pending`, and wake at once for a signal."""
+        """Until the next poll: wake at once for a signal, and, after a busy poll (`eager`),
+        take agent datagrams as they come (the kernel queues only ~11 per socket) into
+        `pending`."""
         deadline = time.monotonic() + max(0.0, timeout)
         watch = [self._wake_r] + ([self.receiver] if self.receiver is not None and self.eager
                                   else [])
