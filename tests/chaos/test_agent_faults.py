@@ -18,6 +18,8 @@ from torch_watchdog.agent import timing
 from torch_watchdog.agent.hooks import LogTap
 from torch_watchdog.agent.timing import watch
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # on the C and the Python path of watch()
+
 ERRORS = (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError,
           ZeroDivisionError, RecursionError, NotImplementedError)
 

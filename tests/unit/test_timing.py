@@ -1,4 +1,10 @@
+import functools
+import sys
+import gc
+import os
+import threading
 import time
+import tracemalloc
 
 import pytest
 import torch
@@ -9,6 +15,8 @@ from torch_watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, 
 
 # torch.OutOfMemoryError from 2.5; torch.cuda's name for the same class on every version
 OutOfMemoryError = torch.cuda.OutOfMemoryError
+
+pytestmark = pytest.mark.usefixtures("hot_path")  # every test on the C and the Python path
 
 
 @pytest.fixture
@@ -448,3 +456,121 @@ def test_attributes_are_the_models_and_cannot_be_set_on_the_wrapper():
         f.anything = 1
     with pytest.raises(AttributeError):
         f.weight = None  # as before: the wrapper has no attributes of its own to set
+
+
+def _in_progress(seen, tag):
+    return lambda *a, **k: seen.append((tag, timing.current_shape())) or (a or [None])[0]
+
+
+def test_nested_calls_on_both_paths_see_the_innermost_shape(hot_path):
+    seen = []
+    one = watch(_in_progress(seen, "one"), name="one")  # model(x): the C path, where built
+    several = watch(_in_progress(seen, "several"), name="several")  # model(x, k): Python's
+
+    def outer_one(x):
+        seen.append(("outer_one", timing.current_shape()))
+        several(torch.ones(3), 7)
+        seen.append(("back", timing.current_shape()))
+        return x
+
+    def outer_several(x, k):
+        seen.append(("outer_several", timing.current_shape()))
+        one(torch.ones(5))
+        seen.append(("back", timing.current_shape()))
+        return x
+
+    watch(outer_one, name="a")(torch.ones(2))
+    watch(outer_several, name="b")(torch.ones(4), 1)
+    three, four = (torch.Size([3]), None), (torch.Size([4]), None)
+    assert seen == [("outer_one", (2,)), ("several", three), ("back", (2,)),
+                    ("outer_several", four), ("one", (5,)), ("back", four)]
+    assert timing.current_shape() is None and not timing.calls_in_flight()
+
+
+@pytest.mark.parametrize("args, kwargs", [((torch.ones(7, 2),), {}),
+                                          ((), {"x": torch.ones(7, 2), "m": torch.ones(1)}),
+                                          ((torch.ones(7, 2), "text"), {})])
+def test_calls_in_flight_on_another_thread_are_counted(args, kwargs):
+    entered, release = threading.Event(), threading.Event()
+    f = watch(lambda *a, **k: entered.set() or release.wait(10), name="slow")
+    t = threading.Thread(target=f, args=args, kwargs=kwargs)
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert timing.calls_in_flight()
+        assert timing.current_shape() is not None
+    finally:
+        release.set()
+        t.join(10)
+    assert not timing.calls_in_flight()
+
+
+def test_a_forked_child_has_no_calls_in_flight_from_the_parents_other_threads():
+    entered, release = threading.Event(), threading.Event()
+    f = watch(lambda x: entered.set() or release.wait(10), name="slow")
+    t = threading.Thread(target=f, args=(torch.ones(3),))
+    t.start()
+    try:
+        assert entered.wait(10) and timing.calls_in_flight()
+        pid = os.fork()
+        if pid == 0:  # the child: only the forking thread, in no watched call
+            os._exit(0 if not timing.calls_in_flight() else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        t.join(10)
+
+
+def _allocated_after(calls: int, step) -> int:
+    """Bytes still allocated (tracemalloc) after `calls` more calls of `step`, past a warm-up."""
+    for i in range(200):
+        step(i)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(calls):
+            step(i)
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_watched_calls_leak_nothing():
+    """Every branch of the hot path, 20,000 calls each: what a leaked reference per call (a
+    shape, a float, an exception) would keep is >= 20,000 x 48 bytes."""
+    out, x, m = object(), torch.ones(2, 3), torch.ones(2, 1)
+    sizes = [torch.ones(n) for n in range(1, 9)]
+    one = watch(lambda x: out, name="one")
+    two = watch(lambda input_ids, attention_mask: out, name="two")
+    several = watch(lambda a, b: out, name="several")
+
+    def failing(x):
+        raise ValueError("model failed")  # a new one each time (one raised again keeps its
+        # tracebacks)
+
+    bad = watch(failing, name="bad")
+
+    def fail(i):
+        try:
+            bad(x)
+        except ValueError:
+            pass
+
+    steps = [("one, same shape", lambda i: one(x)),
+             ("one, eight shapes in turn", lambda i: one(sizes[i % 8])),
+             ("two, same shapes", lambda i: two(input_ids=x, attention_mask=m)),
+             ("two, eight shapes in turn", lambda i: two(input_ids=x, attention_mask=sizes[i % 8])),
+             ("a failing call", fail),
+             ("the Python path", lambda i: several(x, m))]
+    refs = sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)
+    try:
+        for stall_ns in (10**12, 0):  # then every call a stall (its event goes nowhere)
+            timing.configure(stall_ns=stall_ns)
+            for name, step in steps:
+                assert _allocated_after(20_000, step) < 64_000, (name, stall_ns)
+    finally:
+        timing.reset()
+    assert (sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)) == refs

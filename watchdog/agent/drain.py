@@ -18,9 +18,9 @@ kubelet) starts the server again:
    exits with `drain_exit_code` (75, EX_TEMPFAIL) through os._exit: atexit handlers do not
    run; the server's own cleanup belongs in an on_drain callback.
 
-A call in hand is seen through timing.current_shape(): the frame of a watched call in
-progress, on any thread (the hot path writes nothing for it). The wait also asks for the
-call totals to stand still for QUIET_S: a call between two frames' reads is not seen.
+A call in hand is seen through timing.calls_in_flight(): the C path's count of calls in
+progress, or the frame of a watched call on the Python path, on any thread. The wait also
+asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
 """
 from __future__ import annotations
 
@@ -207,8 +207,8 @@ class ControlClient:
 
 
 def in_flight() -> int:
-    """1 while a watched call runs (the last writer's view, see the module docstring)."""
-    return 0 if timing.current_shape() is None else 1
+    """1 while a watched call runs (see the module docstring)."""
+    return 1 if timing.calls_in_flight() else 0
 
 
 def _total_calls() -> int:

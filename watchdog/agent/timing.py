@@ -28,20 +28,36 @@ from typing import Any, Callable, Optional
 from torch_watchdog import events
 from torch_watchdog.agent import _AFTER_FORK
 
+# watch()'s hot path in C (_hotpath.c: `model(x)` and `model(a=, b=)` with tensors, no Python
+# frame), built where a C compiler was at install; without it, or with
+# TORCH_WATCHDOG_PURE_PYTHON=1 (set before the agent is imported), the same path in Python
+# below (_make_call) serves every call.
+_hotpath: Any = None
+if os.environ.get("TORCH_WATCHDOG_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from torch_watchdog.agent import _hotpath
+    except ImportError:  # not built here (no compiler at install, a free-threaded CPython)
+        _hotpath = None
+
 # Per serving thread, written by hooks.py (rare): `activity`/`activity_ns` of the last compile
 # or cudagraph step, `oom_ns` of the last OOM seen. Read by watch() on its slow path only.
 tls = threading.local()
 
 def current_shape() -> Any:
     """The signature of the watched call in progress on this thread (the innermost one), else
-    that of one in progress on another thread (best effort, as drain's `in_flight` needs),
-    else None: read from the call's own frame (its `sig` local), so the hot path writes
-    nothing for it. Why: the readers are rare (hooks.py tags a cudagraph warm-up or recording,
-    drain.py polls every 5 ms while draining) and a shared slot written twice per call cost
-    ~10 ns a write on every call (a thread-local ~50 ns). A walk costs ~1 us per 20 frames,
-    paid by the reader only; it is also exact per thread, where the slot was the last
-    writer's."""
+    that of one in progress on another thread (best effort), else None. The C path keeps a
+    per-thread stack of its calls' signatures (a call it hands to the Python path is marked
+    there); the Python path's are read from the call's own frame (its `sig` local), so neither
+    writes anything more for it per call. Why: the readers are rare (hooks.py tags a cudagraph
+    warm-up or recording, drain.py polls every 5 ms while draining) and a shared slot written
+    twice per call cost ~10 ns a write on every call (a thread-local ~50 ns) in Python. A walk
+    costs ~1 us per 20 frames, paid by the reader only; it is also exact per thread, where
+    the slot was the last writer's."""
     try:
+        if _hotpath is not None:
+            where, shape = _hotpath.current()
+            if where == 1:  # the innermost call on this thread is the C path's
+                return shape
         shape = _shape_in(sys._getframe(1))
         if shape is not _NO_ARG:
             return shape
@@ -51,9 +67,24 @@ def current_shape() -> Any:
                 shape = _shape_in(frame)
                 if shape is not _NO_ARG:
                     return shape
+        if _hotpath is not None:
+            anywhere, here, shape = _hotpath.everywhere()
+            if anywhere > here:  # another thread's call on the C path: the last one begun
+                return shape
     except Exception:
         pass
     return None
+
+
+def calls_in_flight() -> bool:
+    """Is a watched call in progress on any thread (drain.py's question)? Exact on the C path
+    (a count), whatever the signature; else a frame of the Python path."""
+    try:
+        if _hotpath is not None and _hotpath.everywhere()[0] > 0:
+            return True
+    except Exception:
+        pass
+    return current_shape() is not None
 
 
 def _shape_in(frame: Any) -> Any:
@@ -87,6 +118,8 @@ stall_ns: int = INERT["stall_ns"]
 stall_s: float = stall_ns / 1e9  # the same, for the hot path's clock (seconds, see _make_call)
 max_shapes: int = INERT["max_shapes"]
 route_eager: bool = False  # graph budget in "eager" mode: novel shapes skip the compiler
+if _hotpath is not None:
+    _hotpath.configure(stall_s, route_eager)
 
 
 def configure(**settings: Any) -> None:
@@ -97,6 +130,8 @@ def configure(**settings: Any) -> None:
         raise TypeError(f"unknown runtime setting(s) {sorted(unknown)}")
     globals().update(settings)
     globals()["stall_s"] = stall_ns / 1e9
+    if _hotpath is not None:
+        _hotpath.configure(stall_s, bool(route_eager))
 
 
 def reset() -> None:
@@ -299,6 +334,10 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     0.80-0.85x through fn(*args, **kwargs)). On the H200 host (torch 2.11, CPython 3.12, 3
     invocations): model(x) +531-615 ns (0.88-0.89x; the 500 ns target is not met),
     model(x=, mask=) +921-1,571 ns (0.74-0.75x), the GC ratio 1.47-1.92x (target 2x).
+    What was left is the interpreter's: so, where _hotpath.c is built, those two calls take
+    its path (this function returns its `Hot` object, which hands every other call to
+    __call__ here): on the H200 host +218-235 ns and +325-387 ns, 0.51x and 0.38-0.42x of
+    this path's added time in the same batches (README, Benchmarks).
     """
     fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
     calls = 0
@@ -418,7 +457,31 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
             ref()._slow(sig, dt, t0, False)
         return out
 
-    return __call__, totals
+    if _hotpath is None:
+        return __call__, totals
+
+    # The C path (_hotpath.Hot) takes `model(x)` and `model(a=, b=)` with tensors and hands
+    # every other call to __call__ above; what it meets that is not the last shape nor a hot
+    # one, a stall and a failure come back here, as on the Python path.
+    def miss(sig: Any, dt: float, t0: float) -> bool:
+        if not h.full and (not h.spill or _cold_unseen(h, sig)):
+            ref()._slow(sig, dt, t0, True)
+            return True
+        return False
+
+    def slow(sig: Any, dt: float, t0: float, new: bool) -> None:
+        ref()._slow(sig, dt, t0, new)
+
+    def failed(e: BaseException, sig: Any, t0: float, args: tuple, kwargs: dict) -> None:
+        ref()._failed(e, sig, t0, args, kwargs)
+
+    hot = _hotpath.Hot(fn, tensor, seen, __call__, miss, slow, failed)
+
+    def both_totals() -> tuple[int, int]:
+        c_calls, c_total = hot.totals()
+        return calls + c_calls, round((total + c_total) * 1e9)
+
+    return hot, both_totals
 
 
 _CALLERS: dict = {}
@@ -724,6 +787,8 @@ def _after_fork() -> None:
     callable starts with no shapes, no calls and a full new_shape ration, whether or not an
     agent is installed. Only the forking thread exists here: plain assignments, no locks."""
     failed = None
+    if _hotpath is not None:
+        _hotpath.after_fork()  # the other threads' calls in progress are not this process's
     for w in list(watched):
         try:
             w._forget()
