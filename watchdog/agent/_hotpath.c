@@ -19,10 +19,11 @@
  *
  * Calls in progress, for timing.current_shape() (hooks.py tags a CUDA-graph recording with the
  * shape of the call in progress on its thread) and timing.calls_in_flight() (drain.py): a
- * per-thread stack of the signatures of the calls this object runs (borrowed: each is held by
- * its call's C frame until it is popped), where a call handed to the Python path pushes a
- * marker ("look at the frames"), so the innermost call is known whichever path ran it; and
- * a process-wide count of calls in progress with the signature of the last one to start.
+ * per-thread stack of the signatures of the calls this object runs, where a call handed to
+ * the Python path pushes a marker ("look at the frames"), so the innermost call is known
+ * whichever path ran it; and a process-wide count of calls in progress with the signature of
+ * the last one to start. The stack holds references of its own: greenlets that switch inside
+ * a model call pop each other's entries (a wrong shape at worst, never a freed one).
  *
  * Linux only (clock_gettime(CLOCK_MONOTONIC) is perf_counter's clock there); not built for
  * free-threaded CPython (the counters assume the GIL). Where it is not built or fails to
@@ -66,8 +67,8 @@ static inline void
 push(PyObject *a, PyObject *b)
 {
     if (depth < DEPTH) {
-        stack_a[depth] = a;
-        stack_b[depth] = b;
+        stack_a[depth] = Py_XNewRef(a);
+        stack_b[depth] = Py_XNewRef(b);
     }
     depth++;
     in_flight++;
@@ -82,7 +83,10 @@ push(PyObject *a, PyObject *b)
 static inline void
 pop(void)
 {
-    depth--;
+    if (--depth < DEPTH && depth >= 0) {
+        Py_CLEAR(stack_a[depth]);
+        Py_CLEAR(stack_b[depth]);
+    }
     if (--in_flight <= 0) {
         in_flight = 0;
         Py_CLEAR(last_a);
