@@ -10,7 +10,6 @@ import stat
 import struct
 import time
 from dataclasses import replace
-from itertools import repeat
 from typing import Callable, Optional
 
 from torch_watchdog import events
@@ -127,11 +126,6 @@ class Receiver:
                         self.dropped[_rejection(line)] += 1
                     except Exception:  # the schema promises EventDecodeError only; a bug
                         self.dropped["malformed"] += 1  # there must not stop us
-            if [event.pid for event in batch].count(sender) == len(batch):
-                # every event from its sender (the common case): paired in C, not a test and
-                # an append an event in Python
-                good += zip(batch, repeat(sender))
-                continue
             for event in batch:
                 if event.pid != sender:
                     event = self._attribute(event, sender)
