@@ -58,6 +58,27 @@ with builders that skip isfinite (orjson never gives inf or nan). 1,000 events/s
 two runs: 0.0199 (start of the session) -> 0.0160 / 0.0159; idle 0.0050 -> 0.0050. Left per
 poll (~1.4 ms of CPU): decode ~4.3 us an event in place (2.4 hot), fold ~2 us an event, the
 sample's step, views, snapshot and history ~0.3 ms, the sources ~0.2 ms (NVML absent: ~50 us).
+Later on 2026-12-01 (branch sidecarcost, a quieter and faster 2-core VM: idle reads
+0.0010-0.0030 here), the real Daemon in-process under this load (the agent's emitter at 1,000
+events/s for 10 s; time.thread_time around each phase, all threads' CPU from
+/proc/self/task/*/schedstat), four runs each in turn with the code before it (5b9b795): all
+threads 8.03 / 7.43 / 8.09 / 7.93 -> 7.08 / 7.73 / 6.44 / 5.24 ms per s (median 7.98 -> 6.76,
+-15 %); the poll 731 / 671 / 714 / 697 -> 626 / 693 / 563 / 464 us. What went: the fold of a
+poll's events, now in runs of one process (step.fold_events looks a run's server up once,
+correlate.fold_events folds it in one call): 113 / 101 / 97 / 99 -> 69 / 70 / 69 / 61 us a
+poll; the PSS meter's answer kept while the process reader hands back the same tuple (64 of 67
+polls) and no PSS read is due: 18 / 16 / 18 / 17 -> 7 / 8 / 8 / 7 us; the heard pids mapped in
+C (5.5 -> 3.8 us hot). Not changed: receiving and decoding, 251 / 261 / 277 / 269 -> 253 / 289
+/ 233 / 187 us a poll (noise). Tried and dropped (hot loops, best of 7): decode 1.25 us an
+event (orjson.loads 0.42, the builder 0.51, the loop ~0.3); one comprehension and all() instead
+of the loop 1.25-1.30 -> 1.23-1.29 (noise); a builder that unpacks the values in the wire's
+order 0.43 -> 0.51 us (slower); the orjson dict taken whole as the instance's __dict__ 0.205 ->
+0.197 us; a datagram's events paired with their sender by zip() when all are its own 3.18 ->
+3.35 us for 100 events and 0.09 -> 0.35 us for one (slower: reverted; the runs above had it);
+gc: ~1 young collection a second, ~14 us a poll. `--seconds 20`, three runs each in turn: 1,000
+events/s from an agent 0.0105 / 0.0045 / 0.0065 -> 0.0080 / 0.0050 / 0.0055 (10 ms ticks: a
+change of this size is under the noise), idle 0.0030 / 0.0030 / 0.0030 -> 0.0025 / 0.0015 /
+0.0010.
 """
 from __future__ import annotations
 

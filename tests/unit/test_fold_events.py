@@ -16,14 +16,16 @@ CFG = Config(policy=PolicyConfig(warmup_s=0, hold_polls=1, cooldown_s=0))
 GPU = "GPU-aaaa"
 
 
-def _stream(rng: random.Random, n: int) -> list:
-    """Events and samples in time order; a sample every few events."""
+def _stream(rng: random.Random, n: int, stay: float = 0.0) -> list:
+    """Events and samples in time order; a sample every few events. `stay`: how often an
+    event comes from the previous event's process (an agent's datagram: runs of one pid)."""
     out, t, pids = [], 1000.0, [101, 102, 201, 301]
+    pid = pids[0]
     alive = dict.fromkeys(pids, True)
     used = 10 << 30
     for i in range(n):
         t += rng.uniform(0.0, 0.05)
-        pid = rng.choice(pids)
+        pid = pid if rng.random() < stay else rng.choice(pids)
         r = rng.random()
         if r < 0.08:  # a sample: memory that grows with recordings, a process that may die
             if rng.random() < 0.05:
@@ -72,9 +74,10 @@ def _seen(host: Host) -> dict:
             "skewed": host.skewed_events}
 
 
+@pytest.mark.parametrize("stay", [0.0, 0.9])
 @pytest.mark.parametrize("seed", range(8))
-def test_a_batch_of_events_folds_as_one_step_each(seed):
-    stream = _stream(random.Random(seed), 1500)
+def test_a_batch_of_events_folds_as_one_step_each(seed, stay):
+    stream = _stream(random.Random(seed), 1500, stay)
     one, batched = Host(), Host()
     one_actions, batched_actions, pending = [], [], []
     for obs in stream:

@@ -146,6 +146,35 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
     assert pss is None or 0 < pss <= psutil.Process().memory_info().rss * 1.01
 
 
+def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():
+    from torch_watchdog.sidecar.sources.process import PssMeter
+    from torch_watchdog.sidecar.sources.samples import ProcessSample
+    now, reads, pss = [0.0], [], {11: 300, 12: None}
+
+    def read(pid):
+        reads.append(pid)
+        return pss[pid]
+
+    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    procs = (ProcessSample(11, True, 1000), ProcessSample(13, False, None))
+    first = meter.apply(procs)
+    now[0] = 9.9
+    assert meter.apply(procs) is first and reads == [11]  # the reader's same tuple: kept
+    assert meter.apply((ProcessSample(11, True, 1100),))[0].pss_bytes == 400  # others: new
+    kept = meter.apply(procs)
+    assert kept == first and kept is not first and reads == [11]
+    assert meter.apply(procs) is kept
+    now[0] = 10.0  # a read is due: the same tuple is read again
+    pss[11] = 500
+    again = meter.apply(procs)
+    assert reads == [11, 11] and again[0].pss_bytes == 500
+    # a failed read is tried again at the next call, same processes or not
+    failing = (ProcessSample(12, True, 700),)
+    assert meter.apply(failing)[0].pss_bytes is None and reads[-1] == 12
+    pss[12] = 650
+    assert meter.apply(failing)[0].pss_bytes == 650 and reads == [11, 11, 12, 12]
+
+
 def test_reader_keeps_one_descriptor_per_watched_pid_and_closes_the_rest():
     from torch_watchdog.sidecar.sources.process import ProcessReader
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

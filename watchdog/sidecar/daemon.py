@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+from operator import attrgetter
 import os
 import select
 import signal
@@ -39,6 +40,7 @@ from torch_watchdog.sidecar.present.views import ServerViews
 from torch_watchdog.sidecar.actions.systemd import Notifier
 
 UNIT_LOOKUP_S = 5.0     # systemctl is asked for the unit's MainPID at most this often
+_PID = attrgetter("pid")
 MAX_PENDING = 100_000   # events held between polls; more are dropped and counted
 # Intake per poll, so a flood cannot starve the loop (64 KB datagrams of packed events for
 # 20 s ran it at 1.6 polls/s of 10 on main): at most this many events and this share of the
@@ -275,11 +277,13 @@ class Daemon:
         started = time.perf_counter()
         now = self.clock()
         observations: list = self._receive()
+        # the agent events' pids, mapped in C before the outcomes join them (a comprehension
+        # with isinstance() per observation: 5.5 -> 3.8 us a poll of 100 events, hot)
+        heard = set(map(_PID, observations))
         outcomes = self._outcomes(now, observations)
         observations += outcomes
         configured = self.configured_pids()
         pids = {p for ps in configured.values() for p in ps}
-        heard = {o.pid for o in observations if isinstance(o, events.Event)}
         if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
             pids |= self.host.pids() | heard
         pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that

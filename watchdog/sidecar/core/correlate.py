@@ -269,6 +269,24 @@ def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
         handler(state, e, cfg)
 
 
+def fold_events(state: State, evs: list, cfg: CorrelateConfig) -> None:
+    """fold_event() of each of `evs` in turn, in one loop: step.fold_events hands it the runs
+    of a poll's events from one process (a busy agent's 100 a poll), one call a run instead of
+    one an event (~0.15 us of an event's ~1 us fold in the daemon)."""
+    handlers = _EVENT_HANDLERS
+    pids = state.pids
+    for e in evs:
+        t = e.t
+        if state.first_t is None:
+            state.first_t = t
+        if t > state.now:
+            state.now = t
+        pids.add(e.pid)
+        handler = handlers.get(e.kind)
+        if handler is not None:
+            handler(state, e, cfg)
+
+
 # -- events -------------------------------------------------------------------------------
 def _event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
     state.pids.add(e.pid)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import math
 import os
 import select
 import subprocess
@@ -351,9 +352,21 @@ class PssMeter:
                  clock: Callable[[], float] = time.monotonic):
         self.every_s, self.read, self.clock = every_s, read, clock
         self.last: dict[int, tuple[float, int, int]] = {}  # pid -> (read at, pss, rss then)
+        # the last call's processes, its answer, and its oldest PSS read (None: a read failed,
+        # so the next call reads again)
+        self._kept: Optional[tuple] = None
 
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
-        now, out, seen = self.clock(), [], set()
+        now = self.clock()
+        # the process reader hands back the same tuple when nothing changed (64 of 67 polls
+        # with an agent at 1,000 events/s): until a PSS read is due, the same answer, and the
+        # same tuple lets the step's and the snapshot's caches see that nothing changed
+        # (pss.apply, thread CPU in the daemon, 3 runs each: 20-22 -> 9-11 us a poll)
+        kept = self._kept
+        if kept is not None and kept[0] is processes and kept[2] is not None and \
+                now - kept[2] < self.every_s:
+            return kept[1]
+        out, seen, oldest = [], set(), math.inf
         for p in processes:
             if not p.alive or p.rss_bytes is None:
                 out.append(p)
@@ -365,10 +378,15 @@ class PssMeter:
                 if pss is None:
                     self.last.pop(p.pid, None)
                     out.append(p)
+                    oldest = None
                     continue
                 entry = self.last[p.pid] = (now, pss, p.rss_bytes)
-            _, pss, rss_then = entry
+            read_at, pss, rss_then = entry
+            if oldest is not None and read_at < oldest:
+                oldest = read_at
             out.append(dataclasses.replace(p, pss_bytes=max(0, pss + p.rss_bytes - rss_then)))
         for pid in self.last.keys() - seen:
             del self.last[pid]
-        return tuple(out)
+        out = tuple(out)
+        self._kept = (processes, out, oldest)
+        return out
