@@ -197,22 +197,41 @@ after(Hot *self, PyObject *sig, double dt, double t0, int known)
     return 0;
 }
 
+/* `x.shape`, or None where reading it raised an Exception (a torch function mode that
+ * hijacks it); NULL with a BaseException to propagate */
+static inline PyObject *
+shape_of(PyObject *x)
+{
+    PyObject *shape = PyObject_GetAttr(x, str_shape);
+    if (shape == NULL && clear_bookkeeping_error() == 0)
+        shape = Py_NewRef(Py_None);
+    return shape;
+}
+
+/* The model's call between two clock reads (`t0` its start, `dt` its wall time), counted and
+ * on this thread's stack of calls in progress while it runs. */
+static inline PyObject *
+timed(Hot *self, PyObject *sa, PyObject *sb, PyObject *const *args, size_t nargsf,
+      PyObject *kwnames, double *t0, double *dt)
+{
+    push(sa, sb);
+    *t0 = now();
+    PyObject *out = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    *dt = now() - *t0;
+    pop();
+    self->calls++;
+    return out;
+}
+
 /* model(x) */
 static PyObject *
 call_one(Hot *self, PyObject *const *args, size_t nargsf)
 {
-    PyObject *sig = PyObject_GetAttr(args[0], str_shape);
-    if (sig == NULL) {  /* a torch function mode that hijacks `.shape` */
-        if (clear_bookkeeping_error() < 0)
-            return NULL;
-        sig = Py_NewRef(Py_None);
-    }
-    push(sig, NULL);
-    double t0 = now();
-    PyObject *out = PyObject_Vectorcall(self->fn, args, nargsf, NULL);
-    double dt = now() - t0;
-    pop();
-    self->calls++;
+    PyObject *sig = shape_of(args[0]);
+    if (sig == NULL)
+        return NULL;
+    double t0, dt;
+    PyObject *out = timed(self, sig, NULL, args, nargsf, NULL, &t0, &dt);
     if (out == NULL) {
         report_failure(self, sig, NULL, t0, args, 1, NULL);
         Py_DECREF(sig);
@@ -243,26 +262,16 @@ call_one(Hot *self, PyObject *const *args, size_t nargsf)
 static PyObject *
 call_two(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *sa = PyObject_GetAttr(args[0], str_shape);
-    if (sa == NULL) {
-        if (clear_bookkeeping_error() < 0)
-            return NULL;
-        sa = Py_NewRef(Py_None);
-    }
-    PyObject *sb = PyObject_GetAttr(args[1], str_shape);
+    PyObject *sa = shape_of(args[0]);
+    if (sa == NULL)
+        return NULL;
+    PyObject *sb = shape_of(args[1]);
     if (sb == NULL) {
-        if (clear_bookkeeping_error() < 0) {
-            Py_DECREF(sa);
-            return NULL;
-        }
-        sb = Py_NewRef(Py_None);
+        Py_DECREF(sa);
+        return NULL;
     }
-    push(sa, sb);
-    double t0 = now();
-    PyObject *out = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
-    double dt = now() - t0;
-    pop();
-    self->calls++;
+    double t0, dt;
+    PyObject *out = timed(self, sa, sb, args, nargsf, kwnames, &t0, &dt);
     if (out == NULL) {
         report_failure(self, sa, sb, t0, args, 0, kwnames);
         Py_DECREF(sa);
