@@ -11,8 +11,9 @@
    0.83-0.86x); before that work main measured +570 ns and +1,173 ns on the GPU host.
    Later that day the C hot path (watchdog/agent/_hotpath.c; TORCH_WATCHDOG_PURE_PYTHON=1 for
    the Python one): on the H200 host (torch 2.11, CPython 3.12), 3 invocations of --only watch
-   --baseline <the timing.py before>, one tensor +218-235 ns (0.51x of the Python path's added
-   time), two keyword tensors +325-387 ns (0.38-0.42x).
+   --baseline <the timing.py before>, one tensor +221-245 ns (0.47-0.54x of the Python path's
+   added time), two keyword tensors +342-355 ns (0.41-0.45x); the GC loop's worst watched
+   call 0.06-0.10 ms of CPU against the Python path's 0.16-0.22 ms in the same runs.
 2. GC pauses: 500,000 calls cycling through 65,536 distinct shapes, bare and watched calls
    interleaved, in 3 trials each with an empty shape memory; the median over the trials of
    the worst watched call over that of the worst bare call (target <= 2x; see bench_gc for

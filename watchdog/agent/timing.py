@@ -336,8 +336,8 @@ def _make_call(h: "_Hot", ref: "weakref.ref[Watched]"
     model(x=, mask=) +921-1,571 ns (0.74-0.75x), the GC ratio 1.47-1.92x (target 2x).
     What was left is the interpreter's: so, where _hotpath.c is built, those two calls take
     its path (this function returns its `Hot` object, which hands every other call to
-    __call__ here): on the H200 host +218-235 ns and +325-387 ns, 0.51x and 0.38-0.42x of
-    this path's added time in the same batches (README, Benchmarks).
+    __call__ here): on the H200 host +221-245 ns and +342-355 ns, 0.47-0.54x and 0.41-0.45x
+    of this path's added time in the same batches (README, Benchmarks).
     """
     fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
     calls = 0
