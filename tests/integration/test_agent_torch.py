@@ -52,7 +52,7 @@ def agent(collector, short_tmp):
     torch._dynamo.reset()
     a = agent_mod.install(socket_path=collector.path,
                           event_log=os.path.join(short_tmp, "events.jsonl"),
-                          tick_s=0.02, heartbeat_s=0.2, stall_threshold_s=0.02)
+                          tick_s=0.02, heartbeat_s=0.2, stall_threshold_s=0.004)
     assert a is not None
     yield a
     agent_mod.uninstall()
@@ -121,7 +121,9 @@ def test_new_shapes_and_stalls_through_watch(agent, collector):
     assert collector.wait(lambda c: len(c.of("new_shape")) == 2)
     assert [e.shape for e in collector.of("new_shape")] == [[[2, 6]], [[2, 10]]]
     # the first call of each shape compiled: a stall, caused by it (a loaded machine may add
-    # slow calls of known shapes too; those are stalls without a compile)
+    # slow calls of known shapes too; those are stalls without a compile). The threshold is
+    # 4 ms (the fixture's): on a fast 2-core VM torch 2.4.1's warm compile of TinyLM took
+    # 18.9-20.3 ms, at the 20 ms it had been, and its first call was then no stall
     new_stalls = [s for s in collector.of("stall") if s.new_shape]
     assert [s.shape for s in new_stalls] == [[[2, 6]], [[2, 10]]]
     assert [s.cause for s in new_stalls] == ["compile", "recompile"]
