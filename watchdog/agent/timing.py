@@ -46,13 +46,13 @@ tls = threading.local()
 def current_shape() -> Any:
     """The signature of the watched call in progress on this thread (the innermost one), else
     that of one in progress on another thread (best effort), else None. The C path keeps a
-    per-thread stack of its calls' signatures (a call it hands to the Python path is marked
-    there); the Python path's are read from the call's own frame (its `sig` local), so neither
-    writes anything more for it per call. Why: the readers are rare (hooks.py tags a cudagraph
-    warm-up or recording, drain.py polls every 5 ms while draining) and a shared slot written
-    twice per call cost ~10 ns a write on every call (a thread-local ~50 ns) in Python. A walk
-    costs ~1 us per 20 frames, paid by the reader only; it is also exact per thread, where
-    the slot was the last writer's."""
+    per-thread stack of its calls' signatures (a push and a pop in C, a few ns a call; a call
+    it hands to the Python path is marked there); the Python path's are read from the call's
+    own frame (its `sig` local), so that path writes nothing for it. Why: the readers are rare
+    (hooks.py tags a cudagraph warm-up or recording, drain.py polls every 5 ms while draining)
+    and a shared slot written twice per call cost ~10 ns a write on every call (a
+    thread-local ~50 ns) in Python. A walk costs ~1 us per 20 frames, paid by the reader
+    only; it is also exact per thread, where the slot was the last writer's."""
     try:
         if _hotpath is not None:
             where, shape = _hotpath.current()
@@ -611,8 +611,8 @@ class Watched(functools.partial):
     (the same object): every step of the bookkeeping around it is guarded.
 
     A functools.partial of the hot path (`_make_call`: the C path's `Hot` object where it is
-    built, else a closure over this callable's state), not a class with a `__call__`. Why: calling an instance of a Python class goes through
-    `slot_tp_call` (a method lookup, an argument tuple, a second call); a partial (a C type)
+    built, else a closure over this callable's state), not a class with a `__call__`. Why:
+    calling an instance of a Python class goes through `slot_tp_call` (a method lookup, an argument tuple, a second call); a partial (a C type)
     is called through its vectorcall, which subclasses inherit from Python 3.12 on: one
     tensor, CPython 3.12, 196 ns a call of an instance against 127 ns a call of this partial
     (a trivial function: 96 ns); on 3.11, where subclasses do not inherit it, +12 ns. The
