@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import collections
 import json
-from operator import attrgetter
 import os
 import select
 import signal
 import socket
 import time
+from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from torch_watchdog import __version__, events
