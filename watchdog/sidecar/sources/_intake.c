@@ -3,7 +3,8 @@
  *
  * Why: at 1,000 events/s (benchmarks/sidecar_cost.py) the daemon spent a third of its CPU
  * decoding; in a daemon that wakes 10 times a second with cold caches the orjson line, the
- * builder and the loop around them cost ~1.8 us an event (1.25 us in a hot loop).
+ * builder and the loop around them cost ~1.8 us an event (1.25 us in a hot loop); here ~1.2
+ * us (0.4 in a hot loop; benchmarks/sidecar_cost.py's docstring has the runs).
  *
  * It answers only what it is sure of, and hands everything else back: `parse()` returns the
  * events of a datagram whose every line is a compact-enough event of a kind `configure()`
@@ -11,15 +12,16 @@
  * with every field present, valid and once; None for anything else, and the receiver's Python
  * paths (receiver._decode_packed, then events.decode line by line, which count and say what
  * is wrong) take the datagram. So this parser declines, and the Python path decides:
- * - a string with an escape or a control character, a number of more than 18 digits or of
- *   more than 64 characters, a float that is not finite (json would give inf, the builder
+ * - a string with an escape or a control character (json.dumps writes non-ASCII text as
+ *   escapes: such an event goes to the Python path), an int of more than 18 digits, a number
+ *   of more than 64 characters, a float that is not finite (json would give inf, the builder
  *   refuses it), a leading zero, an object or a nesting past MAX_DEPTH in a value;
  * - a duplicate, unknown or missing key (a field added later and left out: its default is
  *   the Python path's), `v` that is not the int 1, a pid that is not positive;
  * - a blank line, a line over `max_line` bytes, anything but JSON's blanks around a token.
  * What it accepts it reads as json does (tests/unit/test_intake.py compares the two on every
  * event of the recorded fixtures and on mutated ones): UTF-8 strings decoded strictly, ints
- * exact, floats by PyOS_string_to_double (float()'s own conversion, which json calls).
+ * exact, floats correctly rounded as float() rounds them, which json calls (see number()).
  *
  * Where this module is not built (no compiler; optional in pyproject.toml) or
  * TORCH_WATCHDOG_PURE_PYTHON is set, the receiver's Python paths take every datagram. */
