@@ -122,6 +122,7 @@ def run_scenario(tmp: str, name: str, *, dry_run: bool, until, limit_s: float,
     am = start_alertmanager(tmp, am_port) if ALERTMANAGER else None
     recorder = None
     if am is None:
+        PostRecorder.posts.clear()  # an earlier scenario's posts are not this one's alerts
         recorder = http.server.ThreadingHTTPServer(("127.0.0.1", am_port), PostRecorder)
         threading.Thread(target=recorder.serve_forever, daemon=True).start()
     sock, state = os.path.join(tmp, "ev.sock"), os.path.join(tmp, "state")
