@@ -96,6 +96,13 @@ three runs each in turn: the decode phase 307 / 250 / 284 -> 142 / 98 / 139 us a
 ~1.2 us an event against 0.4 in a hot loop), all threads 10.7 / 9.1 / 10.3 -> 8.6 / 6.3 /
 8.2 ms per s. Left per poll: the fold ~70 us, the sample's step ~50-90 us, receiving besides
 decoding ~70 us (recvmsg ~30 us cold), the wake, the views, publish and snapshot ~100 us.
+The same day on the H200 host (16-core Xeon, CPython 3.12, NVML present: the worker's queries
+run every poll), `--seconds 10`, two runs each in turn: 1,000 events/s from an agent 0.0150 /
+0.0160 -> 0.0120 / 0.0120, idle 0.0070-0.0080 either way (the NVML reads and the host's
+samples at 10 Hz: a floor the 2-core VM, without NVML, does not have); decode in a datagram
+1.87 / 1.98 -> 0.71 / 1.15 us. In the daemon there (in-process, phases timed as above, all threads):
+15.6 -> 12.1 ms per s at 1,000 events/s, the decode phase 417 -> 155 us a poll; with 1 event
+a poll 9.95 ms per s (C), of which ~3.5 ms per s outside the poll's thread (the NVML worker).
 """
 from __future__ import annotations
 
