@@ -261,7 +261,8 @@ def _differential_cases():
                 {"v": 1, "kind": ["hello"]}, {"v": 1})
 
 
-def _fixture_objects():
+def fixture_lines():
+    """Every line of the recorded fixtures (tests/fixtures), as bytes without its newline."""
     import glob
     import os
 
@@ -272,10 +273,16 @@ def _fixture_objects():
     assert paths, "the recorded fixtures are missing"
     for path in paths:
         for line in jsonl.read_lines(path):
-            try:
-                yield json.loads(line)
-            except ValueError:
-                continue
+            line = line.encode() if isinstance(line, str) else line
+            yield line.rstrip(b"\n")
+
+
+def _fixture_objects():
+    for line in fixture_lines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
 
 
 def test_generated_validators_reject_exactly_what_the_generic_checks_rejected():

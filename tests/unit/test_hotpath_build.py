@@ -1,18 +1,18 @@
 """The install built watch()'s C hot path (test_timing.py runs every test on it and on the
 Python path; where it is missing those runs skip, and this test says why)."""
 import functools
-import os
 
 import pytest
 import torch  # noqa: F401  (watch() needs it)
 
+from torch_watchdog import pure_python
 from torch_watchdog.agent.timing import watch
 
 
 def test_the_c_hot_path_is_built_here():
     """`pip install -e .` builds _hotpath.c (optional: without a compiler the install goes on);
     here, with gcc and the Python headers, a silent failure would leave the slower path."""
-    if os.environ.get("TORCH_WATCHDOG_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python():
         pytest.skip("TORCH_WATCHDOG_PURE_PYTHON is set")
     from torch_watchdog.agent import _hotpath  # an ImportError here: not built
 

@@ -3,14 +3,13 @@ whatever it takes, it reads as json and the schema's checks do; whatever they re
 declines (None), and the Python paths then count and say why."""
 import gc
 import json
-import os
 import random
 import sys
 import tracemalloc
 
 import pytest
 
-from torch_watchdog import events
+from torch_watchdog import events, pure_python
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def parse():
 def test_the_c_parser_is_built_here():
     """`pip install -e .` builds _intake.c (optional: without a compiler the install goes on);
     here, with gcc and the Python headers, a silent failure would leave the slower path."""
-    if os.environ.get("TORCH_WATCHDOG_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python():
         pytest.skip("TORCH_WATCHDOG_PURE_PYTHON is set")
     from torch_watchdog.sidecar.sources import _intake, receiver  # ImportError: not built
 
@@ -57,21 +56,11 @@ def _check(parse, data: bytes) -> bool:
     return True
 
 
-def _fixture_lines():
-    import glob
-
-    from torch_watchdog import jsonl
-
-    here = os.path.join(os.path.dirname(__file__), "..", "fixtures")
-    for path in sorted(glob.glob(os.path.join(here, "*.jsonl*"))):
-        for line in jsonl.read_lines(path):
-            line = line.encode() if isinstance(line, str) else line
-            yield line.rstrip(b"\n")  # a line of the log, as a datagram carries it
-
-
 def test_every_agent_event_of_the_recorded_fixtures_reads_as_the_line_path_reads_it(parse):
     taken, by_kind = 0, {}
-    for line in _fixture_lines():
+    from tests.unit.test_events import fixture_lines
+
+    for line in fixture_lines():  # a line of the log, as a datagram carries it
         if _check(parse, line):
             taken += 1
             kind = json.loads(line)["kind"]

@@ -364,35 +364,25 @@ hot_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
+/* every object field of Hot, once, for traverse and clear */
+#define HOT_OBJECTS(X) \
+    X(fn) X(tensor) X(seen) X(other) X(miss) X(slow) X(failed) X(last) X(la) X(lb)
+
 static int
 hot_traverse(Hot *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->fn);
-    Py_VISIT(self->tensor);
-    Py_VISIT(self->seen);
-    Py_VISIT(self->other);
-    Py_VISIT(self->miss);
-    Py_VISIT(self->slow);
-    Py_VISIT(self->failed);
-    Py_VISIT(self->last);
-    Py_VISIT(self->la);
-    Py_VISIT(self->lb);
+#define VISIT(field) Py_VISIT(self->field);
+    HOT_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int
 hot_clear(Hot *self)
 {
-    Py_CLEAR(self->fn);
-    Py_CLEAR(self->tensor);
-    Py_CLEAR(self->seen);
-    Py_CLEAR(self->other);
-    Py_CLEAR(self->miss);
-    Py_CLEAR(self->slow);
-    Py_CLEAR(self->failed);
-    Py_CLEAR(self->last);
-    Py_CLEAR(self->la);
-    Py_CLEAR(self->lb);
+#define CLEAR(field) Py_CLEAR(self->field);
+    HOT_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
@@ -432,7 +422,7 @@ static PyTypeObject HotType = {
 };
 
 static PyObject *
-configure(PyObject *module, PyObject *args)
+configure(PyObject *Py_UNUSED(module), PyObject *args)
 {
     double s;
     int eager;
@@ -446,7 +436,7 @@ configure(PyObject *module, PyObject *args)
 /* (where, shape) of this thread's innermost watched call: where 0 none, 1 this path's (shape
  * its signature), 2 one on the Python path (its frame holds the signature) */
 static PyObject *
-current(PyObject *module, PyObject *Py_UNUSED(ignored))
+current(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     if (depth <= 0)
         return Py_BuildValue("(iO)", 0, Py_None);
@@ -460,7 +450,7 @@ current(PyObject *module, PyObject *Py_UNUSED(ignored))
 /* (calls in progress on any thread, on this one, the signature of the last this path began
  * or None) */
 static PyObject *
-everywhere(PyObject *module, PyObject *Py_UNUSED(ignored))
+everywhere(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     if (last_a == NULL)
         return Py_BuildValue("(nnO)", in_flight, depth, Py_None);
@@ -472,7 +462,7 @@ everywhere(PyObject *module, PyObject *Py_UNUSED(ignored))
 /* In a forked child only the forking thread exists: its calls are the only ones in progress
  * (the others' would keep a drain waiting forever). */
 static PyObject *
-after_fork(PyObject *module, PyObject *Py_UNUSED(ignored))
+after_fork(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     in_flight = depth;
     if (in_flight == 0) {
@@ -493,7 +483,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_hotpath", "watch()'s hot path in C (see timing.py).", -1,
-    module_methods,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

@@ -25,7 +25,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-from torch_watchdog import events
+from torch_watchdog import events, pure_python
 from torch_watchdog.agent import _AFTER_FORK
 
 # watch()'s hot path in C (_hotpath.c: `model(x)` and `model(a=, b=)` with tensors, no Python
@@ -33,7 +33,7 @@ from torch_watchdog.agent import _AFTER_FORK
 # TORCH_WATCHDOG_PURE_PYTHON=1 (set before the agent is imported), the same path in Python
 # below (_make_call) serves every call.
 _hotpath: Any = None
-if os.environ.get("TORCH_WATCHDOG_PURE_PYTHON", "") in ("", "0"):
+if not pure_python():
     try:
         from torch_watchdog.agent import _hotpath
     except ImportError:  # not built here (no compiler at install, a free-threaded CPython)

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from torch_watchdog import events
+from torch_watchdog import events, pure_python
 from torch_watchdog.events import EventDecodeError, decode
 
 DROP_REASONS = ("malformed", "oversized", "version", "foreign", "spoofed")
@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - where orjson is not installed: json al
 # the agents' datagrams parsed in C (_intake.c: what it is not sure of, it hands back to the
 # paths below); where it is not built, or with TORCH_WATCHDOG_PURE_PYTHON=1, those paths alone
 _intake: Any = None
-if os.environ.get("TORCH_WATCHDOG_PURE_PYTHON", "") in ("", "0"):
+if not pure_python():
     try:
         from torch_watchdog.sidecar.sources import _intake
         _intake.configure(events.SCHEMA_VERSION, events.PARSER_SPECS)
