@@ -387,10 +387,11 @@ def test_padding_reaches_the_sidecar_socket_with_its_refusal_and_totals(collecto
         # totals come with the heartbeats: a heartbeat between two calls sends part of them
         def latest(c):
             return {e.name: e for e in c.of("padding")}
-        # (and a heartbeat before pooled's call sends its totals with on=True: wait for the last)
+        # (a heartbeat before pooled's call, or between its count and its check's refusal,
+        # sends its totals with on=True; the next heartbeat sends on=False: wait for it)
         assert collector.wait(lambda c: {"causal", "pooled"} <= set(latest(c)) and
                               latest(c)["causal"].padding_tokens == (16 - 3) + (16 - 9) and
-                              latest(c)["pooled"].calls == 1)
+                              latest(c)["pooled"].calls == 1 and not latest(c)["pooled"].on)
         last = latest(collector)
         assert last["causal"].on and last["causal"].padding_tokens == (16 - 3) + (16 - 9)
         assert not last["pooled"].on

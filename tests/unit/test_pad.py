@@ -285,6 +285,20 @@ def test_padding_events_carry_the_totals(emitted):
     assert events.decode(events.encode(e)) == e
 
 
+def test_a_refusal_after_the_last_report_is_reported_without_a_new_call(emitted):
+    """A heartbeat may send the totals between a call's count and its check's refusal: the
+    next heartbeat sends `on` False though no call came since (the sidecar showed padding on,
+    CI saw it on torch 2.9.1)."""
+    model = watch(lambda x: x * 2, "late_refusal", pad=pad.Tokens(buckets=(8,)))
+    model(ids(5))
+    got: list = []
+    pad.emit_stats(got.append)
+    model._refuse("what a check found after the count")  # as the call's own check would
+    pad.emit_stats(got.append)
+    reports = [e for e in got if e.name == "late_refusal"]
+    assert [e.on for e in reports] == [True, False] and reports[-1].calls == 1
+
+
 def test_watch_without_pad_is_the_plain_watched_wrapper():
     assert type(watch(lambda x: x, "plain")) is Watched  # not the padding wrapper
 

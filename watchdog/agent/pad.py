@@ -493,7 +493,7 @@ class Padded:
         self.refused: Optional[str] = None
         self._plan_at = PLAN_FIRST_AT
         self._planning = False
-        self._reported = -1                  # `calls` at the last padding event
+        self._reported: Any = None           # (calls, on, checks) at the last padding event
         self.memory = CheckMemory(
             getattr(self.policy, "check_memory_bytes", CHECK_MEMORY_BYTES),
             lambda action, detail: self._emit(action, f"{self.name}: {detail}"))
@@ -673,12 +673,15 @@ def _after_fork() -> None:
 
 
 def emit_stats(emit: Callable[[events.Event], None]) -> None:
-    """A `padding` event per padded model that had calls since the last (the agent's thread,
-    every heartbeat)."""
+    """A `padding` event per padded model that had calls, a check or a refusal since the last
+    (the agent's thread, every heartbeat)."""
     for p in list(padded_models):
         try:
-            if p.calls != p._reported:
-                p._reported = p.calls
+            # calls, and what a call changes after it is counted (its check, a refusal): a
+            # heartbeat between the two would otherwise leave `on` and the checks stale
+            key = (p.calls, p.on, p.checks)
+            if key != p._reported:
+                p._reported = key
                 emit(p.stats())
         except Exception:
             pass
