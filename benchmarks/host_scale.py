@@ -77,7 +77,7 @@ try:
     from torch_watchdog.sidecar.sources.process import ProcessReader
 except ImportError:  # older code: one-shot reads
     ProcessReader = None
-from torch_watchdog.sidecar.sources.samples import Sample  # noqa: E402
+from torch_watchdog.sidecar.core.observations import Sample  # noqa: E402
 
 GB = 1 << 30
 MIB2 = 2 << 20

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.offline.traces import Reader, read_all
-from torch_watchdog.sidecar.sources.samples import ConfigChange
+from torch_watchdog.sidecar.core.observations import ConfigChange
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 GOLDEN = os.path.join(FIX, "replay-golden")

@@ -30,7 +30,8 @@ from torch_watchdog.sidecar.sources.nvml import NvmlSource
 
 WRITER = """
 import sys
-from torch_watchdog.sidecar.actions.reload import Outcome, ReloadLog
+from torch_watchdog.sidecar.actions.reload import ReloadLog
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
 log = ReloadLog(sys.argv[1])
 t = 1000.0
 log.record(t, None, "oom_forecast", "a")
@@ -38,7 +39,7 @@ print("ready", flush=True)
 while True:  # a decision, then its outcome, as fast as the disk allows
     t += 1
     log.record(t, None, "oom_forecast", "a")
-    log.record(t, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast", "a")
+    log.record(t, ReloadOutcome(True, "exited after SIGTERM", 1.0), "oom_forecast", "a")
 """
 
 DECIDER = """

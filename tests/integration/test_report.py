@@ -187,7 +187,7 @@ def test_progress_is_reported_on_long_inputs():
     class FakeReader(list):
         bad_lines = 3
 
-    from torch_watchdog.sidecar.sources.samples import Sample
+    from torch_watchdog.sidecar.core.observations import Sample
     from torch_watchdog.sidecar.offline.traces import read_all
     ticks = iter(range(0, 100_000, 10))  # ten "seconds" per clock read
     lines = []
@@ -324,7 +324,7 @@ def test_budget_is_drawn_from_when_it_applied(tmp_path):
     """The demo's budget comes with a SIGHUP at 55 s: the line starts there, in MiB."""
     from torch_watchdog import events as ev
     from torch_watchdog.sidecar.config import ForecastConfig
-    from torch_watchdog.sidecar.sources.samples import ConfigChange, ProcessSample, Sample
+    from torch_watchdog.sidecar.core.observations import ConfigChange, ProcessSample, Sample
     import dataclasses
     t0, mib = 1.8e9, 2 ** 20
     later = dataclasses.replace(Config(), forecast=dataclasses.replace(
@@ -374,8 +374,8 @@ def test_the_memory_line_breaks_between_a_reload_and_the_new_process():
     stops at the old process's last point and starts again at the new one's, not a slope
     across the gap that no process had."""
     from torch_watchdog import events as ev
-    from torch_watchdog.sidecar.sources.samples import (DeviceSample, ProcessSample,
-                                                        ReloadOutcome, Sample)
+    from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample,
+        ReloadOutcome, Sample)
     t0, gib = 1.8e9, 2 ** 30
 
     def sample(t: float, pid: int, alive: bool, used: int) -> Sample:
@@ -389,7 +389,7 @@ def test_the_memory_line_breaks_between_a_reload_and_the_new_process():
 
     obs = [hello(t0, 10)]
     obs += [sample(t0 + i, 10, True, (20 + i) * gib) for i in range(1, 30)]  # 21 -> 49 GiB
-    obs.append(ReloadOutcome(t0 + 30, "srv", True, "reloaded", 1.0))
+    obs.append(ReloadOutcome(True, "reloaded", 1.0).at(t0 + 30, "srv"))
     obs += [sample(t0 + i, 10, False, 0) for i in range(30, 40)]             # nobody's
     obs.append(hello(t0 + 40, 20))
     obs += [sample(t0 + i, 20, True, 10 * gib) for i in range(40, 60)]       # 10 GiB

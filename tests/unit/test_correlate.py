@@ -6,7 +6,7 @@ import pytest
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
 from torch_watchdog.sidecar.core.correlate import State, fold
-from torch_watchdog.sidecar.sources.samples import DeviceSample, ProcessSample, Sample
+from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, Sample
 
 MB = 1_000_000
 CFG = CorrelateConfig()

@@ -10,7 +10,7 @@ import pytest
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config, PolicyConfig
 from torch_watchdog.sidecar.core.step import Host, fold_events, step
-from torch_watchdog.sidecar.sources.samples import DeviceSample, ProcessSample, Sample
+from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, Sample
 
 CFG = Config(policy=PolicyConfig(warmup_s=0, hold_polls=1, cooldown_s=0))
 GPU = "GPU-aaaa"

@@ -92,7 +92,7 @@ def test_the_budget_leaves_out_what_the_driver_reserves():
     the OOM ~500 MB too far away and the seed server crashed before the reload."""
     from torch_watchdog.sidecar.config import CorrelateConfig
     from torch_watchdog.sidecar.core.correlate import fold
-    from torch_watchdog.sidecar.sources.samples import DeviceSample, Sample
+    from torch_watchdog.sidecar.core.observations import DeviceSample, Sample
 
     total, reserved, used = 150_754_820_096, 644_939_776, 149_796_290_560
     s = fold(State(), [Sample(t=1.0, devices=(DeviceSample("GPU-x", used, total,
@@ -129,7 +129,7 @@ def _host_mode(rss_by_pid, t=100.0, total=64_000 * MB, available=40_000 * MB):
     """A host-memory server (no GPU): flat memory, folded from real samples."""
     from torch_watchdog.sidecar.config import CorrelateConfig
     from torch_watchdog.sidecar.core.correlate import fold
-    from torch_watchdog.sidecar.sources.samples import ProcessSample, Sample
+    from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
     obs = [Sample(t=t + i, processes=tuple(ProcessSample(pid, True, rss)
                                            for pid, rss in rss_by_pid.items()),

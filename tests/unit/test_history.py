@@ -8,7 +8,7 @@ import pytest
 from torch_watchdog import events
 from torch_watchdog.sidecar.present.history import History, Thinned, memory_level
 from torch_watchdog.sidecar.core.policy import Action
-from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 GIB = 1 << 30

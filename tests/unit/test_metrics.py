@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch_watchdog.sidecar.present import metrics
 from torch_watchdog.sidecar.core.correlate import CAUSES
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, serve, stop
-from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 GIB = 1 << 30

@@ -11,7 +11,7 @@ from torch_watchdog.sidecar.present.history import History
 from torch_watchdog.sidecar.present.page import render_page
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.status import build_status, format_terminal
-from torch_watchdog.sidecar.sources.samples import ProcessSample, Sample
+from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
 from tests.unit.test_metrics import parse, value
 

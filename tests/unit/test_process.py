@@ -121,7 +121,7 @@ def test_a_units_processes_are_its_cgroups(tmp_path):
 
 def test_pss_is_read_now_and_then_and_carried_by_rss():
     from torch_watchdog.sidecar.sources.process import PssMeter, read_pss
-    from torch_watchdog.sidecar.sources.samples import ProcessSample
+    from torch_watchdog.sidecar.core.observations import ProcessSample
     now, reads = [0.0], []
 
     def read(pid):
@@ -148,7 +148,7 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
 
 def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():
     from torch_watchdog.sidecar.sources.process import PssMeter
-    from torch_watchdog.sidecar.sources.samples import ProcessSample
+    from torch_watchdog.sidecar.core.observations import ProcessSample
     now, reads, pss = [0.0], [], {11: 300, 12: None}
 
     def read(pid):

@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from torch_watchdog.sidecar.actions.reload import (NOT_CARRIED_OUT, Outcome, Reloader, ReloadLog,
-                                                   post_hook, process_start_time, refusal,
+from torch_watchdog.sidecar.actions.reload import (NOT_CARRIED_OUT, Reloader, ReloadLog, post_hook, process_start_time, refusal,
                                                    run_command, signal_processes)
 from torch_watchdog.sidecar.config import PolicyConfig
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
@@ -152,7 +152,7 @@ def hook():
 
 def test_http_drain_hook(hook):
     base, calls = hook
-    assert post_hook(base + "/drain", 5) == Outcome(True, "HTTP 202", pytest.approx(0, abs=5))
+    assert post_hook(base + "/drain", 5) == ReloadOutcome(True, "HTTP 202", pytest.approx(0, abs=5))
     assert not post_hook(base + "/broken", 5).ok
     assert calls == ["/drain", "/broken"]
     assert not post_hook("http://127.0.0.1:1/drain", 2).ok  # refused
@@ -164,7 +164,7 @@ def test_reload_log_survives_a_restart(tmp_path):
     log.record(100.0, None, "oom_forecast")  # the decision, before acting
     log.executing(100.0, None)               # carrying it out
     assert ReloadLog(path, now=200.0).times() == [100.0]  # a sidecar restarting now counts it
-    log.record(100.0, Outcome(True, "exited after SIGTERM", 2.5), "oom_forecast")
+    log.record(100.0, ReloadOutcome(True, "exited after SIGTERM", 2.5), "oom_forecast")
     (entry,) = ReloadLog(path, now=200.0).entries
     assert entry["ok"] is True and entry["seconds"] == 2.5
 
@@ -185,7 +185,7 @@ def test_a_failed_write_leaves_the_old_record_whole(tmp_path, monkeypatch):
     def crash(*args):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "replace", crash)
-    log.record(100.0, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast", "a")
+    log.record(100.0, ReloadOutcome(True, "exited after SIGTERM", 1.0), "oom_forecast", "a")
     assert log.error.endswith("No space left on device")
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["reloads.json"]
 
@@ -327,14 +327,14 @@ def test_a_decision_being_carried_out_when_the_sidecar_stopped_still_counts(tmp_
 
 def test_reloader_runs_one_at_a_time_off_the_loop():
     release = threading.Event()
-    r = Reloader(lambda pids: (release.wait(5), Outcome(True, f"{sorted(pids)}", 0.1))[1])
+    r = Reloader(lambda pids: (release.wait(5), ReloadOutcome(True, f"{sorted(pids)}", 0.1))[1])
     r.start({3, 1})
     assert r.busy and r.poll() is None
     release.set()
     deadline = time.monotonic() + 5
     while r.busy and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert r.poll() == Outcome(True, "[1, 3]", 0.1) and r.poll() is None
+    assert r.poll() == ReloadOutcome(True, "[1, 3]", 0.1) and r.poll() is None
     broken = Reloader(lambda pids: 1 / 0)
     broken.start(set())
     while broken.busy:
@@ -346,8 +346,8 @@ def test_a_cancelled_decision_is_kept_but_not_counted(tmp_path):
     from torch_watchdog.sidecar.actions.reload import CANCELLED
     path = str(tmp_path / "reloads.json")
     log = ReloadLog(path)
-    log.record(100.0, Outcome(False, CANCELLED, 0.0), "oom_forecast")
-    log.record(200.0, Outcome(True, "exited after SIGTERM", 1.0), "oom_forecast")
+    log.record(100.0, ReloadOutcome(False, CANCELLED, 0.0), "oom_forecast")
+    log.record(200.0, ReloadOutcome(True, "exited after SIGTERM", 1.0), "oom_forecast")
     assert len(ReloadLog(path).entries) == 2
     assert ReloadLog(path).times() == [200.0]  # the cooldown counts what was done
 

@@ -10,7 +10,7 @@ from tests.conftest import free_port
 from torch_watchdog.sidecar import cli
 from torch_watchdog.sidecar.present.history import History
 from torch_watchdog.sidecar.core.policy import Action
-from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.status import (build_status, cause_summary, chart_budget, fmt_bytes,
                                      fmt_duration, format_terminal)

@@ -7,8 +7,8 @@ import dataclasses
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config, ForecastConfig, PolicyConfig, ReloadConfig
 from torch_watchdog.sidecar.core.step import Host, step
-from torch_watchdog.sidecar.sources.samples import (DeviceSample, ProcessSample, ReloadOutcome,
-                                                    Sample)
+from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample, ReloadOutcome,
+    Sample)
 
 MB = 1 << 20
 GB = 1 << 30
@@ -96,7 +96,7 @@ def test_one_replica_reloads_at_a_time_then_the_other():
     for _ in range(5):  # the first reload runs: the other one waits (the host-wide cap)
         h.poll(grow_a=10 * MB, grow_b=10 * MB)
     assert [a.server for a in h.of("reload")] == [first]
-    h.feed(ReloadOutcome(h.t, first, True, "exited after SIGTERM", 3.0))
+    h.feed(ReloadOutcome(True, "exited after SIGTERM", 3.0).at(h.t, first))
     for _ in range(5):
         h.poll(grow_b=10 * MB if first == "replica-a" else 0,
                grow_a=10 * MB if first == "replica-b" else 0)
@@ -232,7 +232,7 @@ def test_a_server_restarted_under_a_new_process_group_keeps_its_reload_history()
     for _ in range(10):
         h.poll()
     h.host.servers["pgid:303"].policy.reloads.append(h.t)  # reloaded just now
-    h.feed(ReloadOutcome(h.t, "pgid:303", True, "exited after SIGTERM", 2.0))
+    h.feed(ReloadOutcome(True, "exited after SIGTERM", 2.0).at(h.t, "pgid:303"))
     h.feed(dataclasses.replace(hello(h.t + 5, 404, "pgid:404", [A]), ppid=50))
     assert "pgid:303" not in h.host.servers
     assert h.host.servers["pgid:404"].policy.reloads == [h.t]
@@ -283,7 +283,7 @@ def test_a_reload_refused_for_now_is_asked_again_soon_and_not_counted():
     while not h.of("execute") and h.t < 2000:
         h.poll(grow_a=10 * MB)
     decided = h.of("reload")[0].t
-    h.feed(ReloadOutcome(h.t, "replica-a", False, "HTTP 429", 0.1, retry_after_s=10.0))
+    h.feed(ReloadOutcome(False, "HTTP 429", 0.1, retry_after_s=10.0).at(h.t, "replica-a"))
     refused_at = h.t
     assert h.host.servers["replica-a"].policy.reloads == []
     while len(h.of("reload")) < 2 and h.t < refused_at + 60:
@@ -297,15 +297,15 @@ def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_
     not `reload_ok` and no reset; a hello from a new process of the server clears it. An
     outcome read back from the sample log is the same observation (replay = live)."""
     from torch_watchdog.sidecar.actions import alerts
-    from torch_watchdog.sidecar.sources.samples import outcome_from_dict, outcome_to_dict
+    from torch_watchdog.sidecar.sample_log import outcome_from_dict, outcome_to_dict
 
     h = Host2()
     for _ in range(10):
         h.poll()
     while not h.of("execute") and h.t < 2000:
         h.poll(grow_a=10 * MB)
-    failed = ReloadOutcome(h.t, "replica-a", False, "exited after SIGTERM; no hello from a new "
-                           "process of the server within 120 s", 125.0, failed=True)
+    failed = ReloadOutcome(False, "exited after SIGTERM; no hello from a new "
+                           "process of the server within 120 s", 125.0, failed=True).at(h.t, "replica-a")
     assert outcome_from_dict(outcome_to_dict(failed)) == failed
     assert "failed" not in outcome_to_dict(dataclasses.replace(failed, failed=False))
     (done,) = h.feed(outcome_from_dict(outcome_to_dict(failed)))

@@ -13,8 +13,8 @@ from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate
 from torch_watchdog.sidecar.core.step import Host, step
 from torch_watchdog.sidecar.offline.traces import Reader, read_all
-from torch_watchdog.sidecar.sources.samples import (ConfigChange, DeviceSample, ProcessSample,
-                                                    Sample)
+from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
+    Sample)
 from tests.unit.test_step import CFG, GB, MB, calls, compile_event, hello
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")

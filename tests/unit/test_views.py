@@ -15,8 +15,8 @@ from torch_watchdog.sidecar.offline.traces import Reader, read_all
 from torch_watchdog.sidecar.present import snapshot
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.views import ServerViews
-from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, \
-    Sample
+from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
+    Sample)
 from tests.unit.test_step import CFG, GB, MB, calls, compile_event, hello
 from tests.unit.test_step_repeats import FIX, eight_by_eight_trace, host_trace, \
     time_alone_trace

@@ -32,8 +32,9 @@ from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, children_of, \
     read_pidfile, unit_main_pid, unit_pids
 from torch_watchdog.sidecar.sources.receiver import Receiver
-from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample, config_to_dict, \
-    outcome_to_dict, sample_to_dict
+from torch_watchdog.sidecar.core.observations import ReloadOutcome, Sample
+from torch_watchdog.sidecar import sample_log
+from torch_watchdog.sidecar.sample_log import config_to_dict
 from torch_watchdog.sidecar.present import snapshot as snapshot_mod
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.views import ServerViews
@@ -341,11 +342,8 @@ class Daemon:
         """One write per poll: the agent events received, reload outcomes, then the sample."""
         if self.sample_log is None:
             return
-        lines = [json.dumps(sample_to_dict(o) if isinstance(o, Sample) else outcome_to_dict(o),
-                            separators=(",", ":")).encode()
-                 if isinstance(o, (Sample, ReloadOutcome)) else events.encode(o)
-                 for o in observations]
-        if not self.sample_log.write(b"\n".join(lines)) and not self.sample_log_failed:
+        if not self.sample_log.write(sample_log.encode(observations)) and \
+                not self.sample_log_failed:
             self.sample_log_failed = True  # logged once; retried every few seconds
             self.log.error("cannot write the sample log", path=self.cfg.sample_log)
 
@@ -415,12 +413,12 @@ class Daemon:
             self._record(action.t, None, action)
             if action.detail.get("dry_run") or self.cfg.reload.method == "none":
                 why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
-                self._record(action.t, reload.Outcome(False, f"not carried out: {why}", 0.0),
+                self._record(action.t, ReloadOutcome(False, f"not carried out: {why}", 0.0),
                              action)
                 self.history.act(self.clock(), "reload_not_done", action.reason,
                                  {"outcome": f"not carried out: {why}"})
         elif action.action == "cancel":
-            self._record(action.detail["decided_t"], reload.Outcome(False, reload.CANCELLED,
+            self._record(action.detail["decided_t"], ReloadOutcome(False, reload.CANCELLED,
                                                                     0.0), action)
         elif action.action == "execute":
             run = reload.executor(self.cfg.reload, self._unit_of(action.server),
@@ -453,11 +451,10 @@ class Daemon:
             (self.log.warning if result.ok else self.log.error)(
                 "reload finished", server=server, ok=result.ok, detail=result.detail,
                 seconds=result.seconds)
-            out.append(ReloadOutcome(now, server, result.ok, result.detail, result.seconds,
-                                     result.retry_after_s, result.failed))
+            out.append(result.at(now, server))
         return out
 
-    def _record(self, t: float, outcome: Optional[reload.Outcome], action: policy.Action) -> None:
+    def _record(self, t: float, outcome: Optional[ReloadOutcome], action: policy.Action) -> None:
         self.reload_log.record(t, outcome, action.detail.get("cause", action.reason),
                                action.server)
         if self.reload_log.error:

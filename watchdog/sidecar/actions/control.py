@@ -29,7 +29,8 @@ from typing import Optional
 
 import psutil
 
-from torch_watchdog.sidecar.actions.reload import Outcome, process_start_time, refusal
+from torch_watchdog.sidecar.actions.reload import process_start_time, refusal
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sources.receiver import _remove_stale_socket
 
 MAX_PEERS = 1024        # connections held; more are closed (a local flood cannot use up fds)
@@ -176,7 +177,7 @@ class ControlServer:
 
     # -- the reload thread ---------------------------------------------------------------------
     def drain(self, pids: set[int], grace_s: float, decided_t: Optional[float] = None
-              ) -> Outcome:
+              ) -> ReloadOutcome:
         """Ask each connected process among `pids` to drain; ok once every one asked said
         "drained" and exited."""
         started = time.monotonic()
@@ -196,7 +197,7 @@ class ControlServer:
                 refused.append(f"pid {peer.pid}: {e.strerror or e}")
         skipped = f"; refused {'; '.join(refused)}" if refused else ""
         if not asked:
-            return Outcome(False, "no agent of the server is connected to the control socket "
+            return ReloadOutcome(False, "no agent of the server is connected to the control socket "
                            f"(pids {sorted(pids)}){skipped}", time.monotonic() - started)
         deadline = started + grace_s + REPLY_SLACK_S
         with self._cond:
@@ -225,7 +226,7 @@ class ControlServer:
                    f"at the grace deadline"))
         extra = [r.get("detail") for r in done if r.get("detail")]
         detail = "; ".join([what, *notes, *extra]) + skipped
-        return Outcome(not silent and not alive, detail[:1000], took)
+        return ReloadOutcome(not silent and not alive, detail[:1000], took)
 
     def close(self) -> None:
         if not self._running:

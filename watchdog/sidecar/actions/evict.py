@@ -12,7 +12,7 @@ is the backoff before the next attempt (the forecast decides again then).
 The pod is named by the downward API (`POD_NAME`, `POD_NAMESPACE`); credentials come from the
 pod's service account (in-cluster config). The `kubernetes` client is an optional dependency
 (extra `k8s`), imported only when an eviction is carried out; every failure becomes an
-`Outcome`, never an exception into the sidecar's loop.
+`ReloadOutcome`, never an exception into the sidecar's loop.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from torch_watchdog.sidecar.actions.reload import Outcome
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
 
 POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
 RETRY_AFTER_S = 10.0   # kubectl drain waits 5 s between eviction attempts; a replica restarts
@@ -35,13 +35,13 @@ _WHY = {403: "forbidden: the pod's service account needs create on pods/eviction
         500: "server error (more than one PodDisruptionBudget selects this pod?)"}
 
 
-def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -> Outcome:
+def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -> ReloadOutcome:
     """POST an Eviction for pod `namespace/name`. `api_client`: a kubernetes ApiClient (tests
     point one at a local endpoint); None: the in-cluster config of the pod's service account."""
     started = time.monotonic()
 
-    def done(ok: bool, detail: str) -> Outcome:
-        return Outcome(ok, detail, time.monotonic() - started)
+    def done(ok: bool, detail: str) -> ReloadOutcome:
+        return ReloadOutcome(ok, detail, time.monotonic() - started)
 
     try:
         from kubernetes import client
@@ -58,7 +58,7 @@ def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -
             name=name, namespace=namespace, body=body, _request_timeout=timeout_s)
     except ApiException as e:
         if e.status == 429:
-            return Outcome(False, NOT_NOW, time.monotonic() - started, RETRY_AFTER_S)
+            return ReloadOutcome(False, NOT_NOW, time.monotonic() - started, RETRY_AFTER_S)
         return done(False, f"HTTP {e.status}: {_WHY.get(e.status, e.reason or 'eviction refused')}")
     except Exception as e:  # config, connection, timeout: reported, never raised
         return done(False, f"eviction failed: {type(e).__name__}: {str(e)[:200]}")
@@ -73,14 +73,14 @@ def _in_cluster(client: Any) -> Any:
 
 
 def executor(timeout_s: float, environ: Optional[Mapping[str, str]] = None,
-             api_client: Any = None) -> Callable[[set[int]], Outcome]:
+             api_client: Any = None) -> Callable[[set[int]], ReloadOutcome]:
     """The `evict` reload: the pids are not used (the whole pod goes)."""
     env = os.environ if environ is None else environ
 
-    def run(pids: set[int]) -> Outcome:
+    def run(pids: set[int]) -> ReloadOutcome:
         name, namespace = env.get(POD_NAME_ENV), env.get(POD_NAMESPACE_ENV)
         if not name or not namespace:
-            return Outcome(False, f"{POD_NAME_ENV} and {POD_NAMESPACE_ENV} must be set from "
+            return ReloadOutcome(False, f"{POD_NAME_ENV} and {POD_NAMESPACE_ENV} must be set from "
                                   "the downward API (deploy/kubernetes/deployment.yaml)", 0.0)
         return evict(name, namespace, timeout_s, api_client)
 

@@ -18,7 +18,7 @@ Executors (config `reload.method`):
 - `agent`: ask the server's agents to drain and exit over the control socket
   (actions/control.py, agent/drain.py); their supervisor starts the server again.
 After any method but `evict` (the sidecar goes with its pod), a reload succeeded only once a
-new process of the server said hello within `hello_timeout_s` (else `Outcome.failed`: the
+new process of the server said hello within `hello_timeout_s` (else `ReloadOutcome.failed`: the
 `reload_failed` outcome, not `reload_ok`; 0 skips the check, for a server without the agent);
 the hellos come from the daemon's loop through `Hellos`. One reload runs at a time, on a
 thread, so the poll loop keeps going. Each decision is written to `<state_dir>/reloads.json`
@@ -44,23 +44,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 import psutil
 
 from torch_watchdog import durable
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    detail: str
-    seconds: float
-    # not done, and not to be counted as a reload: ask again after this many seconds (an
-    # eviction refused by the PodDisruptionBudget while another replica restarts)
-    retry_after_s: Optional[float] = None
-    failed: bool = False  # carried out, but the server did not come back (no hello in time)
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
 
 
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
@@ -117,7 +107,7 @@ def refusal(pid: int, decided_t: Optional[float] = None,
 
 def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] = None,
                      expected_start: Optional[Mapping[int, float]] = None,
-                     hellos: Optional["Hellos"] = None) -> Outcome:
+                     hellos: Optional["Hellos"] = None) -> ReloadOutcome:
     """SIGTERM `pids`, SIGKILL those alive after `grace_s`. `decided_t` (the decision's
     wall-clock time) and `expected_start` (pid -> `process_start_time` when the pid was seen)
     let it refuse a reused pid (`refusal`). A master among `pids` (`master_and_workers`, from
@@ -145,7 +135,7 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
             continue
     skipped = kept + (f"; refused {'; '.join(refused)}" if refused else "")
     if not procs:
-        return Outcome(False, "no server process to signal" + skipped,
+        return ReloadOutcome(False, "no server process to signal" + skipped,
                        time.monotonic() - started)
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
@@ -156,34 +146,34 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
     psutil.wait_procs(alive, timeout=5)
     took = time.monotonic() - started
     if alive:
-        return Outcome(True, f"SIGKILL after {grace_s:.0f} s: {len(alive)} process(es) "
+        return ReloadOutcome(True, f"SIGKILL after {grace_s:.0f} s: {len(alive)} process(es) "
                              f"ignored SIGTERM{skipped}", took)
-    return Outcome(True, "exited after SIGTERM" + skipped, took)
+    return ReloadOutcome(True, "exited after SIGTERM" + skipped, took)
 
 
-def run_command(argv: list[str], timeout_s: float) -> Outcome:
+def run_command(argv: list[str], timeout_s: float) -> ReloadOutcome:
     started = time.monotonic()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.SubprocessError) as e:
-        return Outcome(False, f"{argv[0]}: {e}", time.monotonic() - started)
+        return ReloadOutcome(False, f"{argv[0]}: {e}", time.monotonic() - started)
     detail = (done.stderr or done.stdout).strip()[-300:]
-    return Outcome(done.returncode == 0, f"exit {done.returncode}" + (f": {detail}" if detail
+    return ReloadOutcome(done.returncode == 0, f"exit {done.returncode}" + (f": {detail}" if detail
                                                                        else ""),
                    time.monotonic() - started)
 
 
-def post_hook(url: str, timeout_s: float) -> Outcome:
+def post_hook(url: str, timeout_s: float) -> ReloadOutcome:
     started = time.monotonic()
     req = urllib.request.Request(url, data=b"{}", method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return Outcome(True, f"HTTP {resp.status}", time.monotonic() - started)
+            return ReloadOutcome(True, f"HTTP {resp.status}", time.monotonic() - started)
     except urllib.error.HTTPError as e:
-        return Outcome(False, f"HTTP {e.code}", time.monotonic() - started)
+        return ReloadOutcome(False, f"HTTP {e.code}", time.monotonic() - started)
     except OSError as e:
-        return Outcome(False, f"{type(e).__name__}: {e}", time.monotonic() - started)
+        return ReloadOutcome(False, f"{type(e).__name__}: {e}", time.monotonic() - started)
 
 
 # -- the agents' hellos, and masters with workers ----------------------------------------------
@@ -315,7 +305,7 @@ def _no_master(method: str, pids: set[int]) -> str:
 
 def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
             decided_t: Optional[float] = None,
-            expected_start: Optional[Mapping[int, float]] = None) -> Outcome:
+            expected_start: Optional[Mapping[int, float]] = None) -> ReloadOutcome:
     """The master's workers one at a time: SIGTERM (SIGKILL after `grace_s`), the master forks
     a replacement, and the next worker only once the replacement's agent said hello (its ppid
     the master). No hello within `hello_timeout_s`: stop, the other workers still serving, and
@@ -323,18 +313,18 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
     started = time.monotonic()
     master, workers = master_and_workers(pids, hellos)
     if master is None:
-        return Outcome(False, _no_master("rolling", pids), time.monotonic() - started)
+        return ReloadOutcome(False, _no_master("rolling", pids), time.monotonic() - started)
     expected = expected_start or {}
     why = refusal(master, decided_t, expected.get(master))
     if why is not None:
-        return Outcome(False, f"rolling: master {why}: not carried out",
+        return ReloadOutcome(False, f"rolling: master {why}: not carried out",
                        time.monotonic() - started)
     old, done = set(pids) | set(workers), []
     for i, pid in enumerate(workers, 1):
         where = f"rolling: worker {pid} ({i} of {len(workers)}, master {master})"
         why = refusal(pid, decided_t, expected.get(pid))
         if why is not None:
-            return Outcome(False, f"{where}: refused {why}", time.monotonic() - started,
+            return ReloadOutcome(False, f"{where}: refused {why}", time.monotonic() - started,
                            failed=bool(done))
         mark = hellos.mark()
         p = _signal(pid, signal.SIGTERM)
@@ -351,18 +341,18 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
         if new is None:
             gone = "the master exited" if not psutil.pid_exists(master) else \
                 f"no hello from its replacement within {hello_timeout_s:g} s"
-            return Outcome(False, f"{where} stopped{killed}, {gone}; the next workers were "
+            return ReloadOutcome(False, f"{where} stopped{killed}, {gone}; the next workers were "
                                   f"left running", time.monotonic() - started, failed=True)
         old.add(new.pid)
         done.append(f"{pid}->{new.pid}{killed}")
-    return Outcome(True, f"rolling: {len(workers)} workers of master {master} replaced one at a "
+    return ReloadOutcome(True, f"rolling: {len(workers)} workers of master {master} replaced one at a "
                          f"time, each replacement said hello ({', '.join(done)})",
                    time.monotonic() - started)
 
 
 def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
                decided_t: Optional[float] = None,
-               expected_start: Optional[Mapping[int, float]] = None) -> Outcome:
+               expected_start: Optional[Mapping[int, float]] = None) -> ReloadOutcome:
     """SIGHUP to the master, which replaces its workers its own way (gunicorn: starts new ones
     and stops the old at once; uvicorn >= 0.54: one at a time, each replacement ready before
     the old one stops). Done when every old worker has exited and as many new children of the
@@ -371,16 +361,16 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
     started = time.monotonic()
     master, workers = master_and_workers(pids, hellos)
     if master is None:
-        return Outcome(False, _no_master("master-hup", pids), time.monotonic() - started)
+        return ReloadOutcome(False, _no_master("master-hup", pids), time.monotonic() - started)
     why = refusal(master, decided_t, (expected_start or {}).get(master))
     if why is not None:
-        return Outcome(False, f"master-hup: master {why}: not carried out",
+        return ReloadOutcome(False, f"master-hup: master {why}: not carried out",
                        time.monotonic() - started)
     old = set(pids) | set(workers)
     procs = [p for p in (_try_process(w) for w in workers) if p is not None]
     mark = hellos.mark()
     if _signal(master, signal.SIGHUP) is None:
-        return Outcome(False, f"master-hup: master {master} is gone: not carried out",
+        return ReloadOutcome(False, f"master-hup: master {master} is gone: not carried out",
                        time.monotonic() - started)
     stall = hello_timeout_s + grace_s
     deadline, progress = time.monotonic() + stall, None
@@ -389,7 +379,7 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
                       if h.pid not in old and h.ppid == master and psutil.pid_exists(h.pid)})
         left = [p.pid for p in procs if not _gone(p)]
         if len(new) >= len(workers) and not left:
-            return Outcome(True, f"master-hup: master {master} replaced its {len(workers)} "
+            return ReloadOutcome(True, f"master-hup: master {master} replaced its {len(workers)} "
                                  f"workers {workers} by {new}, each said hello",
                            time.monotonic() - started)
         if (len(new), len(left)) != progress:
@@ -397,7 +387,7 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
         if time.monotonic() >= deadline or not psutil.pid_exists(master):
             what = "the master exited" if not psutil.pid_exists(master) else \
                 f"no progress for {stall:g} s"
-            return Outcome(False, f"master-hup: {what}: {len(new)} of {len(workers)} new "
+            return ReloadOutcome(False, f"master-hup: {what}: {len(new)} of {len(workers)} new "
                                   f"workers said hello, old workers {left} still running",
                            time.monotonic() - started, failed=True)
         hellos.wait_for(lambda h: False, hellos.mark(), 0.2)  # wakes early on a hello
@@ -410,8 +400,8 @@ def _try_process(pid: int) -> Optional[psutil.Process]:
         return None
 
 
-def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
-               timeout_s: float) -> Callable[[set[int]], Outcome]:
+def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos],
+               timeout_s: float) -> Callable[[set[int]], ReloadOutcome]:
     """`run`, then wait up to `timeout_s` for a new process of the server to say hello: its
     pid new, and its server name one the old processes' agents gave, or its parent one of the
     old processes or their parent (a supervisor: systemd, a shell loop, a master). No hello in
@@ -420,7 +410,7 @@ def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
     if hellos is None or timeout_s <= 0:
         return run
 
-    def reload_and_wait(pids: set[int]) -> Outcome:
+    def reload_and_wait(pids: set[int]) -> ReloadOutcome:
         started = time.monotonic()
         mark = hellos.mark()
         names = {h.server for h in map(hellos.heard, pids) if h is not None and h.server}
@@ -434,9 +424,9 @@ def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
                               mark, timeout_s)
         took = time.monotonic() - started
         if new is None:
-            return Outcome(False, f"{done.detail}; no hello from a new process of the server "
+            return ReloadOutcome(False, f"{done.detail}; no hello from a new process of the server "
                                   f"within {timeout_s:g} s", took, failed=True)
-        return Outcome(True, f"{done.detail}; back: pid {new.pid} said hello", took)
+        return ReloadOutcome(True, f"{done.detail}; back: pid {new.pid} said hello", took)
 
     return reload_and_wait
 
@@ -444,7 +434,7 @@ def back_after(run: Callable[[set[int]], Outcome], hellos: Optional[Hellos],
 def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
              expected_start: Optional[Mapping[int, float]] = None,
              hellos: Optional[Hellos] = None, control=None,
-             ) -> Optional[Callable[[set[int]], Outcome]]:
+             ) -> Optional[Callable[[set[int]], ReloadOutcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
     `decided_t` and `expected_start`: see `signal_processes`; `hellos`: the agents' hellos,
     for masters and workers and for the server coming back (`back_after`); `control`: the
@@ -457,7 +447,7 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
                                 decided_t, expected_start)
     if cfg.method == "agent":
         if control is None:
-            return lambda pids: Outcome(False, "the control socket is not open", 0.0)
+            return lambda pids: ReloadOutcome(False, "the control socket is not open", 0.0)
         return back_after(lambda pids: control.drain(pids, cfg.grace_s, decided_t), hellos,
                           wait)
     if cfg.method == "signal":
@@ -608,10 +598,10 @@ class ReloadLog:
         return [t for t, _ in self.decisions()]
 
     # -- writing ------------------------------------------------------------------------------
-    def record(self, t: float, outcome: Optional[Outcome], reason: str,
+    def record(self, t: float, outcome: Optional[ReloadOutcome], reason: str,
                server: Optional[str] = None) -> None:
         entry = {"t": t, "reason": reason, "server": server,
-                 **(asdict(outcome) if outcome else {"ok": None})}
+                 **(_outcome_entry(outcome) if outcome else {"ok": None})}
         same = [i for i, e in enumerate(self.entries) if e["t"] == t and e.get("server") == server]
         if same:
             self.entries[same[-1]] = entry  # the outcome of the decision recorded before
@@ -673,10 +663,10 @@ def _entry_problem(e: object) -> Optional[str]:
 class Reloader:
     """Runs one reload at a time on a thread; `poll()` returns the finished outcome once."""
 
-    def __init__(self, run: Callable[[set[int]], Outcome]):
+    def __init__(self, run: Callable[[set[int]], ReloadOutcome]):
         self._run = run
         self._thread: Optional[threading.Thread] = None
-        self._result: Optional[Outcome] = None
+        self._result: Optional[ReloadOutcome] = None
 
     @property
     def busy(self) -> bool:
@@ -687,14 +677,20 @@ class Reloader:
             try:
                 self._result = self._run(set(pids))
             except Exception as e:  # an executor bug must not kill the sidecar
-                self._result = Outcome(False, f"{type(e).__name__}: {e}", 0.0)
+                self._result = ReloadOutcome(False, f"{type(e).__name__}: {e}", 0.0)
 
         self._result = None
         self._thread = threading.Thread(target=work, name="torch-watchdog-reload", daemon=True)
         self._thread.start()
 
-    def poll(self) -> Optional[Outcome]:
+    def poll(self) -> Optional[ReloadOutcome]:
         if self._thread is None or self._thread.is_alive():
             return None
         self._thread, result = None, self._result
         return result
+
+
+def _outcome_entry(o: ReloadOutcome) -> dict:
+    """An outcome's fields in the record (its decision's time and server are the entry's)."""
+    return {"ok": o.ok, "detail": o.detail, "seconds": o.seconds,
+            "retry_after_s": o.retry_after_s, "failed": o.failed}

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Optional, Sequence
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
 from torch_watchdog.sidecar.core.trend import Trend
-from torch_watchdog.sidecar.sources.samples import Sample
+from torch_watchdog.sidecar.core.observations import Sample
 
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
           "memory_growth_unexplained")

@@ -29,7 +29,7 @@ from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.forecast import rates as forecast_rates
 from torch_watchdog.sidecar.core.forecast import rates_until
-from torch_watchdog.sidecar.sources.samples import ReloadOutcome, Sample
+from torch_watchdog.sidecar.core.observations import ReloadOutcome, Sample
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten

@@ -14,7 +14,7 @@ from torch_watchdog.sidecar.core import correlate, step
 from torch_watchdog.sidecar.core.step import Host
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.sources.samples import ConfigChange
+from torch_watchdog.sidecar.core.observations import ConfigChange
 from torch_watchdog.sidecar.offline.traces import Observation, Reader, read_all
 
 # called after each observation is stepped, with the focus server's state and what the step

@@ -29,7 +29,7 @@ from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.forecast import FOREVER
 from torch_watchdog.sidecar.core.step import Host
 from torch_watchdog.sidecar.offline.report_html import render_html
-from torch_watchdog.sidecar.sources.samples import ConfigChange, Sample
+from torch_watchdog.sidecar.core.observations import ConfigChange, Sample
 from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
 
 BUCKET_CHOICES = (4, 8, 16, 32)

@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 from torch_watchdog import events
 from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
-from torch_watchdog.sidecar.sources.samples import ConfigChange, DeviceSample, ProcessSample, \
-    ReloadOutcome, Sample, outcome_from_dict, sample_from_dict
+from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
+    ReloadOutcome, Sample)
+from torch_watchdog.sidecar.sample_log import outcome_from_dict, sample_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome]
 TRACE_PID = 1

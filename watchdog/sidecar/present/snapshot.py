@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.core.observations import DeviceSample
 
 
 @dataclass(frozen=True)

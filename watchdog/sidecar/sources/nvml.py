@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from torch_watchdog.sidecar.sources.samples import DeviceSample
+from torch_watchdog.sidecar.core.observations import DeviceSample
 
 # The age past which a reading's numbers are not used: about 2 polls at the default 0.1 s
 # interval (config.poll_interval_s); the daemon passes min(1.0, 2 * poll_interval_s).

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
-from torch_watchdog.sidecar.sources.samples import ProcessSample
+from torch_watchdog.sidecar.core.observations import ProcessSample
 
 SYSTEMCTL_TIMEOUT_S = 5.0
 # A process whose GPU memory NVML gives is metered by that: its RSS (a metric, the status

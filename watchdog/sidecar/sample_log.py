@@ -1,0 +1,86 @@
+"""The sidecar's sample log: one JSON line per observation, in the order the step saw them.
+
+The daemon writes every poll's agent events, reload outcomes and sample, and the config in
+force at start and after each SIGHUP; offline/traces.py reads them back for replay, which then
+decides what the live sidecar decided.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterable, Optional
+
+from torch_watchdog import events
+from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
+    ReloadOutcome, Sample
+
+
+def sample_to_dict(s: Sample) -> dict[str, Any]:
+    """One line of the sidecar's sample log (read back by traces.py for replay)."""
+    line = {"kind": "sample", "t": s.t, "nvml_up": s.nvml_up, "query_s": s.query_s,
+            "devices": [{"uuid": d.uuid, "used": d.used_bytes, "total": d.total_bytes,
+                         "free": d.free_bytes} for d in s.devices],
+            "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
+                           "gpu": p.gpu_bytes, **({"pss": p.pss_bytes} if p.pss_bytes
+                                                  is not None else {})}
+                          for p in s.processes],
+            "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
+    if s.servers:
+        line["servers"] = {k: list(v) for k, v in s.servers.items()}
+    if s.nvml_down:  # only when some device is down: healthy lines stay as they were
+        line["nvml_down"] = dict(s.nvml_down)
+    return line
+
+
+def sample_from_dict(d: dict[str, Any]) -> Sample:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    def opt_int(v: Any) -> Optional[int]:
+        return None if v is None else int(v)
+
+    return Sample(
+        t=float(d["t"]), nvml_up=bool(d["nvml_up"]),
+        query_s=None if d.get("query_s") is None else float(d["query_s"]),
+        devices=tuple(DeviceSample(str(x["uuid"]), int(x["used"]), int(x["total"]),
+                                   opt_int(x.get("free"))) for x in d["devices"]),
+        processes=tuple(ProcessSample(int(x["pid"]), bool(x["alive"]), opt_int(x.get("rss")),
+                                      {str(k): opt_int(v) for k, v in x["gpu"].items()},
+                                      opt_int(x.get("pss")))
+                        for x in d["processes"]),
+        host_total_bytes=opt_int(d.get("host_total")),
+        host_available_bytes=opt_int(d.get("host_available")),
+        servers={str(k): tuple(int(p) for p in v) for k, v in (d.get("servers") or {}).items()},
+        nvml_down={str(k): str(v) for k, v in (d.get("nvml_down") or {}).items()})
+
+
+def config_to_dict(t: float, config: Any) -> dict[str, Any]:
+    """A sample-log line; `config.from_mapping` reads the mapping back."""
+    return {"kind": "config", "t": t, "config": dataclasses.asdict(config)}
+
+
+def outcome_to_dict(o: ReloadOutcome) -> dict[str, Any]:
+    line = {"kind": "reload_outcome", "t": o.t, "server": o.server, "ok": o.ok,
+            "detail": o.detail, "seconds": o.seconds}
+    if o.retry_after_s is not None:
+        line["retry_after_s"] = o.retry_after_s
+    if o.failed:  # only then: other lines stay as they were
+        line["failed"] = True
+    return line
+
+
+def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    if not isinstance(d["ok"], bool) or not isinstance(d.get("failed", False), bool):
+        raise ValueError("ok and failed must be booleans")
+    retry = d.get("retry_after_s")
+    return ReloadOutcome(d["ok"], str(d["detail"]), float(d.get("seconds", 0.0)),
+                         None if retry is None else float(retry), d.get("failed", False),
+                         t=float(d["t"]), server=str(d["server"]))
+
+
+def encode(observations: Iterable[Any]) -> bytes:
+    """A poll's lines: agent events as the schema encodes them, samples and outcomes as above."""
+    return b"\n".join(
+        json.dumps(sample_to_dict(o), separators=(",", ":")).encode() if isinstance(o, Sample)
+        else json.dumps(outcome_to_dict(o), separators=(",", ":")).encode()
+        if isinstance(o, ReloadOutcome) else events.encode(o)
+        for o in observations)
