@@ -73,7 +73,7 @@ def first_reload(decisions: list, horizon_s: float = 7200) -> float:
     for i in range(int(horizon_s / 10)):
         now = START + 10 * i
         try:
-            if any(a.action == "reload" for a in policy.decide(State(first_t=0.0, now=now),
+            if any(a.kind == "reload" for a in policy.decide(State(first_t=0.0, now=now),
                                                                fc, ps, POLICY)):
                 return now - START
         except TypeError:  # main: a non-number in the history crashed the policy

@@ -47,7 +47,8 @@ def decisions(name: str, config: str) -> Iterator[str]:
         if isinstance(obs, ConfigChange):
             cfg = obs.config if follow else cfg
             continue
-        decided = step.step(host, obs, cfg)
+        result = step.step(host, obs, cfg)
+        decided = result.actions
         changed = {}
         for sname, server in sorted(host.servers.items()):
             now = _dumps(server.firing)

@@ -119,7 +119,7 @@ def test_the_daemon_starting_on_a_corrupt_record_reloads_nothing_for_an_hour(sho
         ps = d.host.server("vllm").policy
         fc = Forecast(budget_bytes=1 << 30, level_bytes=1 << 30, seconds_linear=10.0)
         reloads = [t for t in range(int(clock.t), int(clock.t) + 3590, 10)
-                   if any(a.action == "reload" for a in policy.decide(
+                   if any(a.kind == "reload" for a in policy.decide(
                        State(first_t=0.0, now=float(t)), fc, ps, cfg.policy))]
         assert reloads == []
     finally:

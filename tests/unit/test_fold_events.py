@@ -81,11 +81,11 @@ def test_a_batch_of_events_folds_as_one_step_each(seed, stay):
     one, batched = Host(), Host()
     one_actions, batched_actions, pending = [], [], []
     for obs in stream:
-        one_actions += step(one, obs, CFG)
+        one_actions += step(one, obs, CFG).actions
         if isinstance(obs, Sample):
             batched_actions += fold_events(batched, pending, CFG)
             pending = []
-            batched_actions += step(batched, obs, CFG)
+            batched_actions += step(batched, obs, CFG).actions
         else:
             pending.append(obs)
     batched_actions += fold_events(batched, pending, CFG)

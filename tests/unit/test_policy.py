@@ -18,7 +18,7 @@ def run(seconds_by_t, cfg=CFG, first_compile_t=0.0):
     state, ps, out = State(first_t=0.0, first_compile_t=first_compile_t), PolicyState(), []
     for t, seconds in seconds_by_t:
         state.now = t
-        out += [(a.t, a.action, a.reason) for a in decide(state, fc(seconds), ps, cfg)]
+        out += [(a.t, a.kind, a.reason) for a in decide(state, fc(seconds), ps, cfg)]
     return out
 
 
@@ -58,15 +58,15 @@ def test_each_cause_is_alerted_once():
     state.findings.append(Finding(45.0, "recompile_storm", {"recompiles_in_window": 5}))
     first = decide(state, fc(FOREVER), ps, CFG)
     again = decide(state, fc(FOREVER), ps, CFG)
-    assert [(a.action, a.reason) for a in first] == [("alert", "recompile_storm")]
+    assert [(a.kind, a.reason) for a in first] == [("alert", "recompile_storm")]
     assert again == []
 
 
 def test_dry_run_is_marked():
     cfg = PolicyConfig(hold_polls=1, warmup_s=0, dry_run=True)
     state, ps = State(first_t=0.0, now=5.0), PolicyState()
-    (reload,) = [a for a in decide(state, fc(1.0), ps, cfg) if a.action == "reload"]
-    assert reload.detail["dry_run"] is True
+    (reload,) = [a for a in decide(state, fc(1.0), ps, cfg) if a.kind == "reload"]
+    assert reload.dry_run is True
 
 
 def test_a_cancelled_decision_starts_no_cooldown():
@@ -81,7 +81,7 @@ def test_a_cancelled_decision_starts_no_cooldown():
     for t in range(40, 50):
         state.now = float(t)
         for a in decide(state, fc(1), ps, CFG):
-            if a.action == "reload":
+            if a.kind == "reload":
                 decided.append(t)
                 if len(decided) == 1:
                     forget_reload(ps, a.t)  # cancelled at the re-check
@@ -95,5 +95,5 @@ def test_warm_up_counts_from_the_first_hello_not_the_sidecars_start():
     ps, out = PolicyState(), []
     for t in range(55, 90):
         state.now = float(t)
-        out += [a.t for a in decide(state, fc(1.0), ps, CFG) if a.action == "reload"]
+        out += [a.t for a in decide(state, fc(1.0), ps, CFG) if a.kind == "reload"]
     assert out == [82.0]  # warm-up over at 80, then 3 polls holding

@@ -209,7 +209,7 @@ def reload_times(log: ReloadLog, until_s: float, server: str = "a") -> list[floa
     out = []
     now = START
     while now < START + until_s:
-        if any(a.action == "reload" for a in policy.decide(State(first_t=0.0, now=now), fc,
+        if any(a.kind == "reload" for a in policy.decide(State(first_t=0.0, now=now), fc,
                                                            ps, POLICY)):
             out.append(now)
         now += 10.0

@@ -53,7 +53,7 @@ class Host2:
     def feed(self, *observations) -> list:
         out = []
         for o in observations:
-            out += step(self.host, o, self.cfg)
+            out += step(self.host, o, self.cfg).actions
         self.actions += out
         return out
 
@@ -66,7 +66,7 @@ class Host2:
         return self.feed(s)
 
     def of(self, kind: str) -> list:
-        return [a for a in self.actions if a.action == kind]
+        return [a for a in self.actions if a.kind == kind]
 
 
 def test_each_gpu_has_its_own_budget_and_only_the_growing_replica_is_reloaded():
@@ -130,7 +130,7 @@ def test_a_leak_under_bucketed_traffic_is_reloaded_as_unexplained_growth():
     while not h.of("reload") and h.t < 4000:
         bucketed(h, 10, leak=int(1.5 * MB))  # the server's own code keeps 6 MiB/s alive
     (decided,) = h.of("reload")
-    assert decided.server == "replica-a" and decided.detail["cause"] == "memory_growth_unexplained"
+    assert decided.server == "replica-a" and decided.cause == "memory_growth_unexplained"
     assert h.host.servers["replica-a"].forecast.driver == "unexplained"
     room = 10 * GB - (h.mine[101] + GB)
     assert 30 * 6 * MB < room < 90 * 6 * MB  # decided about a minute (the lead) before the OOM
@@ -195,7 +195,7 @@ def test_configured_pids_are_owned_by_their_server_whatever_the_agent_says():
 def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_hello():
     host = Host()
     s = sample(1000.0, {A: (3 * GB, 10 * GB), B: (3 * GB, 10 * GB)}, {})
-    assert step(host, s, CFG) == [] and host.servers == {}
+    assert step(host, s, CFG).actions == [] and host.servers == {}
     assert host.focus().name == "default" and host.servers == {}  # shown, not kept
     step(host, calls(1000.5, 101, 5, 2), CFG)  # heard before its hello (a sidecar restart)
     assert list(host.servers) == ["default"]
@@ -304,12 +304,12 @@ def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_
         h.poll()
     while not h.of("execute") and h.t < 2000:
         h.poll(grow_a=10 * MB)
-    failed = ReloadOutcome(False, "exited after SIGTERM; no hello from a new "
-                           "process of the server within 120 s", 125.0, failed=True).at(h.t, "replica-a")
+    failed = ReloadOutcome(False, "exited after SIGTERM; no hello from a new process of the "
+                           "server within 120 s", 125.0, failed=True).at(h.t, "replica-a")
     assert outcome_from_dict(outcome_to_dict(failed)) == failed
     assert "failed" not in outcome_to_dict(dataclasses.replace(failed, failed=False))
     (done,) = h.feed(outcome_from_dict(outcome_to_dict(failed)))
-    assert done.action == "reload_failed" and done.server == "replica-a" and not h.of("reload_ok")
+    assert done.kind == "reload_failed" and done.server == "replica-a" and not h.of("reload_ok")
     h.poll()
     a = h.host.servers["replica-a"]
     assert a.firing["reload_failed"]["outcome"] == failed.detail

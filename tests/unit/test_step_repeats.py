@@ -44,7 +44,7 @@ def observe(host: Host, observations, cfg: Config) -> list:
         if isinstance(obs, ConfigChange):
             cfg = obs.config
             continue
-        out.append([a.as_dict() for a in step(host, obs, cfg)])
+        out.append([a.as_dict() for a in step(host, obs, cfg).actions])
         if isinstance(obs, Sample):
             out.append({name: (s.forecast, s.state.estimates(cfg.correlate), s.firing,
                                s.policy, [f.as_dict() for f in s.state.findings])

@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.actions import alerts, control, reload
-from torch_watchdog.sidecar.core import policy, step
+from torch_watchdog.sidecar.core import step
+from torch_watchdog.sidecar.core.results import Action, ActionKind
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, serve, stop
@@ -99,7 +100,7 @@ class Daemon:
         self.decided_wall: dict[Optional[str], float] = {}  # when a reload was decided, by the
         # machine's clock (a reused pid started after it is never signalled)
         self.reloaders: dict[str, reload.Reloader] = {}   # per server, while one runs
-        self.reloading: dict[str, policy.Action] = {}
+        self.reloading: dict[str, Action] = {}
         self.hellos = reload.Hellos()   # the agents' hellos, for a reload's thread: masters
         # and workers, and the replacements it waits for
         self.sender = (alerts.AlertSender(cfg.alerts.urls, cfg.alerts.timeout_s,
@@ -304,9 +305,11 @@ class Daemon:
         cfg = self.cfg
         # the events first, as one batch (step.fold_events: what step() of each would do)
         events_n = len(observations) - len(outcomes) - 1
-        decided: list[policy.Action] = step.fold_events(self.host, observations[:events_n], cfg)
+        decided: list[Action] = step.fold_events(self.host, observations[:events_n], cfg)
         for obs in observations[events_n:]:
-            decided += step.step(self.host, obs, cfg)
+            result = step.step(self.host, obs, cfg)
+            decided += result.actions
+        firing = result.firing or {}  # the sample's: the alerts are decided once a poll
         for action in decided:
             self._act(action)
         self._log_findings()
@@ -317,7 +320,7 @@ class Daemon:
             estimates, forecast = self._focus_numbers(view)
         else:
             estimates, forecast = self._unknown_focus(focus, cfg)
-        self._alert(now, servers)
+        self._alert(now, servers, firing)
         snapshot = self._snapshot(sample, estimates, focus, servers,
                                   time.perf_counter() - started, forecast)
         self.collector.update(snapshot)
@@ -401,26 +404,25 @@ class Daemon:
                      if name == server and unit), self.cfg.server.unit)
 
     # -- actions ------------------------------------------------------------------------------
-    def _act(self, action: policy.Action) -> None:
+    def _act(self, action: Action) -> None:
         """Carry out what the step decided; decisions and outcomes go to reloads.json first."""
-        self.actions_total[action.action] += 1
+        kind = action.kind
+        self.actions_total[kind.value] += 1
         self._actions_kept = None
-        log = (self.log.info if action.action in ("restart", "reload_ok") else
-               self.log.error if action.action == "reload_failed" else self.log.warning)
+        log = (self.log.info if kind in (ActionKind.RESTART, ActionKind.RELOAD_OK) else
+               self.log.error if kind is ActionKind.RELOAD_FAILED else self.log.warning)
         log("action", **action.as_dict())
-        if action.action == "reload":
+        if kind is ActionKind.RELOAD:
             self.decided_wall[action.server] = time.time()
             self._record(action.t, None, action)
-            if action.detail.get("dry_run") or self.cfg.reload.method == "none":
-                why = "dry run" if action.detail.get("dry_run") else "reload.method is none"
-                self._record(action.t, ReloadOutcome(False, f"not carried out: {why}", 0.0),
-                             action)
-                self.history.act(self.clock(), "reload_not_done", action.reason,
-                                 {"outcome": f"not carried out: {why}"})
-        elif action.action == "cancel":
-            self._record(action.detail["decided_t"], ReloadOutcome(False, reload.CANCELLED,
-                                                                    0.0), action)
-        elif action.action == "execute":
+            if action.not_done is not None:
+                outcome = f"not carried out: {action.not_done}"
+                self._record(action.t, ReloadOutcome(False, outcome), action)
+                self.history.act(self.clock(), ActionKind.RELOAD_NOT_DONE.value, action.reason,
+                                 {"outcome": outcome})
+        elif kind is ActionKind.CANCEL:
+            self._record(action.decided_t, ReloadOutcome(False, reload.CANCELLED), action)
+        elif kind is ActionKind.EXECUTE:
             run = reload.executor(self.cfg.reload, self._unit_of(action.server),
                                   decided_t=self.decided_wall.pop(action.server, None),
                                   expected_start={p: self.started[p] for p in action.pids
@@ -428,7 +430,7 @@ class Daemon:
                                   hellos=self.hellos, control=self.control)
             if run is None:
                 return
-            self.reload_log.executing(action.detail["decided_t"], action.server)
+            self.reload_log.executing(action.decided_t, action.server)
             self.log.warning("reloading the server", server=action.server,
                              method=self.cfg.reload.method, pids=list(action.pids))
             self.reloaders[action.server] = reload.Reloader(run)
@@ -447,16 +449,15 @@ class Daemon:
                 continue
             action = self.reloading.pop(server)
             del self.reloaders[server]
-            self._record(action.detail["decided_t"], result, action)
+            self._record(action.decided_t, result, action)
             (self.log.warning if result.ok else self.log.error)(
                 "reload finished", server=server, ok=result.ok, detail=result.detail,
                 seconds=result.seconds)
             out.append(result.at(now, server))
         return out
 
-    def _record(self, t: float, outcome: Optional[ReloadOutcome], action: policy.Action) -> None:
-        self.reload_log.record(t, outcome, action.detail.get("cause", action.reason),
-                               action.server)
+    def _record(self, t: float, outcome: Optional[ReloadOutcome], action: Action) -> None:
+        self.reload_log.record(t, outcome, action.cause or action.reason, action.server)
         if self.reload_log.error:
             self.log.error("cannot write the reload record", error=self.reload_log.error)
 
@@ -473,7 +474,8 @@ class Daemon:
                                        {**view["estimates"], **view["forecast"]})
         return kept[2], kept[1]
 
-    def _alert(self, now: float, servers: dict[str, dict[str, Any]]) -> None:
+    def _alert(self, now: float, servers: dict[str, dict[str, Any]],
+               firing_of: dict[str, dict[str, dict[str, Any]]]) -> None:
         """Hand the alerts the step says fire, for every server, to the sender's thread."""
         if self.sender is None:
             return
@@ -481,22 +483,22 @@ class Daemon:
         base = {"service": a.service, "instance": a.instance or socket.gethostname()}
         firing: dict = {}
         kept = self._alerts_kept
-        for name, server in self.host.servers.items():
-            if not server.firing:  # the common case: nothing of it fires (build() gives {})
+        for name, fires in firing_of.items():
+            if not fires:  # the common case: nothing of it fires (build() gives {})
                 continue
             labels = {**base, "server": name}
             view = servers[name]
-            uuid = server.forecast.gpu_uuid or (view["gpus"][0] if view["gpus"] else None)
+            uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
             if uuid:
                 labels["gpu_uuid"] = uuid
             # built again only when what build() reads changed: a still server keeps its
             # `firing` and its view's dicts (each alert's description is ~10 us of strings)
             was = kept.get(name)
-            if was is None or was[0] is not server.firing or was[1] is not view["estimates"] \
+            if was is None or was[0] is not fires or was[1] is not view["estimates"] \
                     or was[2] is not view["forecast"] or was[3] != labels:
-                was = kept[name] = (server.firing, view["estimates"], view["forecast"], labels,
-                                    alerts.build(server.firing, view["estimates"],
-                                                 view["forecast"], labels))
+                was = kept[name] = (fires, view["estimates"], view["forecast"], labels,
+                                    alerts.build(fires, view["estimates"], view["forecast"],
+                                                 labels))
             firing.update(was[4])
         if len(kept) > len(self.host.servers):  # servers come and go
             self._alerts_kept = {k: v for k, v in kept.items() if k in self.host.servers}

@@ -13,22 +13,7 @@ from typing import Any, Optional
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
-
-
-@dataclass(frozen=True)
-class Action:
-    t: float
-    action: str          # "alert" | "reload"
-    reason: str
-    detail: dict = field(default_factory=dict)
-    server: Optional[str] = None   # the target: a server, its pids and its GPUs (UUIDs)
-    pids: tuple = ()
-    gpus: tuple = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.detail, "t": round(self.t, 3), "action": self.action,
-                "reason": self.reason, "server": self.server, "pids": list(self.pids),
-                "gpus": list(self.gpus)}
+from torch_watchdog.sidecar.core.results import Action, ActionKind
 
 
 @dataclass
@@ -60,14 +45,14 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     for finding in state.findings:
         if finding.cause not in ps.alerted:
             ps.alerted.add(finding.cause)
-            actions.append(Action(now, "alert", finding.cause, dict(finding.detail)))
+            actions.append(Action(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
     seconds = fc.seconds
     if warming_up(state, cfg):  # loading weights and compiling look like runaway growth
         ps.holding = 0
         return actions
     if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
-        actions.append(Action(now, "alert", "oom_forecast", _why(fc)))
+        actions.append(Action(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
     elif seconds > 2 * cfg.alert_lead_s:
         ps.forecast_alerted = False  # hysteresis: re-arm only once well clear
     ps.holding = ps.holding + 1 if seconds <= cfg.reload_lead_s else 0
@@ -79,12 +64,12 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     if len(recent) >= cfg.max_reloads_per_hour:
         if not ps.suppressed_alerted:
             ps.suppressed_alerted = True
-            actions.append(Action(now, "alert", "reload_suppressed",
+            actions.append(Action(now, ActionKind.ALERT, "reload_suppressed",
                                   {"reloads_last_hour": len(recent), **_why(fc)}))
         return actions
     ps.reloads.append(now)
     ps.holding, ps.suppressed_alerted = 0, False
-    actions.append(Action(now, "reload", "oom_forecast", {"dry_run": cfg.dry_run, **_why(fc)}))
+    actions.append(Action(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
 
 

@@ -1,6 +1,6 @@
 """One pure step for the whole host: every decision the sidecar makes, for every server.
 
-`step(host, observation, cfg) -> actions`. Observations are the agents' events, the sources'
+`step(host, observation, cfg) -> StepResult` (core/results.py: typed actions, and after a sample what fires). Observations are the agents' events, the sources'
 samples (one per poll: the sidecar's clock) and the outcomes of reloads; the daemon feeds them
 in the order it writes them to the sample log, and `replay` feeds that log to the same step, so
 a replay decides what the live sidecar decided, at the same times, on the same targets.
@@ -30,6 +30,7 @@ from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.forecast import rates as forecast_rates
 from torch_watchdog.sidecar.core.forecast import rates_until
 from torch_watchdog.sidecar.core.observations import ReloadOutcome, Sample
+from torch_watchdog.sidecar.core.results import Action, ActionKind, StepResult
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
@@ -45,8 +46,8 @@ class Server:
     pids: dict = field(default_factory=dict)       # pid -> last heard (observation time)
     gpus: set = field(default_factory=set)         # UUIDs: agents' devices, NVML's lists
     forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
-    pending: Optional[policy.Action] = None        # decided: carried out next poll if it holds
-    reloading: Optional[policy.Action] = None      # carried out: waiting for its outcome
+    pending: Optional[Action] = None        # decided: carried out next poll if it holds
+    reloading: Optional[Action] = None      # carried out: waiting for its outcome
     note: Optional[dict] = None                    # the `reload` alert's detail while it lasts
     firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
     parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
@@ -142,16 +143,17 @@ class Host:
 Observation = Union[events.Event, Sample, ReloadOutcome]
 
 
-def step(host: Host, obs: Observation, cfg: Config) -> list[policy.Action]:
+def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
     if isinstance(obs, Sample):
-        return _on_sample(host, obs, cfg)
+        actions = _on_sample(host, obs, cfg)
+        return StepResult(actions, {name: s.firing for name, s in host.servers.items()})
     if isinstance(obs, ReloadOutcome):
-        return _on_outcome(host, obs)
-    return _on_event(host, obs, cfg)
+        return StepResult(_on_outcome(host, obs))
+    return StepResult(_on_event(host, obs, cfg))
 
 
 # -- events -------------------------------------------------------------------------------
-def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
+def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
     now = host.now
     if now is not None and abs(e.t - now) > cfg.correlate.max_clock_skew_s:
         # one forged or broken clock must not move the state's clock: every real sample
@@ -159,7 +161,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
         host.skewed_events += 1
         e = dataclasses.replace(e, t=now)
     host.agents[e.pid] = e.t
-    actions: list[policy.Action] = []
+    actions: list[Action] = []
     if e.kind == "hello":
         server = _on_hello(host, e, actions)
     else:  # the common path (thousands a second): the owner is known
@@ -179,7 +181,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[policy.Action]:
     return actions
 
 
-def fold_events(host: Host, evs: list, cfg: Config) -> list[policy.Action]:
+def fold_events(host: Host, evs: list, cfg: Config) -> list[Action]:
     """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
     actions. The daemon's path for a poll's events (1,000 a second from one busy agent): the
     common event, from a known process, on time, after the first sample, is folded here with
@@ -193,7 +195,7 @@ def fold_events(host: Host, evs: list, cfg: Config) -> list[policy.Action]:
     at each event leaves), and the run folded by correlate.fold_events in one call (fold,
     thread CPU in the daemon at 1,000 events/s from an agent: 86 / 97 -> 66 / 66 us a poll,
     see benchmarks/sidecar_cost.py)."""
-    actions: list[policy.Action] = []
+    actions: list[Action] = []
     now = host.now
     if now is None:
         for e in evs:
@@ -237,7 +239,7 @@ def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
     if e.pid not in server.pids and _all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
         # baseline; folding it into the old state calls its model load "unexplained growth"
-        actions.append(_action(e.t, "restart", "server_restarted", server,
+        actions.append(_action(e.t, ActionKind.RESTART, "server_restarted", server,
                                {"old_pids": sorted(server.pids), "new_pid": e.pid}))
         _reset(host, server)
     server.gpus.update(e.devices)
@@ -297,7 +299,7 @@ def _all_gone(host: Host, server: Server) -> bool:
 
 
 # -- samples ------------------------------------------------------------------------------
-def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
+def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
     if s.processes is not host._alive_from:  # the same tuple: the same liveness
         host.alive.update({p.pid: p.alive for p in s.processes})
@@ -313,7 +315,7 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[policy.Action]:
         _forget_silent(host, s.t)
     host._delta = _delta(host._prev, s) if host.repeats else None
     host._prev = (s.processes, s.devices)
-    actions: list[policy.Action] = []
+    actions: list[Action] = []
     servers = list(host.servers.values())
     busy = 0  # kept current below: counting it per server was n^2
     for o in servers:  # o.busy, inlined (a generator of properties: ~0.2 us a server)
@@ -402,7 +404,7 @@ def _forget_silent(host: Host, now: float) -> None:
 
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
-                 others_busy: int) -> list[policy.Action]:
+                 others_busy: int) -> list[Action]:
     if _fold(host, server, s, cfg) and server.pending is None and server.note is None and \
             server.reloading is None:
         return []  # still, nothing due: the same decisions (none) and alerts (`firing` kept)
@@ -519,7 +521,7 @@ def _view(server: Server, s: Sample) -> tuple[tuple, tuple]:
     return procs, devices
 
 
-def _recheck(server: Server, t: float, cfg: Config) -> list[policy.Action]:
+def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
     """Last poll's decision, right before acting: carried out, or cancelled when the forecast
     is well clear (2x the lead: a forecast wobbling around the lead must not cancel every
     decision); a cancelled decision starts no cooldown."""
@@ -528,17 +530,15 @@ def _recheck(server: Server, t: float, cfg: Config) -> list[policy.Action]:
         return []
     if server.forecast.seconds > 2 * cfg.policy.reload_lead_s:
         policy.forget_reload(server.policy, decision.t)
-        return [dataclasses.replace(decision, t=t, action="cancel",
-                                    detail={**decision.detail, "decided_t": decision.t})]
+        return [dataclasses.replace(decision, t=t, kind=ActionKind.CANCEL, decided_t=decision.t)]
     server.reloading = decision
     server.note = {"outcome": "in progress", "method": cfg.reload.method,
                    "seconds_to_oom": server.forecast.as_dict()["seconds_to_oom"],
-                   "cause": decision.detail.get("cause")}
-    return [dataclasses.replace(decision, t=t, action="execute",
-                                detail={**decision.detail, "decided_t": decision.t})]
+                   "cause": decision.cause}
+    return [dataclasses.replace(decision, t=t, kind=ActionKind.EXECUTE, decided_t=decision.t)]
 
 
-def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[policy.Action]:
+def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[Action]:
     fc = server.forecast
     if server.busy:  # one decision at a time per server
         allow_reload = False
@@ -546,23 +546,33 @@ def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list
     out = []
     for a in decided:
         a = _target(a, server)
-        if a.action == "reload":
-            a = dataclasses.replace(a, detail={**a.detail, "cause": CAUSE_OF.get(fc.driver,
-                                                                                 "oom_forecast")})
+        if a.kind is ActionKind.RELOAD:
+            a = dataclasses.replace(a, cause=CAUSE_OF.get(fc.driver, "oom_forecast"),
+                                    not_done=_not_done(a, cfg))
             host.history.append((a.t, server.name))
-            if not a.detail.get("dry_run") and cfg.reload.method != "none":
+            if a.not_done is None:
                 server.pending = a
         out.append(a)
     return out
 
 
-def _target(a: policy.Action, server: Server) -> policy.Action:
+def _not_done(a: Action, cfg: Config) -> Optional[str]:
+    """Why a reload decision will not be carried out; None: it will be (next poll, if it
+    still holds)."""
+    if a.dry_run:
+        return "dry run"
+    if cfg.reload.method == "none":
+        return "reload.method is none"
+    return None
+
+
+def _target(a: Action, server: Server) -> Action:
     return dataclasses.replace(a, server=server.name, pids=tuple(sorted(server.pids)),
                                gpus=tuple(sorted(server.state.gpus or server.gpus)))
 
 
-def _action(t: float, kind: str, reason: str, server: Server, detail: dict) -> policy.Action:
-    return _target(policy.Action(t, kind, reason, detail), server)
+def _action(t: float, kind: ActionKind, reason: str, server: Server, detail: dict) -> Action:
+    return _target(Action(t, kind, reason, detail), server)
 
 
 def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
@@ -588,13 +598,14 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 # -- reload outcomes ----------------------------------------------------------------------
-def _on_outcome(host: Host, o: ReloadOutcome) -> list[policy.Action]:
+def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
     server = host.server(o.server)
     decision, server.reloading = server.reloading, None
     server.note = {"outcome": o.detail, "reload_seconds": round(o.seconds, 3), "done": True,
-                   "cause": decision.detail.get("cause") if decision else None}
+                   "cause": decision.cause if decision else None}
     # carried out but not back (no new hello in time): reload_failed, alerted until it is back
-    kind = "reload_ok" if o.ok else "reload_failed" if o.failed else "reload_not_done"
+    kind = (ActionKind.RELOAD_OK if o.ok else ActionKind.RELOAD_FAILED if o.failed
+            else ActionKind.RELOAD_NOT_DONE)
     action = _action(o.t, kind, "oom_forecast", server, dict(server.note))
     if not o.ok and o.retry_after_s is not None and decision is not None:
         # refused for now (a PodDisruptionBudget): no cooldown, not counted; asked again

@@ -60,7 +60,7 @@ def run(observations: Iterable[Observation], config: Config,
             if follow_config:
                 config = r.config = obs.config
             continue
-        decided = step.step(r.host, obs, config)
+        decided = step.step(r.host, obs, config).actions
         r.actions.extend(decided)
         if observe is not None:
             observe(obs, r.host.focus().state, decided)

@@ -27,6 +27,7 @@ from torch_watchdog.sidecar.present.plot import human_duration
 from torch_watchdog.sidecar.present.status import padding_rows
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.forecast import FOREVER
+from torch_watchdog.sidecar.core.results import ActionKind
 from torch_watchdog.sidecar.core.step import Host
 from torch_watchdog.sidecar.offline.report_html import render_html
 from torch_watchdog.sidecar.core.observations import ConfigChange, Sample
@@ -209,7 +210,7 @@ class _Collector:
             if server is not None:
                 self._event(self.log(server), obs)
         for a in decided:
-            if a.action == "reload" and a.server in host.servers:
+            if a.kind is ActionKind.RELOAD and a.server in host.servers:
                 self.log(host.servers[a.server]).marks.append((a.t, "reload"))
 
     @staticmethod
@@ -238,7 +239,7 @@ def _run(col: _Collector, observations: Iterable[Any], config: Config,
             if follow_config:
                 config = obs.config
             continue
-        decided = step.step(host, obs, config)
+        decided = step.step(host, obs, config).actions
         actions.extend(decided)
         col.observe(host, obs, decided)
     return host, actions, n, config

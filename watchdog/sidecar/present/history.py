@@ -138,7 +138,7 @@ class History:
             self.mark(t, "reload")
 
     def update(self, snap: Snapshot, observations: Iterable[Any], actions: Iterable[Any]) -> None:
-        """One tick: the memory level, the events' marks, the policy's actions (`policy.Action`)."""
+        """One tick: the memory level, the events' marks, the step's actions (`results.Action`)."""
         if self.first_t is None:
             self.first_t = snap.t
         level, source = memory_level(snap)
@@ -147,8 +147,7 @@ class History:
             self.memory_source = source
         self.observe(observations)
         for a in actions:
-            self.act(a.t, a.action, a.reason, a.detail, getattr(a, "server", None),
-                     getattr(a, "pids", ()))
+            self.act(a.t, a.kind.value, a.reason, a.shown(), a.server, a.pids)
 
     def view(self, snap: Snapshot, causes: Iterable[dict] = (),
              info: Optional[dict] = None) -> StatusView:
