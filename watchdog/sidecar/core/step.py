@@ -1,7 +1,8 @@
 """One pure step for the whole host: every decision the sidecar makes, for every server.
 
-`step(host, observation, cfg) -> StepResult` (core/results.py: typed actions, and after a sample what fires). Observations are the agents' events, the sources'
-samples (one per poll: the sidecar's clock) and the outcomes of reloads; the daemon feeds them
+`step(host, observation, cfg) -> StepResult` (core/results.py: typed actions, and after a
+sample what fires). Observations are the agents' events, the sources' samples (one per poll:
+the sidecar's clock) and the outcomes of reloads; the daemon feeds them
 in the order it writes them to the sample log, and `replay` feeds that log to the same step, so
 a replay decides what the live sidecar decided, at the same times, on the same targets.
 
