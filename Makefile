@@ -9,8 +9,7 @@ TORCH  ?= torch==2.13.0
 
 .PHONY: install demo test test-gpu bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c \
-                   watchdog/sidecar/sources/_intake.c
+$(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" numpy

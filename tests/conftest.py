@@ -174,17 +174,3 @@ def hot_path(request, monkeypatch):
     elif timing._hotpath is None:
         pytest.skip("the C hot path is not built here (test_the_c_hot_path_is_built_here)")
     return request.param
-
-
-@pytest.fixture(params=["c", "python"])
-def intake(request, monkeypatch):
-    """Each receiver test on both parsers of the agents' datagrams: the C one (_intake.c) and
-    receiver.py's Python paths, which serve where it is not built (and take every datagram
-    the C one declines)."""
-    from torch_watchdog.sidecar.sources import receiver
-
-    if request.param == "python":
-        monkeypatch.setattr(receiver, "_intake", None)
-    elif receiver._intake is None:
-        pytest.skip("the C parser is not built here (test_the_c_parser_is_built_here)")
-    return request.param

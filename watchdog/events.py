@@ -466,32 +466,6 @@ _SPECS = {kind: (cls, len(_FIELDS[kind]) + 2, _VALIDATORS[kind]) for kind, cls i
 _SCAN = json.JSONDecoder().scan_once
 
 
-def _code(hint: Any) -> Optional[str]:
-    """A field's type as the receiver's C parser (sidecar/sources/_intake.c) checks it: "i"
-    int, "b" bool, "s" str, "f" float or int, "[" a list of what follows, "?" None or what
-    follows; None for a type it leaves to the Python path (a dict)."""
-    simple = {int: "i", bool: "b", str: "s", float: "f"}.get(hint)
-    if simple is not None:
-        return simple
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is Union and len(args) == 2 and type(None) in args:
-        inner = _code(next(a for a in args if a is not type(None)))
-        return None if inner is None else "?" + inner
-    if typing.get_origin(hint) is list:
-        inner = _code(args[0])
-        return None if inner is None else "[" + inner
-    return None
-
-
-# kind -> (class, ((field, code), ...)) for each kind whose every field has a code: the kinds
-# the C parser builds (all but hello and padding, whose dicts go to the Python path)
-PARSER_SPECS = {
-    kind: (cls, tuple((name, _code(_HINTS[kind][name])) for name in _FIELDS[kind]))
-    for kind, cls in KINDS.items()
-    if all(_code(_HINTS[kind][name]) is not None for name in _FIELDS[kind])
-}
-
-
 def clip(text: Optional[str], limit: int = MAX_TEXT_CHARS) -> Optional[str]:
     """Bound a free-text field so one event always fits in a datagram."""
     if text is None or len(text) <= limit:

@@ -13,7 +13,6 @@ from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
-pytestmark = pytest.mark.usefixtures("intake")  # every test on the C and the Python parser
 NO_DROPS = {"malformed": 0, "oversized": 0, "version": 0, "foreign": 0, "spoofed": 0}
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from torch_watchdog import events, pure_python
+from torch_watchdog import events
 from torch_watchdog.events import EventDecodeError, decode
 
 DROP_REASONS = ("malformed", "oversized", "version", "foreign", "spoofed")
@@ -29,15 +29,6 @@ try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - where orjson is not installed: json alone
     _fast_loads = None
-# the agents' datagrams parsed in C (_intake.c: what it is not sure of, it hands back to the
-# paths below); where it is not built, or with TORCH_WATCHDOG_PURE_PYTHON=1, those paths alone
-_intake: Any = None
-if not pure_python():
-    try:
-        from torch_watchdog.sidecar.sources import _intake
-        _intake.configure(events.SCHEMA_VERSION, events.PARSER_SPECS)
-    except Exception:  # pragma: no cover - not built here (test_intake.py says if it is not)
-        _intake = None
 # every digit as "0", everything else as " ": a run of 19 zeros is a number that long (a
 # regular expression took longer than the parse it guards)
 _DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
@@ -213,16 +204,7 @@ def _decode_packed(data: bytes) -> Optional[list[events.Event]]:
     otherwise than json): the caller then takes the lines one at a time with json, counting
     each bad one. Each line alone, never the datagram joined into one JSON array: joined, a
     string or a list may span two lines that are not JSON on their own (`"name":"x}` +
-    `{y"...`), and the pair would pass as one event. Measured on the agent's 100-event
-    datagrams (benchmarks/sidecar_cost.py's mix, a 2-core VM): see its docstring. The C
-    parser, where built, takes the datagram first."""
-    if _intake is not None:
-        try:
-            batch = _intake.parse(data, events.MAX_EVENT_BYTES)
-        except Exception:  # MemoryError and the like: the Python paths below try
-            batch = None
-        if batch is not None:
-            return batch
+    `{y"...`), and the pair would pass as one event."""
     if _fast_loads is None or _LONG_INT in data.translate(_DIGITS):
         return None
     lines = data.split(b"\n")
