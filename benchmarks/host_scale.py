@@ -191,7 +191,7 @@ class DaemonPoller:
                              clock=lambda: self.t, serve_metrics=False)
         self.daemon.start()
         for i in range(n):
-            self.daemon.pending.append((events.Hello(
+            self.daemon.intake.pending.append((events.Hello(
                 t=self.t, pid=pids[i], torch="2.11", agent="bench", devices=[gpus[i]],
                 config={}, capabilities={}, watched=["m"], argv="serve",
                 server=f"replica-{i}"), pids[i]))
@@ -204,7 +204,7 @@ class DaemonPoller:
         _move(self.moving, self.polls)
         for i, pid in enumerate(self.pid_list if self.calls else ()):
             if (self.polls + i) % 20 == 0:
-                self.daemon.pending.append((events.Calls(
+                self.daemon.intake.pending.append((events.Calls(
                     t=self.t, pid=pid, name="m", calls=200, seconds=0.5, stall_calls=0,
                     stall_seconds=0.0, distinct_shapes=4, window_s=2.0), pid))
         started, main = time.process_time(), time.thread_time()

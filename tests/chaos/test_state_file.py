@@ -113,8 +113,8 @@ def test_the_daemon_starting_on_a_corrupt_record_reloads_nothing_for_an_hour(sho
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)
     try:
-        assert d.reload_log.unreadable and "reloads are suspended for an hour" in \
-            d.reload_log.unreadable
+        assert d.reloads.record.unreadable and "reloads are suspended for an hour" in \
+            d.reloads.record.unreadable
         # a forecast calling for a reload every poll, on a server first seen now
         ps = d.host.server("vllm").policy
         fc = Forecast(budget_bytes=1 << 30, level_bytes=1 << 30, seconds_linear=10.0)

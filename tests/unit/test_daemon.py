@@ -129,9 +129,11 @@ def test_pidfile_pid_is_watched(rig, short_tmp):
     pidfile = os.path.join(short_tmp, "server.pid")
     with open(pidfile, "w") as fh:
         fh.write(f"{os.getpid()}\n")
-    d.cfg = Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile),
-                   state_dir=d.cfg.state_dir)
-    assert d.configured_pids() == {"default": (os.getpid(),)}
+    d._configure(Config(agent=d.cfg.agent, server=type(d.cfg.server)(pidfile=pidfile),
+                        state_dir=d.cfg.state_dir))
+    # the pidfile's pid, and its children (this process's, a previous test's left to reap)
+    (pids,) = d.discovery.configured_pids().values()
+    assert os.getpid() in pids
     snap = d.tick()
     assert snap.server_alive is True and snap.server_rss_bytes > 0
 
@@ -205,7 +207,7 @@ def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
             nvml.devices[0]["procs"] = [(me, (2_000 + i) * MB)]
             clock.t += 0.1
             d.tick()
-        live = (d.actions_total["alert"], d.actions_total["reload"])
+        live = (d.publisher.actions_total["alert"], d.publisher.actions_total["reload"])
     finally:
         d.halt()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -245,7 +247,7 @@ def test_a_status_page_bug_does_not_stop_the_watching(rig, monkeypatch):
 
     def broken(*args):
         raise RuntimeError("bug")
-    monkeypatch.setattr(d.history, "update", broken)
+    monkeypatch.setattr(d.publisher.history, "update", broken)
     d.tick()
     clock.t += 0.1
     assert d.tick().t == clock.t and d.ticks == 2 and d.status is None
@@ -323,12 +325,12 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
         poll(15)  # 15 MB in a poll, 35 MB of room left: OOM in ~2 s, a reload is decided
         assert d.host.servers["default"].pending is not None
         poll(-400)  # the server let go of 400 MB: at the re-check the forecast has cleared
-        (first,) = d.reload_log.entries
+        (first,) = d.reloads.record.entries
         assert first["ok"] is False and first["detail"].startswith("cancelled")
         for _ in range(12):  # growing again, fast
             poll(15)
         deadline = time.monotonic() + 10
-        while not any(e.get("ok") for e in d.reload_log.entries) and time.monotonic() < deadline:
+        while not any(e.get("ok") for e in d.reloads.record.entries) and time.monotonic() < deadline:
             poll(0)
             time.sleep(0.05)
         with open(os.path.join(short_tmp, "state", "reloads.json")) as fh:
@@ -436,8 +438,8 @@ def test_configured_servers_each_get_their_own_pids_state_and_metrics(rig, short
             files[name] = os.path.join(short_tmp, f"{name}.pid")
             with open(files[name], "w") as fh:
                 fh.write(f"{pid}\n")
-        d.cfg = Config(agent=d.cfg.agent, state_dir=d.cfg.state_dir,
-                       servers=[ServerEntry(name=n, pidfile=f) for n, f in files.items()])
+        d._configure(Config(agent=d.cfg.agent, state_dir=d.cfg.state_dir,
+                            servers=[ServerEntry(name=n, pidfile=f) for n, f in files.items()]))
         snap = d.tick()
         assert snap.servers["a"]["pids"][0] == os.getpid()
         assert snap.servers["b"]["pids"] == [child.pid]
@@ -477,7 +479,7 @@ def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
                  alerts=AlertsConfig(urls=["http://127.0.0.1:9"], instance="box"))
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)  # not started: alerts stay in the book and outbox
-    d.pending.append((events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f",
+    d.intake.pending.append((events.Compile(t=clock.t, pid=me, compile_id="0/0", function="f",
                                      seconds=2.0), me))
     d.tick()
     clock.t += 20
@@ -485,7 +487,7 @@ def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
     try:
         for i in range(120):
             if i < 30 or 80 <= i < 90:  # recordings that cost memory, then still, then more
-                d.pending.extend((events.CudagraphRecord(
+                d.intake.pending.extend((events.CudagraphRecord(
                     t=clock.t, pid=me, phase="record", compile_id="0/1", key=[i, k],
                     shape=None, seconds=0.01), me) for k in (0, 1))
                 nvml.devices[0]["procs"] = [(me, nvml.devices[0]["procs"][0][1] + MB)]
@@ -499,12 +501,12 @@ def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
                 fresh.update(alerts.build(server.firing,
                                           server.state.estimates(cfg.correlate),
                                           server.forecast.as_dict(), labels))
-            kept = {k: t.alert for k, t in d.book.tracked.items() if t.ends_at is None}
+            kept = {k: t.alert for k, t in d.alerting.book.tracked.items() if t.ends_at is None}
             assert kept == fresh, i
             descriptions |= {a["annotations"]["description"] for a in fresh.values()}
     finally:
         d.nvml.close()
-    assert any(("cause", "cudagraph_per_shape") in key for key in d.book.tracked)  # fired
+    assert any(("cause", "cudagraph_per_shape") in key for key in d.alerting.book.tracked)  # fired
     assert len(descriptions) > 10  # … and its description moved with the recordings
 
 
@@ -525,21 +527,21 @@ def test_the_socket_is_read_between_polls_only_once_a_poll_found_it_busy(rig):
 
     beat(0)
     poll()
-    assert d.accepted == 1 and not d.eager
+    assert d.intake.accepted == 1 and not d.intake.eager
     beat(1)
     d._wait(0.05)  # the wait does not take it: the poll does
-    assert d.pending == [] and d.accepted == 1
+    assert d.intake.pending == [] and d.intake.accepted == 1
     poll()
-    assert d.accepted == 2 and not d.eager
+    assert d.intake.accepted == 2 and not d.intake.eager
     for seq in range(2, 2 + 5):  # a burst: 5 datagrams before the next poll
         beat(seq)
     poll()
-    assert d.accepted == 7 and d.eager
+    assert d.intake.accepted == 7 and d.intake.eager
     beat(7)
     d._wait(0.05)  # now the wait takes it as it comes
-    assert [e.seq for e, _ in d.pending] == [7]
+    assert [e.seq for e, _ in d.intake.pending] == [7]
     poll()  # a poll of one datagram: quiet again
-    assert d.accepted == 8 and not d.eager
+    assert d.intake.accepted == 8 and not d.intake.eager
     beat(8)
     d._wait(0.05)
-    assert d.pending == []
+    assert d.intake.pending == []

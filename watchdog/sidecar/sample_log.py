@@ -11,6 +11,7 @@ import json
 from typing import Any, Iterable, Optional
 
 from torch_watchdog import events
+from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
     ReloadOutcome, Sample
 
@@ -84,3 +85,25 @@ def encode(observations: Iterable[Any]) -> bytes:
         else json.dumps(outcome_to_dict(o), separators=(",", ":")).encode()
         if isinstance(o, ReloadOutcome) else events.encode(o)
         for o in observations)
+
+
+class Writer:
+    """The sample log of a running sidecar: one write per poll, rotated by size; a failure is
+    logged once and retried every few seconds (JsonLines), never raised into the loop."""
+
+    def __init__(self, path: str, max_bytes: int, log: Any):
+        self.path, self.log = path, log
+        self._lines = JsonLines(path, 5.0, max_bytes)
+        self._failed = False
+
+    def observations(self, observations: Iterable[Any]) -> None:
+        if not self._lines.write(encode(observations)) and not self._failed:
+            self._failed = True
+            self.log.error("cannot write the sample log", path=self.path)
+
+    def config(self, t: float, config: Any) -> None:
+        """The config in force from now on, for a replay of the log."""
+        self._lines.write(json.dumps(config_to_dict(t, config), separators=(",", ":")).encode())
+
+    def close(self) -> None:
+        self._lines.close()

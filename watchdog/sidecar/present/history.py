@@ -148,6 +148,9 @@ class History:
         self.observe(observations)
         for a in actions:
             self.act(a.t, a.kind.value, a.reason, a.shown(), a.server, a.pids)
+            if a.not_done is not None:  # a reload decided but not carried out
+                self.act(a.t, "reload_not_done", a.reason,
+                         {"outcome": f"not carried out: {a.not_done}"})
 
     def view(self, snap: Snapshot, causes: Iterable[dict] = (),
              info: Optional[dict] = None) -> StatusView:

@@ -1,0 +1,69 @@
+"""What fires, to Alertmanager: labels per server, the alert book, the sender's thread.
+
+Each poll the step says what fires for each server; here it becomes Alertmanager alerts
+(alerts.build), kept in the book (resends, resolutions) and handed to the sender, which posts on
+its own thread. An alert is built again only when what it is built from changed.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any, Callable, Optional
+
+from torch_watchdog.sidecar.actions import alerts
+from torch_watchdog.sidecar.config import AlertsConfig
+
+
+class Alerting:
+    def __init__(self, cfg: AlertsConfig, on_failure: Callable[[str, str], None]):
+        self.cfg = cfg
+        self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s)
+        self.sender = (alerts.AlertSender(cfg.urls, cfg.timeout_s, on_failure=on_failure)
+                       if cfg.urls else None)
+        self._kept: dict[str, tuple] = {}  # server -> (what alerts.build read, what it built)
+
+    def start(self) -> None:
+        if self.sender is not None:
+            self.sender.start()
+
+    def stop(self) -> None:
+        if self.sender is not None:
+            self.sender.stop()
+
+    def dispatch(self, now: float, views: dict[str, dict[str, Any]],
+                 firing_of: dict[str, dict[str, dict[str, Any]]],
+                 record_unreadable: Optional[str]) -> None:
+        """Hand what fires, for every server, to the sender's thread."""
+        if self.sender is None:
+            return
+        base = {"service": self.cfg.service, "instance": self.cfg.instance or
+                socket.gethostname()}
+        firing: dict = {}
+        for name, fires in firing_of.items():
+            if fires:  # the common case: nothing of it fires
+                firing.update(self._alerts(name, fires, views[name], base))
+        if len(self._kept) > len(firing_of):  # servers come and go
+            self._kept = {k: v for k, v in self._kept.items() if k in firing_of}
+        if record_unreadable:
+            firing.update(alerts.build({"reload_record_unreadable": {
+                "detail": record_unreadable}}, {}, {}, base))
+        self.book.update(firing, now)
+        self.sender.submit(self.book.due(now))
+
+    def _alerts(self, name: str, fires: dict, view: dict[str, Any], base: dict) -> dict:
+        labels = {**base, "server": name}
+        uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
+        if uuid:
+            labels["gpu_uuid"] = uuid
+        was = self._kept.get(name)
+        if was is None or was[0] is not fires or was[1] is not view["estimates"] \
+                or was[2] is not view["forecast"] or was[3] != labels:
+            was = self._kept[name] = (fires, view["estimates"], view["forecast"], labels,
+                                      alerts.build(fires, view["estimates"], view["forecast"],
+                                                   labels))
+        return was[4]
+
+    def counts(self) -> dict[str, dict]:
+        """The sender's counters by url: sent, failed posts, dropped alerts."""
+        s = self.sender
+        return {"sent": dict(s.sent) if s else {}, "failed": dict(s.failed) if s else {},
+                "dropped": dict(s.dropped) if s else {}}

@@ -1,0 +1,86 @@
+"""Carrying out the step's reload actions: the durable record first, then the executor's thread.
+
+A decision goes to `<state_dir>/reloads.json` before anything is done, its execution is marked
+when it starts, and its outcome when it ends; one reload runs per server, on a thread, so the
+loop keeps polling. Finished reloads come back as observations for the step.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Optional
+
+from torch_watchdog import events
+from torch_watchdog.sidecar.actions import control, reload
+from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.core.observations import ReloadOutcome
+from torch_watchdog.sidecar.core.results import Action, ActionKind
+from torch_watchdog.sidecar.discovery import Discovery
+
+
+class Reloads:
+    def __init__(self, cfg: Config, log: Any, discovery: Discovery, now: float):
+        self.cfg, self.log, self.discovery = cfg, log, discovery
+        self.record = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"), now=now,
+                                       max_per_hour=cfg.policy.max_reloads_per_hour)
+        self.control: Optional[control.ControlServer] = None  # reload.method agent
+        # the agents' hellos, for a reload's thread: masters and workers, and the
+        # replacements it waits for
+        self.hellos = reload.Hellos()
+        # when a reload was decided, by the machine's clock (a pid started later is another)
+        self._decided_wall: dict[Optional[str], float] = {}
+        self._running: dict[str, tuple[reload.Reloader, Action]] = {}
+
+    def decisions(self) -> list[tuple[float, Optional[str]]]:
+        """Past decisions (time, server), for the step's cooldowns across restarts."""
+        return self.record.decisions()
+
+    def carry_out(self, action: Action) -> None:
+        kind = action.kind
+        if kind is ActionKind.RELOAD:
+            self._decided_wall[action.server] = time.time()
+            self._write(action.t, None, action)
+            if action.not_done is not None:
+                self._write(action.t, ReloadOutcome(False, f"not carried out: "
+                                                           f"{action.not_done}"), action)
+        elif kind is ActionKind.CANCEL:
+            self._write(action.decided_t, ReloadOutcome(False, reload.CANCELLED), action)
+        elif kind is ActionKind.EXECUTE:
+            self._execute(action)
+
+    def _execute(self, action: Action) -> None:
+        run = reload.executor(self.cfg.reload, self.discovery.unit_of(action.server),
+                              decided_t=self._decided_wall.pop(action.server, None),
+                              expected_start=self.discovery.expected_start(action.pids),
+                              hellos=self.hellos, control=self.control)
+        if run is None:
+            return
+        self.record.executing(action.decided_t, action.server)
+        self.log.warning("reloading the server", server=action.server,
+                         method=self.cfg.reload.method, pids=list(action.pids))
+        reloader = reload.Reloader(run)
+        self._running[action.server] = (reloader, action)
+        reloader.start(set(action.pids))
+
+    def outcomes(self, now: float, received: Iterable[Any] = ()) -> list[ReloadOutcome]:
+        """Reloads that finished since the last poll, as observations for the step; the
+        hellos among `received` go to the reloads' threads first."""
+        if received:
+            self.hellos.add(e for e in received if isinstance(e, events.Hello))
+        out = []
+        for server, (reloader, action) in list(self._running.items()):
+            result = reloader.poll()
+            if result is None:
+                continue
+            del self._running[server]
+            self._write(action.decided_t, result, action)
+            (self.log.warning if result.ok else self.log.error)(
+                "reload finished", server=server, ok=result.ok, detail=result.detail,
+                seconds=result.seconds)
+            out.append(result.at(now, server))
+        return out
+
+    def _write(self, t: float, outcome: Optional[ReloadOutcome], action: Action) -> None:
+        self.record.record(t, outcome, action.cause or action.reason, action.server)
+        if self.record.error:
+            self.log.error("cannot write the reload record", error=self.record.error)

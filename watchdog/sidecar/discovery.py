@@ -1,0 +1,61 @@
+"""Which processes the sidecar watches: configured servers' pids, and each pid's start time.
+
+A configured server's pids are its systemd unit's cgroup (else its MainPID), or its pidfile's
+pid, with their children; systemctl and /proc walks are not free, so they are looked up every
+UNIT_LOOKUP_S. A pid's start time is read once, when it is first seen: a reload signals a pid
+only while it is still that process (no pid reuse).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from torch_watchdog.sidecar import config as config_mod
+from torch_watchdog.sidecar.actions.reload import process_start_time
+from torch_watchdog.sidecar.sources.process import children_of, read_pidfile, unit_main_pid, \
+    unit_pids
+
+UNIT_LOOKUP_S = 5.0
+
+
+class Discovery:
+    def __init__(self, cfg: config_mod.Config):
+        self.cfg = cfg
+        self._looked_up: dict = {}   # (unit, pidfile) -> (when looked up, pids)
+        self.started: dict[int, Optional[float]] = {}  # pid -> its start time when first seen
+
+    def configured_pids(self) -> dict[str, tuple[int, ...]]:
+        """Each configured server's pids (servers without a live process left out)."""
+        out = {}
+        for name, unit, pidfile in config_mod.server_sources(self.cfg):
+            key = (unit, pidfile)
+            checked, pids = self._looked_up.get(key, (-1e18, ()))
+            if time.monotonic() - checked >= UNIT_LOOKUP_S:
+                pids = _lookup(unit, pidfile)
+                self._looked_up[key] = (time.monotonic(), pids)
+            if pids:
+                out[name] = pids
+        return out
+
+    def note_start_times(self, pids: set[int]) -> None:
+        """Each pid's start time, read when it is first seen, forgotten when the pid is."""
+        for pid in pids - self.started.keys():
+            self.started[pid] = process_start_time(pid)
+        if len(self.started) > 2 * len(pids) + 64:
+            self.started = {p: v for p, v in self.started.items() if p in pids}
+
+    def expected_start(self, pids: tuple[int, ...]) -> dict[int, float]:
+        """The start times seen of `pids`: a pid started since is another process."""
+        return {p: t for p in pids if (t := self.started.get(p)) is not None}
+
+    def unit_of(self, server: Optional[str]) -> Optional[str]:
+        return next((unit for name, unit, _ in config_mod.server_sources(self.cfg)
+                     if name == server and unit), self.cfg.server.unit)
+
+
+def _lookup(unit: Optional[str], pidfile: Optional[str]) -> tuple[int, ...]:
+    group = unit_pids(unit) if unit else None
+    if group is not None:
+        return group
+    main = unit_main_pid(unit) if unit else read_pidfile(pidfile)
+    return tuple(sorted({main, *children_of(main)})) if main else ()

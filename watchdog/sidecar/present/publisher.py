@@ -1,0 +1,141 @@
+"""Each poll, made visible: the servers' views, the snapshot behind /metrics, the status page.
+
+The views and the snapshot are read by other threads (the metrics and status HTTP servers): each
+is published by one reference swap and never changed after. A failure here only leaves the page
+a poll behind: the watching goes on.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Optional
+
+from torch_watchdog import __version__
+from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.core import step
+from torch_watchdog.sidecar.core.observations import Sample
+from torch_watchdog.sidecar.core.results import Action
+from torch_watchdog.sidecar.present import snapshot as snapshot_mod
+from torch_watchdog.sidecar.present.history import History, StatusView
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry
+from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.views import ServerViews
+
+PUBLISH_S = 1.0  # the status page's view is rebuilt at most this often, or when the step acts
+
+
+class Publisher:
+    def __init__(self, cfg: Config, log: Any):
+        self.cfg, self.log = cfg, log
+        self.collector = SnapshotCollector()
+        self.registry = make_registry(self.collector)
+        self.history = History()                   # the status page's series, marks, actions
+        self.status: Optional[StatusView] = None   # read by HTTP threads
+        self.views = ServerViews()  # each server's view, built again only when it changed
+        self.actions_total: collections.Counter = collections.Counter()
+        self._failed = False
+        self._published_t = -1e18
+        self._findings_logged: dict[str, int] = {}  # per server
+        # what the last poll made of inputs that did not change since
+        self._focus_kept: Optional[tuple] = None  # (estimates, forecast, the two merged)
+        self._unknown: Optional[tuple] = None     # a focus that is no known server
+        self._procs_kept: Optional[tuple] = None  # (processes, their sums)
+        self._actions_kept: Optional[dict] = None  # dict(actions_total), until an action
+
+    def count(self, action: Action) -> None:
+        self.actions_total[action.kind.value] += 1
+        self._actions_kept = None
+
+    def log_findings(self, host: step.Host) -> None:
+        for name, server in host.servers.items():
+            findings = server.state.findings
+            seen = self._findings_logged.get(name, 0)
+            if seen > len(findings):  # a reset: a new state
+                seen = 0
+            for finding in findings[seen:]:
+                self.log.warning("finding", server=name, **finding.as_dict())
+            self._findings_logged[name] = len(findings)
+
+    def server_views(self, host: step.Host) -> dict[str, dict[str, Any]]:
+        """Every server's view (present/views.py: made again only when it changed)."""
+        return self.views.build(host.servers, self.cfg.correlate)
+
+    def snapshot(self, sample: Sample, host: step.Host, focus: step.Server,
+                 views: dict[str, dict[str, Any]], counts: dict[str, Any]) -> Snapshot:
+        """This poll's snapshot (`focus`: host.focus()); `counts`: the sources' and actions'
+        counters, as the Snapshot's fields name them."""
+        estimates, forecast = self._focus_numbers(focus, host, views)
+        gpu, rss_bytes, any_alive = self._process_sums(sample)
+        if self._actions_kept is None:
+            self._actions_kept = dict(self.actions_total)
+        snap = snapshot_mod.make(dict(
+            t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
+            gpu_attribution=self.cfg.gpu.attribution, server_rss_bytes=rss_bytes,
+            server_alive=any_alive if sample.processes else None,
+            estimates=estimates, forecast=forecast,
+            active_causes=tuple(focus.state.active), actions_total=self._actions_kept,
+            servers=views, focus=focus.name if focus.name in views else None,
+            sources_up={"nvml": sample.nvml_up, "process": any_alive,
+                        "agent": host.agents_alive()},
+            nvml_query_seconds=sample.query_s,
+            events_skewed_total=host.skewed_events,
+            agent_events_lost_total=sum(v.state.agent_dropped for v in host.servers.values()),
+            **counts))
+        self.collector.update(snap)
+        return snap
+
+    def _focus_numbers(self, focus: step.Server, host: step.Host,
+                       views: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+        """The focus's estimates merged with its forecast, and its forecast: merged again only
+        when its view's dicts change (shared, read only, like the views)."""
+        view = views.get(focus.name)
+        if view is None or host.servers.get(focus.name) is not focus:
+            return self._unknown_focus(focus)
+        kept = self._focus_kept
+        if kept is None or kept[0] is not view["estimates"] or kept[1] is not view["forecast"]:
+            kept = self._focus_kept = (view["estimates"], view["forecast"],
+                                       {**view["estimates"], **view["forecast"]})
+        return kept[2], kept[1]
+
+    def _unknown_focus(self, focus: step.Server) -> tuple[dict, dict]:
+        """The numbers of a focus that is no known server (none yet): the host's one empty
+        server, which nothing changes, so computed once per config."""
+        known = self._unknown
+        if known is None or known[0] is not focus or known[1] is not self.cfg:
+            known = self._unknown = (focus, self.cfg, step.estimates(focus, self.cfg),
+                                     focus.forecast.as_dict())
+        return known[2], known[3]
+
+    def _process_sums(self, sample: Sample) -> tuple[dict, Optional[int], bool]:
+        """GPU bytes by device, RSS and liveness over the sample's processes (the reader hands
+        back the same tuple when nothing changed: the same sums)."""
+        processes = sample.processes
+        kept = self._procs_kept
+        if kept is None or kept[0] is not processes:
+            gpu: dict[str, Optional[int]] = {}
+            for p in processes:
+                for uuid, used in p.gpu_bytes.items():
+                    gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
+                        else gpu.get(uuid, 0) + used
+            alive = [p for p in processes if p.alive]
+            rss = [p.host_bytes for p in alive if p.host_bytes is not None]
+            kept = self._procs_kept = (processes, gpu, sum(rss) if rss else None, bool(alive))
+        return kept[1], kept[2], kept[3]
+
+    def publish(self, snap: Snapshot, observations: list, decided: list[Action],
+                focus: step.Server, polls: int) -> None:
+        """The status page's view of this poll: one reference swap, read by HTTP threads."""
+        cfg = self.cfg
+        try:
+            self.history.update(snap, observations, decided)
+            if decided or snap.t - self._published_t >= PUBLISH_S or \
+                    snap.t < self._published_t:
+                info = {"version": __version__, "polls": polls, "poll_interval_s":
+                        cfg.poll_interval_s, "socket": cfg.agent.socket_path,
+                        "reload_method": cfg.reload.method, "dry_run": cfg.policy.dry_run}
+                causes = [f.as_dict() for f in focus.state.active.values()]
+                self.status = self.history.view(snap, causes, info)
+                self._published_t = snap.t
+        except Exception as e:
+            if not self._failed:  # once: it would repeat every poll
+                self.log.exception("status page not updated", error=repr(e))
+            self._failed = True
