@@ -20,7 +20,7 @@ import structlog
 
 from tests.conftest import ROOT, with_root
 from tests.unit.test_nvml import FakeNvml
-from torch_watchdog.sidecar.actions.reload import NOT_CARRIED_OUT, TEMP_PREFIX, ReloadLog
+from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, TEMP_PREFIX, ReloadLog
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, PolicyConfig
 from torch_watchdog.sidecar.core import policy
 from torch_watchdog.sidecar.core.correlate import State
@@ -30,7 +30,7 @@ from torch_watchdog.sidecar.sources.nvml import NvmlSource
 
 WRITER = """
 import sys
-from torch_watchdog.sidecar.actions.reload import ReloadLog
+from torch_watchdog.sidecar.actions.record import ReloadLog
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 log = ReloadLog(sys.argv[1])
 t = 1000.0
@@ -44,7 +44,7 @@ while True:  # a decision, then its outcome, as fast as the disk allows
 
 DECIDER = """
 import sys, time
-from torch_watchdog.sidecar.actions.reload import ReloadLog
+from torch_watchdog.sidecar.actions.record import ReloadLog
 ReloadLog(sys.argv[1]).record(float(sys.argv[2]), None, "oom_forecast", "a")
 print("decided", flush=True)
 time.sleep(60)  # killed here: before acting

@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import ROOT
 from torch_watchdog.sidecar import config as sidecar_config
-from torch_watchdog.sidecar.actions import evict, reload
+from torch_watchdog.sidecar.actions import evict, executors
 
 kv = pytest.importorskip("kubernetes_validate")
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
@@ -381,5 +381,5 @@ def test_evict_outside_a_pod_fails_with_a_reason_and_never_raises(monkeypatch):
 def test_reload_method_evict_is_configurable_and_dispatched(monkeypatch):
     monkeypatch.delenv("POD_NAME", raising=False)
     cfg = sidecar_config.from_mapping({"reload": {"method": "evict"}})
-    outcome = reload.executor(cfg.reload, None)(set())
+    outcome = executors.executor(cfg.reload, None)(set())
     assert not outcome.ok and "POD_NAME" in outcome.detail  # the evict executor, outside a pod

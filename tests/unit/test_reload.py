@@ -12,8 +12,10 @@ import time
 import psutil
 import pytest
 
-from torch_watchdog.sidecar.actions.reload import (NOT_CARRIED_OUT, Reloader, ReloadLog, post_hook, process_start_time, refusal,
-                                                   run_command, signal_processes)
+from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, ReloadLog
+from torch_watchdog.sidecar.actions.reloading import Reloader
+from torch_watchdog.sidecar.actions.executors import post_hook, run_command, signal_processes
+from torch_watchdog.sidecar.actions.identity import process_start_time, refusal
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.core import policy, step
@@ -343,7 +345,7 @@ def test_reloader_runs_one_at_a_time_off_the_loop():
 
 
 def test_a_cancelled_decision_is_kept_but_not_counted(tmp_path):
-    from torch_watchdog.sidecar.actions.reload import CANCELLED
+    from torch_watchdog.sidecar.actions.record import CANCELLED
     path = str(tmp_path / "reloads.json")
     log = ReloadLog(path)
     log.record(100.0, ReloadOutcome(False, CANCELLED, 0.0), "oom_forecast")
@@ -426,7 +428,7 @@ def master(request):
 
 
 def announced(master_pid: int):
-    from torch_watchdog.sidecar.actions.reload import Hellos
+    from torch_watchdog.sidecar.actions.hellos import Hellos
     board = Hellos()
     ann = Announcer(master_pid, board)
     ann.start()
@@ -437,7 +439,7 @@ def announced(master_pid: int):
 
 
 def test_rolling_replaces_the_workers_one_at_a_time_and_keeps_the_master(master):
-    from torch_watchdog.sidecar.actions.reload import rolling
+    from torch_watchdog.sidecar.actions.executors import rolling
     board, ann, old = announced(master.pid)
     try:
         done = rolling(set(old), 5, 10, board)
@@ -451,7 +453,7 @@ def test_rolling_replaces_the_workers_one_at_a_time_and_keeps_the_master(master)
 
 @pytest.mark.parametrize("master", [False], indirect=True)
 def test_rolling_stops_at_a_worker_not_replaced_and_reports_failure(master):
-    from torch_watchdog.sidecar.actions.reload import rolling
+    from torch_watchdog.sidecar.actions.executors import rolling
     board, ann, old = announced(master.pid)
     try:
         done = rolling(set(old), 5, 1.0, board)
@@ -474,7 +476,7 @@ def test_signal_leaves_the_master_of_the_workers_running(master):
 
 
 def test_master_hup_waits_for_every_new_worker_and_every_old_one_gone(master):
-    from torch_watchdog.sidecar.actions.reload import master_hup
+    from torch_watchdog.sidecar.actions.executors import master_hup
     board, ann, old = announced(master.pid)
     try:
         done = master_hup(set(old), 5, 10, board)
@@ -490,7 +492,8 @@ def test_a_single_server_with_children_without_agents_has_no_master():
     it as before, and `rolling` refuses."""
     from types import SimpleNamespace
 
-    from torch_watchdog.sidecar.actions.reload import Hellos, master_and_workers, rolling
+    from torch_watchdog.sidecar.actions.hellos import Hellos, master_and_workers
+    from torch_watchdog.sidecar.actions.executors import rolling
     server = child(GRACEFUL)
     helper = subprocess.Popen(["sleep", "30"])
     board = Hellos()

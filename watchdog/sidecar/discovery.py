@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar.actions.reload import process_start_time
+from torch_watchdog.sidecar.actions.identity import process_start_time
 from torch_watchdog.sidecar.sources.process import children_of, read_pidfile, unit_main_pid, \
     unit_pids
 

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import psutil
-
-from torch_watchdog.sidecar.actions.reload import process_start_time, refusal
+from torch_watchdog.sidecar.actions.identity import process_start_time, refusal
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
-from torch_watchdog.sidecar.sources.receiver import _remove_stale_socket
+from torch_watchdog.sidecar.sockets import remove_stale_socket
 
 MAX_PEERS = 1024        # connections held; more are closed (a local flood cannot use up fds)
 MAX_LINE = 4096
@@ -56,7 +55,7 @@ class ControlServer:
         self.path = path
         self.allowed = None if allowed_uids is None else frozenset(allowed_uids)
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o750, exist_ok=True)
-        _remove_stale_socket(path)
+        remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(path)

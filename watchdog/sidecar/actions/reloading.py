@@ -7,11 +7,14 @@ loop keeps polling. Finished reloads come back as observations for the step.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.actions import control, reload
+from torch_watchdog.sidecar.actions import control, executors
+from torch_watchdog.sidecar.actions.hellos import Hellos
+from torch_watchdog.sidecar.actions.record import CANCELLED, ReloadLog
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.core.results import Action, ActionKind
@@ -21,15 +24,15 @@ from torch_watchdog.sidecar.discovery import Discovery
 class Reloads:
     def __init__(self, cfg: Config, log: Any, discovery: Discovery, now: float):
         self.cfg, self.log, self.discovery = cfg, log, discovery
-        self.record = reload.ReloadLog(os.path.join(cfg.state_dir, "reloads.json"), now=now,
+        self.record = ReloadLog(os.path.join(cfg.state_dir, "reloads.json"), now=now,
                                        max_per_hour=cfg.policy.max_reloads_per_hour)
         self.control: Optional[control.ControlServer] = None  # reload.method agent
         # the agents' hellos, for a reload's thread: masters and workers, and the
         # replacements it waits for
-        self.hellos = reload.Hellos()
+        self.hellos = Hellos()
         # when a reload was decided, by the machine's clock (a pid started later is another)
         self._decided_wall: dict[Optional[str], float] = {}
-        self._running: dict[str, tuple[reload.Reloader, Action]] = {}
+        self._running: dict[str, tuple[Reloader, Action]] = {}
 
     def decisions(self) -> list[tuple[float, Optional[str]]]:
         """Past decisions (time, server), for the step's cooldowns across restarts."""
@@ -44,12 +47,12 @@ class Reloads:
                 self._write(action.t, ReloadOutcome(False, f"not carried out: "
                                                            f"{action.not_done}"), action)
         elif kind is ActionKind.CANCEL:
-            self._write(action.decided_t, ReloadOutcome(False, reload.CANCELLED), action)
+            self._write(action.decided_t, ReloadOutcome(False, CANCELLED), action)
         elif kind is ActionKind.EXECUTE:
             self._execute(action)
 
     def _execute(self, action: Action) -> None:
-        run = reload.executor(self.cfg.reload, self.discovery.unit_of(action.server),
+        run = executors.executor(self.cfg.reload, self.discovery.unit_of(action.server),
                               decided_t=self._decided_wall.pop(action.server, None),
                               expected_start=self.discovery.expected_start(action.pids),
                               hellos=self.hellos, control=self.control)
@@ -58,7 +61,7 @@ class Reloads:
         self.record.executing(action.decided_t, action.server)
         self.log.warning("reloading the server", server=action.server,
                          method=self.cfg.reload.method, pids=list(action.pids))
-        reloader = reload.Reloader(run)
+        reloader = Reloader(run)
         self._running[action.server] = (reloader, action)
         reloader.start(set(action.pids))
 
@@ -84,3 +87,33 @@ class Reloads:
         self.record.record(t, outcome, action.cause or action.reason, action.server)
         if self.record.error:
             self.log.error("cannot write the reload record", error=self.record.error)
+
+
+class Reloader:
+    """Runs one reload at a time on a thread; `poll()` returns the finished outcome once."""
+
+    def __init__(self, run: Callable[[set[int]], ReloadOutcome]):
+        self._run = run
+        self._thread: Optional[threading.Thread] = None
+        self._result: Optional[ReloadOutcome] = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, pids: set[int]) -> None:
+        def work() -> None:
+            try:
+                self._result = self._run(set(pids))
+            except Exception as e:  # an executor bug must not kill the sidecar
+                self._result = ReloadOutcome(False, f"{type(e).__name__}: {e}", 0.0)
+
+        self._result = None
+        self._thread = threading.Thread(target=work, name="torch-watchdog-reload", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> Optional[ReloadOutcome]:
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread, result = None, self._result
+        return result

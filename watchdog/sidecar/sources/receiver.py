@@ -1,19 +1,18 @@
 """The sidecar's end of the agent's Unix datagram socket: drain, check sender, decode, count."""
 from __future__ import annotations
 
-import errno
 import json
 import os
 import select
 import socket
-import stat
 import struct
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.events import EventDecodeError, decode
+from torch_watchdog.sidecar.sockets import remove_stale_socket
 
 DROP_REASONS = ("malformed", "oversized", "version", "foreign", "spoofed")
 RCVBUF_BYTES = 4 << 20
@@ -56,7 +55,7 @@ class Receiver:
         self.datagrams = 0  # taken from the socket, good or not
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, mode=0o750, exist_ok=True)  # an existing dir (e.g. /run) keeps its mode
-        _remove_stale_socket(path)
+        remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
             # Measured on Linux 6.18: a Unix datagram queue holds 11 datagrams
@@ -239,22 +238,3 @@ def _rejection(data: bytes) -> str:
         return "malformed"
     foreign_schema = version != events.SCHEMA_VERSION or kind not in events.KINDS
     return "version" if foreign_schema else "malformed"
-
-
-def _remove_stale_socket(path: str) -> None:
-    """Unlink a socket left by a dead receiver; refuse a live one or any other kind of file."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(errno.EEXIST, "not a socket; refusing to replace it", path)
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    try:
-        probe.connect(path)  # succeeds only while some process still has it bound
-    except ConnectionRefusedError:
-        os.unlink(path)
-        return
-    finally:
-        probe.close()
-    raise OSError(errno.EADDRINUSE, "another receiver is listening on this socket", path)

@@ -1,0 +1,103 @@
+"""The package's import graph has no cycles (module-level and function-level imports alike),
+the core imports no I/O (no sources, actions, presenters, daemon), and importing
+torch_watchdog pulls in nothing heavy."""
+import ast
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "watchdog")
+
+
+def modules() -> dict[str, str]:
+    out = {}
+    for folder, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out[".".join(["torch_watchdog", *rel])] = os.path.join(folder, f)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level
+                                                       + 1] + ([base] if base else []))
+                # `from pkg import mod` needs mod; `from pkg import name` needs pkg itself
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                         for a in node.names]
+            for name in names:
+                if name in mods and name != mod:
+                    edges[mod].add(name)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_itself_through_others():
+    assert cycles(graph()) == []
+
+
+def test_the_core_reads_no_source_and_acts_on_nothing():
+    io = ("torch_watchdog.sidecar.sources", "torch_watchdog.sidecar.actions",
+          "torch_watchdog.sidecar.present", "torch_watchdog.sidecar.daemon",
+          "torch_watchdog.sidecar.offline", "torch_watchdog.agent")
+    bad = {m: sorted(t for t in ts if t.startswith(io))
+           for m, ts in graph().items() if m.startswith("torch_watchdog.sidecar.core")}
+    assert {m: t for m, t in bad.items() if t} == {}
+
+
+def test_importing_the_package_and_its_schema_pulls_in_nothing_heavy():
+    code = ("import sys, torch_watchdog, torch_watchdog.events; "
+            "print(sorted(m for m in ('torch', 'pynvml', 'prometheus_client', 'psutil') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_checker_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
