@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 
 # torch-watchdog demo: the server, the agent and the real sidecar, end to end (~1 min on CPU)
 demo: install
-	$(PY) -m torch_watchdog.sidecar.cli demo
+	$(PY) -m torch_watchdog.cli demo
 
 test: install
 	$(PY) -m pytest -q tests

@@ -276,7 +276,7 @@ def standby_reload(run: Run, spec: tuple, control) -> dict:
     a drain request; reload-to-ready of the released standby."""
     argv, prog, log = run.argv("standby", spec)
     env = run.env(f"{spec[0]}-cache6", True, spec[0])
-    launcher = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "run",
+    launcher = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "run",
                                  "--", *argv], env=env, cwd=ROOT,
                                 stderr=open(os.path.join(run.work, "standby.stderr"), "w"))
     try:

@@ -248,7 +248,7 @@ def measure(a: argparse.Namespace, results: dict) -> int:
         cfg = os.path.join(d, "c.yaml")
         with open(cfg, "w") as fh:
             fh.write(f"metrics_port: {port}\nstate_dir: {d}\nagent:\n  socket_path: {sock}\n")
-        daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+        daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                    "--config", cfg], cwd=ROOT, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 30

@@ -38,7 +38,7 @@ def test_a_flood_of_valid_packed_events_keeps_the_poll_rate(short_tmp):
     with open(cfg, "w") as fh:
         fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}/state\n"
                  f"agent: {{socket_path: {sock}}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                              "--config", cfg], cwd=ROOT, env=dict(os.environ,
                                                                    PYTHONPATH=with_root()),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -139,7 +139,7 @@ alerts: {{urls: ["http://127.0.0.1:{am_port}"], resend_s: 5, timeout_s: 2, servi
     env = dict(os.environ, PYTHONPATH=with_root(),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))  # as the drop-in sets
     sidecar_log = open(os.path.join(tmp, "sidecar.log"), "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, env=env, stderr=sidecar_log)
     assert wait_for(lambda: os.path.exists(sock), 30), "the sidecar did not start"
     specs = replicas or [{"tag": "", "extra": ["--bucketed"] if bucketed else [], "env": {},

@@ -37,7 +37,7 @@ def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):
     with open(cfg, "w") as fh:
         fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}\nagent:\n  socket_path: {sock}\n")
     env = dict(os.environ, PYTHONPATH=with_root())
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], env=env, cwd=ROOT, stderr=subprocess.PIPE,
                               text=True)
     try:

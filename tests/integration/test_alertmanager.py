@@ -32,7 +32,7 @@ def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):
                  f"correlate:\n  storm_recompiles: 3\n  storm_window_s: 4\n"
                  f"alerts:\n  urls: [\"http://127.0.0.1:{am_port}\"]\n  resend_s: 1\n"
                  f"  timeout_s: 1\n  service: test-llm\n  instance: box-1\n")
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, PYTHONPATH=with_root()))
     try:

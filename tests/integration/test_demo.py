@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 
 def demo(work: str, *extra: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "demo", "--short",
+    return subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "demo", "--short",
                              "--device", "cpu", "--workdir", work, *extra], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=with_root()),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)

@@ -53,7 +53,7 @@ forecast: {{process_budget_bytes: 1000000000, window_s: 3}}
 policy: {{reload_lead_s: 6, alert_lead_s: 30, hold_polls: 3, warmup_s: 1}}
 reload: {{method: agent, grace_s: 10}}
 """)
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, env=env, stderr=subprocess.PIPE,
                               text=True)
     gens: list[subprocess.Popen] = []

@@ -48,7 +48,7 @@ def launch(tmp: str, *opts: str) -> tuple[subprocess.Popen, str, str]:
     prog, err = os.path.join(tmp, "progress"), os.path.join(tmp, "launcher.err")
     # HERE: where the fault case's preload module lives
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([with_root(), HERE]))
-    cmd = [sys.executable, "-m", "torch_watchdog.sidecar.cli", "run", *opts, "--",
+    cmd = [sys.executable, "-m", "torch_watchdog.cli", "run", *opts, "--",
            "python", SERVER, "--socket", os.path.join(tmp, "ev.sock"), "--progress", prog,
            "--event-log", os.path.join(tmp, "events.jsonl"), "--call-s", "0.05"]
     with open(err, "w") as fh:

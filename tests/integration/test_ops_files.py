@@ -73,7 +73,7 @@ def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):
                  f"rule_files: [{ROOT}/config/prometheus/torch-watchdog-rules.yml]\n"
                  f"scrape_configs:\n  - job_name: torch-watchdog\n"
                  f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
-    sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                 "--config", cfg], cwd=ROOT, stderr=subprocess.DEVNULL,
                                env=dict(os.environ, PYTHONPATH=with_root()))
     prom = subprocess.Popen([prometheus, f"--config.file={short_tmp}/prom.yml",

@@ -195,7 +195,7 @@ def test_a_reload_keeps_a_multi_worker_server_serving(short_tmp, kind, method):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_WATCHDOG_")}
     env.update(PYTHONPATH=os.pathsep.join([tmp, with_root()]), OMP_NUM_THREADS="1")
     err = open(os.path.join(tmp, "sidecar.err"), "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, env=env, stderr=err)
     server = client = None
     out = open(os.path.join(tmp, "server.log"), "w")

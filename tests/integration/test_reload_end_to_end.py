@@ -35,7 +35,7 @@ policy: {{reload_lead_s: 6, alert_lead_s: 30, hold_polls: 3, warmup_s: 1, dry_ru
 reload: {{method: signal, grace_s: 5, hello_timeout_s: 5}}
 """)
     env = dict(os.environ, PYTHONPATH=with_root())
-    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+    daemon = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                "--config", cfg], cwd=ROOT, env=env, stderr=subprocess.PIPE,
                               text=True)
     toy = again = None

@@ -198,7 +198,7 @@ def test_progress_is_reported_on_long_inputs():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "report", *args],
+    return subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "report", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

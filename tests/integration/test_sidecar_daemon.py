@@ -32,7 +32,7 @@ def daemon(short_tmp):
     notify.bind(notify_path)
     notify.settimeout(10)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=with_root())
-    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--config",
                              cfg], env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     info = {"proc": proc, "port": port, "socket": sock, "config": cfg, "notify": notify}
     try:
@@ -99,7 +99,7 @@ def test_bad_config_exits_2_and_busy_port_exits_1(short_tmp):
     with open(bad, "w") as fh:
         fh.write("metrics_port: 0\nbogus: 1\n")
     env = dict(os.environ, PYTHONPATH=with_root())
-    r = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config", bad],
+    r = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--config", bad],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bogus" in r.stderr and "metrics_port" in r.stderr
     with socket.socket() as busy:
@@ -109,7 +109,7 @@ def test_bad_config_exits_2_and_busy_port_exits_1(short_tmp):
         with open(good, "w") as fh:
             fh.write(f"metrics_port: {busy.getsockname()[1]}\nagent:\n  socket_path: "
                      f"{short_tmp}/e.sock\n")
-        r = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar", "--config",
+        r = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--config",
                             good], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot start" in r.stderr
     assert not os.path.exists(f"{short_tmp}/e.sock")

@@ -67,7 +67,7 @@ def sidecar():
             fh.write(f"metrics_port: {port}\nstate_dir: {tmp}\nagent:\n  socket_path: {sock}\n")
         env = dict(os.environ, PYTHONPATH=with_root())
         env.pop("NOTIFY_SOCKET", None)
-        proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+        proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                  "--config", cfg], env=env, stderr=subprocess.PIPE, text=True,
                                 cwd=ROOT)
         try:
@@ -129,7 +129,7 @@ def test_page_metrics_and_404_on_the_same_port(sidecar):
 
 
 def run_status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "status", *args],
+    return subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "status", *args],
                           env=dict(os.environ, PYTHONPATH=with_root()), cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 

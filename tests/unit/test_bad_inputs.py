@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from torch_watchdog.sidecar import cli
+from torch_watchdog import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "h200-oom300.jsonl.gz")
@@ -85,7 +85,7 @@ def test_the_installed_command_prints_no_traceback(tmp_path, kind):
     used to end in a traceback: EOFError, UnboundLocalError."""
     path = _make(tmp_path, kind)
     for command in (["events", path], ["replay", path]):
-        r = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", *command],
+        r = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", *command],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr and path in r.stderr
@@ -112,7 +112,7 @@ def test_a_closed_stdout_is_quiet_and_exits_141(tmp_path):
     r, w = os.pipe()
     os.close(r)  # nobody will read: the first write gets EPIPE
     try:
-        proc = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "replay",
+        proc = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "replay",
                                "--json", FIXTURE], cwd=ROOT, stdout=w, stderr=subprocess.PIPE,
                               text=True, timeout=120)
     finally:

@@ -9,7 +9,7 @@ import pytest
 from tests.unit.test_events import SAMPLES
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
-from torch_watchdog.sidecar import cli
+from torch_watchdog import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,7 +35,7 @@ def test_listen_prints_what_an_agent_sends(short_tmp):
     import socket
 
     path = os.path.join(short_tmp, "l.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "listen", "--socket",
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "listen", "--socket",
                              path], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -102,7 +102,7 @@ def test_replay_merges_the_agent_event_log_with_its_trace():
 
 
 def test_cli_replay_json(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "replay", "--json",
+    out = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "replay", "--json",
                           fixture("h200-torch2.11-seq-static.jsonl.gz")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -110,7 +110,7 @@ def test_cli_replay_json(tmp_path):
     assert set(result) >= {"findings", "actions", "estimates"}
     for a in result["actions"]:
         assert a["action"] in ("alert", "reload") and isinstance(a["t"], float) and a["reason"]
-    bad = subprocess.run([sys.executable, "-m", "torch_watchdog.sidecar.cli", "replay",
+    bad = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "replay",
                           str(tmp_path / "missing.jsonl")], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no such file" in bad.stderr
@@ -126,7 +126,7 @@ def test_garbage_lines_are_counted_not_fatal(tmp_path):
 
 
 def _text_rows(capsys, *paths: str) -> list[tuple[float, str, str]]:
-    from torch_watchdog.sidecar import cli
+    from torch_watchdog import cli
 
     assert cli.main(["replay", *paths]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -220,7 +220,7 @@ def test_check_reports_invalid_yaml_with_its_line_once(tmp_path):
 
 
 def test_check_config_names_the_file_once(tmp_path, capsys):
-    from torch_watchdog.sidecar import cli
+    from torch_watchdog import cli
 
     path = tmp_path / "w.yaml"
     path.write_text("a: [unclosed\n")
@@ -333,7 +333,7 @@ def test_host_problems_are_listed_with_the_others_and_skipped_on_request(tmp_pat
 
 
 def test_the_sidecar_refuses_to_start_where_it_cannot_write(tmp_path, capsys):
-    from torch_watchdog.sidecar import cli
+    from torch_watchdog import cli
 
     path = _write(tmp_path, f"state_dir: {tmp_path}/f/state\n")
     (tmp_path / "f").write_text("a file")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tests.conftest import free_port
-from torch_watchdog.sidecar import cli
+from torch_watchdog import cli
 from torch_watchdog.sidecar.present.history import History
 from torch_watchdog.sidecar.core.results import Action, ActionKind
 from torch_watchdog.sidecar.core.observations import DeviceSample

@@ -106,7 +106,7 @@ def _command() -> str:
     cmd = tool if os.path.exists(tool) else sys.executable
     rel = os.path.relpath(cmd)
     cmd = cmd if rel.startswith("..") else rel
-    return cmd if cmd.endswith("torch-watchdog") else f"{cmd} -m torch_watchdog.sidecar.cli"
+    return cmd if cmd.endswith("torch-watchdog") else f"{cmd} -m torch_watchdog.cli"
 
 
 def _summary(demo: Any, report: Any, finished: bool, out: TextIO) -> int:

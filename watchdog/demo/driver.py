@@ -126,7 +126,7 @@ class Demo:
                                 preexec_fn=_die_with_parent, **kw)
 
     def start_sidecar(self) -> None:
-        self.sidecar = self.popen([sys.executable, "-m", "torch_watchdog.sidecar.cli", "sidecar",
+        self.sidecar = self.popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
                                    "--config", self.config_path], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         log = open(os.path.join(self.work, "sidecar.log"), "w", encoding="utf-8")
