@@ -2,7 +2,8 @@
 
 Each poll the step says what fires for each server; here it becomes Alertmanager alerts
 (alerts.build), kept in the book (resends, resolutions) and handed to the sender, which posts on
-its own thread. An alert is built again only when what it is built from changed.
+its own thread. An alert is built again only when what it is built from changed (its
+description is a few strings, for every firing alert, every poll).
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ class Alerting:
         if uuid:
             labels["gpu_uuid"] = uuid
         was = self._kept.get(name)
-        if was is None or was[0] is not fires or was[1] is not view["estimates"] \
-                or was[2] is not view["forecast"] or was[3] != labels:
+        if was is None or was[0] != fires or was[1] != view["estimates"] \
+                or was[2] != view["forecast"] or was[3] != labels:
             was = self._kept[name] = (fires, view["estimates"], view["forecast"], labels,
                                       alerts.build(fires, view["estimates"], view["forecast"],
                                                    labels))

@@ -115,9 +115,6 @@ class State:
     requests: int = 0
     calls: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
     steady_totals: tuple = (0, 0.0)                     # non-stall calls, their seconds
-    # forecast._request_rate's last answer and what it read: (windows, the newest, the oldest
-    # read's time, the time of the one before it or None, the rate)
-    rate_memo: Optional[tuple] = field(default=None, repr=False, compare=False)
     steady_at_limit: Optional[tuple] = None             # steady_totals when the limit came
     stalls: int = 0
     stall_seconds: float = 0.0
@@ -504,64 +501,6 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     state.proc_bytes = _per_process(s, watched, source)
     _memory(state, s, mem, source, cfg)
 
-
-def fold_repeat(state: State, s: Sample, cfg: CorrelateConfig, causes: bool = True) -> None:
-    """`fold(state, [s], cfg)` for a sample that repeats the last one folded: the same devices'
-    numbers and processes (NVML up, GPUs read), and the last fold read the server's memory;
-    only its time and the host's memory are new (and the recordings and compiles of events
-    since, which a zero step folds as `_memory` does). The caller (core/step.py) checks that;
-    the devices' and the server's memory (and each process's) are then what they were, and
-    are not computed again. `causes` False: the caller knows they cannot change before
-    `causes_until(state, cfg)`, which this poll is before (and no event came since)."""
-    if s.t > state.now:
-        state.now = s.t
-    total, available = s.host_total_bytes, s.host_available_bytes
-    if total is not None and available is not None:  # _host(), inlined: every still server
-        state.host_used, state.host_total = total - available, total
-    if cfg.jump_bytes < 0:  # a zero step counts as a jump: the general path
-        _memory(state, s, state.mem_bytes, state.mem_source, cfg)
-    else:  # _same_memory(state, s.t, cfg), inlined: every still server, every poll
-        t = state.mem_read_t = s.t
-        mem, records = state.mem_bytes, state.records
-        recorded, state.records_at_last_sample = records - state.records_at_last_sample, records
-        samples = state.samples
-        samples.jump_bytes = cfg.jump_bytes
-        samples.append_same(t, mem, records)
-        if records == 0:
-            first = state.first_compile_t  # _settling(state, t), inlined
-            if (t < state.last_compile_end + COMPILE_SETTLE_S if first is not None else
-                    state.first_t is None or t < state.first_t + PENDING_S):
-                state.mem_start = mem
-                state.compile_jump_bytes = 0
-                state.pending_jumps = []
-        elif recorded:
-            state.regression.add(recorded, 0)
-        else:  # add(0, 0): only the count moves (adding 0 leaves each sum as it is)
-            state.regression.n += 1
-    if causes:
-        evaluate_causes(state, cfg)
-
-
-def causes_until(state: State, cfg: CorrelateConfig) -> float:
-    """Until when `evaluate_causes` changes nothing while only time passes (polls that repeat
-    the last one, core/step.py): the causes were evaluated at `state.now`, and only the
-    recompile storm's window, the pending memory steps' age and the recordings' confidence
-    move with time (a still poll adds (0, 0) to the regression: its count, so its confidence,
-    grows). -inf when that last one may name a cause; +inf when nothing is due."""
-    until = math.inf
-    if "cudagraph_per_shape" not in state.active and state.records >= cfg.min_records:
-        b = state.mb_per_graph
-        if b is not None and b > 0:
-            return -math.inf
-    for times in state.recompile_times.values():  # leaves the window after times[0] + window
-        if times and times[0] + cfg.storm_window_s < until:
-            until = times[0] + cfg.storm_window_s
-    if "memory_growth_unexplained" not in state.active:
-        cutoff = state.now - PENDING_S
-        for t, _ in state.pending_jumps:  # no longer undecided from t + PENDING_S on
-            if t > cutoff and t + PENDING_S < until:
-                until = t + PENDING_S
-    return until
 
 
 def _host(state: State, s: Sample) -> None:

@@ -84,17 +84,15 @@ class _View(NamedTuple):
     share: float
 
 
-def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
-             rates_now: Optional[tuple] = None) -> Forecast:
-    """The nearest time to OOM over the server's budgets (each GPU on its own). `rates_now`:
-    what `rates(state, cfg)` gives now, when the caller has it already."""
+def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Forecast:
+    """The nearest time to OOM over the server's budgets (each GPU on its own)."""
     if state.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
         return Forecast(None, None)
     views = _views(state, cfg)
     if not views:
         level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
-    slope, leak, request_rate = rates_now if rates_now is not None else rates(state, cfg)
+    slope, leak, request_rate = rates(state, cfg)
     model = _discovery(state, cfg, min_records, request_rate)
     best: Optional[Forecast] = None
     for view in views:
@@ -106,31 +104,10 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20,
 
 def rates(state: State, cfg: ForecastConfig) -> tuple:
     """The forecast's inputs that move with time alone: the memory's growth rate and its rate
-    outside recordings over the window, and the request rate. With these and the rest of the
-    state unchanged, the forecast is the same (core/step.py keeps it then)."""
+    outside recordings over the window, and the request rate."""
     slope, leak = state.samples.rates(state.now - cfg.window_s)
     return slope, leak, _request_rate(state, cfg.window_s)
 
-
-_STILL_MARGIN_S = 1e-3  # for times' rounding (2.4e-7 s at 1.8e9 s)
-
-
-def rates_until(state: State, cfg: ForecastConfig, rates_now: tuple) -> float:
-    """Until when `rates(state, cfg)` gives `rates_now` again while only time passes, with
-    polls that repeat the last one (the same memory and recordings, no event: core/step.py
-    then does not compute them); -inf when not known. Known for a still window: growth 0.0
-    and 0.0 outside recordings (Trend.still_until), and the request rate's windows unchanged
-    (the memo _request_rate keeps is valid until the oldest of them leaves the window)."""
-    if rates_now[0] is None or rates_now[1] is None or rates_now[0] != 0.0 or \
-            rates_now[1] != 0.0:
-        return -math.inf
-    until = state.samples.still_until(state.now - cfg.window_s, cfg.window_s)
-    if state.calls:
-        memo = state.rate_memo
-        if memo is None:
-            return -math.inf
-        until = min(until, memo[2] + cfg.window_s - _STILL_MARGIN_S)
-    return until
 
 
 def _views(state: State, cfg: ForecastConfig) -> list[_View]:
@@ -227,35 +204,20 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
 
 def _request_rate(state: State, window_s: float) -> Optional[float]:
     """Requests a second over the `calls` windows back from the newest to the first one older
-    than the window. An agent reports every 2 s: the scan read ~30 windows a poll and server
-    for a result that changes only when a window comes or leaves; it is kept while the same
-    windows would be read (the deque unchanged, every one of them still in the window, the one
-    before them still out), and is then the same number."""
+    than the window."""
     calls, cutoff = state.calls, state.now - window_s
     if not calls:  # no agent's report (yet)
         return None
-    memo = state.rate_memo
-    if memo is not None and memo[0] == len(calls) and memo[1] is calls[-1] \
-            and memo[2] >= cutoff and (memo[3] is None or memo[3] < cutoff):
-        return memo[4]
     recent = []
-    oldest = math.inf
     for entry in reversed(calls):
-        t = entry[0]
-        if t < cutoff:
+        if entry[0] < cutoff:
             break
-        recent.append((t, entry[1]))
-        if t < oldest:
-            oldest = t
-    before = calls[-len(recent) - 1][0] if len(recent) < len(calls) else None
+        recent.append((entry[0], entry[1]))
     recent.reverse()
     if len(recent) < 2:
-        rate = None
-    else:
-        span = recent[-1][0] - recent[0][0]
-        rate = sum(c for _, c in recent[1:]) / span if span > 0 else None
-    state.rate_memo = (len(calls), calls[-1], oldest, before, rate)
-    return rate
+        return None
+    span = recent[-1][0] - recent[0][0]
+    return sum(c for _, c in recent[1:]) / span if span > 0 else None
 
 
 def shape_space(requests: int, distinct: int) -> Optional[float]:

@@ -6,9 +6,8 @@ at most `max_reloads_per_hour`, then alert only. The executor re-checks right be
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
@@ -72,23 +71,6 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     actions.append(Action(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
 
-
-def still_until(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig) -> float:
-    """Until when `decide` decides nothing and changes nothing while only time passes, with
-    the same findings and forecast (core/step.py: polls that repeat the last one), given that
-    it has just run: every finding is alerted, the forecast alert armed or not as it stays.
-    Warming up, it returns early (until the warm-up ends); after it, a forecast outside the
-    reload lead holds no condition (nothing to count, nothing to decide). -inf otherwise."""
-    start = state.first_compile_t
-    if start is None:
-        start = state.first_hello_t if state.first_hello_t is not None else state.first_t
-    if start is None:
-        return -math.inf
-    if state.now < start + cfg.warmup_s:
-        return start + cfg.warmup_s
-    if ps.holding == 0 and cfg.hold_polls > 0 and fc.seconds > cfg.reload_lead_s:
-        return math.inf
-    return -math.inf
 
 
 def forget_reload(ps: PolicyState, t: float) -> None:

@@ -20,16 +20,13 @@ alerts that fire.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.forecast import rates as forecast_rates
-from torch_watchdog.sidecar.core.forecast import rates_until
 from torch_watchdog.sidecar.core.observations import ReloadOutcome, Sample
 from torch_watchdog.sidecar.core.results import Action, ActionKind, StepResult
 
@@ -53,45 +50,12 @@ class Server:
     firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
     parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
     events: int = 0                                # events folded into it so far
-    last: Optional["_Poll"] = None                 # its last poll's inputs (a repeat is cheap)
     failed: Optional[dict] = None                  # the last reload did not bring it back: the
     # `reload_failed` alert's detail, until a new process of it says hello
 
     @property
     def busy(self) -> bool:
         return self.pending is not None or self.reloading is not None
-
-
-@dataclass
-class _Poll:
-    """What a server's last poll read and made of it. A poll that repeats it (the same
-    correlation state, the same config, its GPUs' numbers and its processes' GPU memory
-    equal) folds only the time and the recordings (correlate.fold_repeat); with no event
-    since, it keeps the forecast while the rates that move with time alone are the same too:
-    the same numbers as a full poll. Before `until` such a poll is also still (no event
-    since): its causes cannot change before
-    correlate.causes_until (a storm's window, a pending step's age, the MB/graph confidence)
-    nor, with the same forecast, the policy's decisions and the alerts before
-    policy.still_until (the warm-up's end; outside the reload lead nothing is held); and
-    before `rates_until` its rates are known without computing them (a window whose growth
-    is 0.0: Trend.still_until; the kept request rate: forecast.rates_until). A still
-    server's poll is then its time, the trend's append and the regression's count: ~1.5 us
-    (was ~8 us: the trend's rates, the causes and the policy, every poll); tests/unit/
-    test_step_repeats.py checks every poll against full ones (`Host.repeats=False`).
-    Measured 2026-12-01 on the 2-core machine, benchmarks/host_scale.py: see its docstring."""
-    state: correlate.State
-    events: int
-    cfg: Config
-    devices: tuple
-    processes: tuple
-    rates: tuple
-    forecast: Forecast
-    pids: frozenset = frozenset()   # the server's pids and GPUs its view was taken with
-    gpus: frozenset = frozenset()
-    # before this time a repeat changes neither the causes nor (with the same forecast) the
-    # policy's decisions and the alerts: correlate.causes_until, policy.still_until
-    until: float = -math.inf
-    rates_until: float = -math.inf  # before this, a repeat's rates are `rates` (rates_until)
 
 
 @dataclass
@@ -105,14 +69,7 @@ class Host:
     skewed_events: int = 0                         # event times outside the allowed clock skew
     agents: dict = field(default_factory=dict)     # pid -> last heard: every agent's process,
                                                    # believed or not (its liveness only)
-    repeats: bool = True                           # False: every poll in full (tests compare)
     _none: Optional[Server] = field(default=None, repr=False, compare=False)  # focus() of none
-    # the last sample's processes and GPUs, and what changed in this one: (pids whose liveness or
-    # GPU memory changed, GPUs whose numbers did), None when the lists themselves changed
-    _prev: Optional[tuple] = field(default=None, repr=False, compare=False)
-    _delta: Optional[tuple] = field(default=None, repr=False, compare=False)
-    # the processes tuple `alive` was last updated from (the reader hands back the same one)
-    _alive_from: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def server(self, name: str) -> Server:
         s = self.servers.get(name)
@@ -161,75 +118,56 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
         # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
         host.skewed_events += 1
         e = dataclasses.replace(e, t=now)
-    host.agents[e.pid] = e.t
-    actions: list[Action] = []
-    if e.kind == "hello":
-        server = _on_hello(host, e, actions)
-    else:  # the common path (thousands a second): the owner is known
-        name = host.configured.get(e.pid) or host.owner.get(e.pid, DEFAULT_SERVER)
-        server = host.servers.get(name) or host.server(name)
-    # a configured server's pids are its unit's or pidfile's (and their children) alone: an
-    # agent naming it cannot add a pid it would be reloaded (signalled) through
-    if e.pid in host.configured or (cfg.server.trust_agent_pids and
-                                    server.name not in host.configured.values()):
-        server.pids[e.pid] = e.t  # a pid the server may be reloaded through
-        host.owner[e.pid] = server.name
-    correlate.fold_event(server.state, e, cfg.correlate)
-    server.events += 1
-    if now is None:  # an agent log without samples: its causes are still alerted
-        correlate.evaluate_causes(server.state, cfg.correlate)
-        actions += _decide(host, server, cfg, allow_reload=False)
-    return actions
+    return _fold_run(host, (e,), cfg)
 
 
 def fold_events(host: Host, evs: list, cfg: Config) -> list[Action]:
     """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
-    actions. The daemon's path for a poll's events (1,000 a second from one busy agent): the
-    common event, from a known process, on time, after the first sample, is folded here with
-    the host's tables looked up once per batch (one call less per event, ~0.5-1 us of ~3);
-    anything else goes through `_on_event`. Only a sample changes host.now and
-    host.configured, so both hold for the whole batch.
-
-    A run of such events from one process (an agent's datagram: its ~100 events of a poll)
-    is owned by one server, which only a hello (`_on_event`) can change: its server is looked
-    up once, its pid's last-heard times set once (the run's last event's: what setting them
-    at each event leaves), and the run folded by correlate.fold_events in one call (fold,
-    thread CPU in the daemon at 1,000 events/s from an agent: 86 / 97 -> 66 / 66 us a poll,
-    see benchmarks/sidecar_cost.py)."""
-    actions: list[Action] = []
+    actions. After the first sample, a run of one process's events on the sidecar's clock (an
+    agent's datagram) is folded as one: only a hello, which starts a run of its own, can
+    change the server they go to, and only a sample changes the clock."""
     now = host.now
     if now is None:
-        for e in evs:
-            actions += _on_event(host, e, cfg)
-        return actions
+        return [a for e in evs for a in _on_event(host, e, cfg)]
     skew = cfg.correlate.max_clock_skew_s
-    trust = cfg.server.trust_agent_pids
-    correlate_cfg = cfg.correlate
-    configured, owner, servers, agents = host.configured, host.owner, host.servers, host.agents
-    fold = correlate.fold_events
+    actions: list[Action] = []
     i, n = 0, len(evs)
     while i < n:
-        pid = evs[i].pid
-        j = i
-        while j < n:
-            e = evs[j]
-            if e.pid != pid or e.kind == "hello" or not -skew <= e.t - now <= skew:
-                break
-            j += 1
-        if j == i:  # a hello, or an event off the sidecar's clock
-            actions += _on_event(host, evs[i], cfg)
-            i += 1
-            continue
-        t = evs[j - 1].t
-        agents[pid] = t
-        name = configured.get(pid) or owner.get(pid, DEFAULT_SERVER)
-        server = servers.get(name) or host.server(name)
-        if pid in configured or (trust and server.name not in configured.values()):
-            server.pids[pid] = t
-            owner[pid] = server.name
-        fold(server.state, evs[i:j] if i or j < n else evs, correlate_cfg)
-        server.events += j - i
+        first = evs[i]
+        j = i + 1
+        if first.kind != "hello" and -skew <= first.t - now <= skew:
+            pid = first.pid
+            while j < n and (e := evs[j]).pid == pid and e.kind != "hello" and \
+                    -skew <= e.t - now <= skew:
+                j += 1
+        run = evs[i:j] if i or j < n else evs
+        actions += _fold_run(host, run, cfg) if j > i + 1 else _on_event(host, first, cfg)
         i = j
+    return actions
+
+
+def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Action]:
+    """Events of one process, on the sidecar's clock: a hello alone, or a run without one."""
+    last = run[-1]
+    pid = last.pid
+    host.agents[pid] = last.t
+    actions: list[Action] = []
+    if last.kind == "hello":
+        server = _on_hello(host, last, actions)
+    else:  # the common path (thousands a second): the owner is known
+        name = host.configured.get(pid) or host.owner.get(pid, DEFAULT_SERVER)
+        server = host.servers.get(name) or host.server(name)
+    # a configured server's pids are its unit's or pidfile's (and their children) alone: an
+    # agent naming it cannot add a pid it would be reloaded (signalled) through
+    if pid in host.configured or (cfg.server.trust_agent_pids and
+                                  server.name not in host.configured.values()):
+        server.pids[pid] = last.t  # a pid the server may be reloaded through
+        host.owner[pid] = server.name
+    correlate.fold_events(server.state, run, cfg.correlate)
+    server.events += len(run)
+    if host.now is None:  # an agent log without samples: its causes are still alerted
+        correlate.evaluate_causes(server.state, cfg.correlate)
+        actions += _decide(host, server, cfg, allow_reload=False)
     return actions
 
 
@@ -302,9 +240,7 @@ def _all_gone(host: Host, server: Server) -> bool:
 # -- samples ------------------------------------------------------------------------------
 def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
-    if s.processes is not host._alive_from:  # the same tuple: the same liveness
-        host.alive.update({p.pid: p.alive for p in s.processes})
-        host._alive_from = s.processes
+    host.alive.update({p.pid: p.alive for p in s.processes})
     host.configured = {pid: name for name, pids in s.servers.items() for pid in pids} \
         if s.servers else {}
     for pid, name in host.configured.items():
@@ -314,41 +250,19 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
         host.server(name).pids.setdefault(pid, s.t)
     if False in host.alive.values():  # only the dead are forgotten
         _forget_silent(host, s.t)
-    host._delta = _delta(host._prev, s) if host.repeats else None
-    host._prev = (s.processes, s.devices)
     actions: list[Action] = []
     servers = list(host.servers.values())
-    busy = 0  # kept current below: counting it per server was n^2
-    for o in servers:  # o.busy, inlined (a generator of properties: ~0.2 us a server)
-        if o.pending is not None or o.reloading is not None:
-            busy += 1
-    t, ccfg = s.t, cfg.correlate
-    # nothing changed in the sources: a server whose poll is still (_fold's repeat before its
-    # `until` and `rates_until`, nothing pending) only folds the time, checked here inline
-    # (~1 us a server less than through _poll_server and _fold)
-    nothing = host._delta is _NOTHING and s.nvml_up
+    busy = sum(o.busy for o in servers)
     for server in servers:
-        last = server.last
-        if nothing and last is not None and t < last.until and \
-                last.state is server.state and last.events == server.events and \
-                last.cfg is cfg and server.pending is None and server.note is None and \
-                server.reloading is None and server.pids.keys() == last.pids and \
-                server.gpus == last.gpus:
-            state = server.state
-            if t > state.mem_read_t and (t if t > state.now else state.now) < last.rates_until:
-                correlate.fold_repeat(state, s, ccfg, causes=False)
-                continue
-        was = server.pending is not None or server.reloading is not None
-        acted = _poll_server(host, server, s, cfg, busy - was)
-        if acted:
-            actions += acted
-        busy += (server.pending is not None or server.reloading is not None) - was
+        was = server.busy
+        actions += _poll_server(host, server, s, cfg, busy - was)
+        busy += server.busy - was
     return actions
 
 
 class _Mine:
     """The sample as one server sees it (its processes and GPUs): what `correlate._sample`
-    reads of a Sample. dataclasses.replace() of the frozen Sample cost ~7 us a server."""
+    reads of a Sample, without copying the frozen Sample."""
     __slots__ = ("t", "devices", "processes", "nvml_up", "host_total_bytes",
                  "host_available_bytes")
 
@@ -358,75 +272,33 @@ class _Mine:
         self.host_available_bytes = s.host_available_bytes
 
 
-_NOTHING = (frozenset(), frozenset())
-
-
-def _delta(prev: Optional[tuple], s: Sample) -> Optional[tuple]:
-    """What changed since the last sample, found once for every server: (the pids whose
-    liveness or GPU memory changed, the GPUs whose numbers changed), or None when a process or
-    GPU came, went or moved in the lists."""
-    if prev is None:
-        return None
-    procs, devices = prev
-    if procs is s.processes and devices is s.devices:
-        return _NOTHING  # the sources hand back the same tuples when nothing changed
-    if len(procs) != len(s.processes) or len(devices) != len(s.devices):
-        return None
-    pids, uuids = set(), set()
-    for p, q in zip(s.processes, procs):
-        if p is not q:  # the process reader hands back the same sample when nothing changed
-            if p.pid != q.pid:
-                return None
-            if p.alive != q.alive or p.gpu_bytes != q.gpu_bytes:
-                pids.add(p.pid)
-    for d, e in zip(s.devices, devices):
-        if d.uuid != e.uuid:
-            return None
-        if d.used_bytes != e.used_bytes or d.free_bytes != e.free_bytes or \
-                d.total_bytes != e.total_bytes:
-            uuids.add(d.uuid)
-    return pids, uuids
-
-
 def _forget_silent(host: Host, now: float) -> None:
     for pid, heard in list(host.agents.items()):
         if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
             del host.agents[pid]
             if pid not in host.owner:
                 host.alive.pop(pid, None)
-                host._alive_from = None
     for server in host.servers.values():
         for pid, heard in list(server.pids.items()):
             if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
                 del server.pids[pid]
                 host.owner.pop(pid, None)
                 host.alive.pop(pid, None)
-                host._alive_from = None
 
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
                  others_busy: int) -> list[Action]:
-    if _fold(host, server, s, cfg) and server.pending is None and server.note is None and \
-            server.reloading is None:
-        return []  # still, nothing due: the same decisions (none) and alerts (`firing` kept)
+    procs, devices = _view(server, s)
+    correlate.fold_sample(server.state, _Mine(s, procs, devices), cfg.correlate,  # its own only
+                          attribution=cfg.gpu.attribution)
+    server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
     # shares, with no per-process numbers to pin it on this server, is alerted, not reloaded
     actions += _decide(host, server, cfg, allow_reload=bool(server.pids) and
                        others_busy < cfg.policy.max_concurrent_reloads and
                        _attributable(host, server))
-    noted = server.note is not None  # a reload's alert: shown until one poll after its outcome
     server.firing = _firing(server, cfg)
-    last = server.last
-    if last is not None and noted:
-        last.until = -math.inf
-    elif last is not None:
-        state = server.state
-        until = correlate.causes_until(state, cfg.correlate)
-        if until > s.t:
-            until = min(until, policy.still_until(state, server.forecast, server.policy,
-                                                  cfg.policy))
-        last.until = until
     return actions
 
 
@@ -439,79 +311,9 @@ def _attributable(host: Host, server: Server) -> bool:
     return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
 
 
-def _fold(host: Host, server: Server, s: Sample, cfg: Config) -> bool:
-    """Fold the sample, as this server sees it, into its state, and forecast. True: a repeat
-    of the last poll before its `until`, with the same forecast (nothing else to do)."""
-    state, last = server.state, server.last
-    procs = devices = None
-    # events since (a `calls` report every 2 s, recordings, compiles) leave the memory's
-    # fold a repeat (correlate.fold_repeat: the recordings' count, the settling time, as a
-    # full fold takes them), not a still poll
-    if (last is not None and last.state is state and last.cfg is cfg and s.nvml_up
-            and host.repeats):
-        delta = host._delta
-        # its view is the last one when its pids and GPUs are, and none of its processes or
-        # GPUs changed since the last sample (which it was polled with too): ~3 us a server
-        # less than taking the view again and comparing it
-        same = (delta is not None and server.pids.keys() == last.pids and
-                server.gpus == last.gpus and
-                not (delta[0] and any(p.pid in delta[0] for p in last.processes)) and
-                not (delta[1] and any(d.uuid in delta[1] for d in last.devices)))
-        if not same:
-            procs, devices = _view(server, s)
-            same = bool(devices) and _same_processes(last.processes, procs) and \
-                last.devices == devices
-            if same:
-                last.pids, last.gpus = frozenset(server.pids), frozenset(server.gpus)
-    else:
-        same = False
-    if same:
-        # before `until` the causes cannot change, and with the same rates (so forecast) the
-        # poll is still: no cause, policy or alert to compute (~4 us a server less)
-        heard = last.events != server.events  # the forecast's other inputs may have moved
-        quiet = s.t < last.until and not heard
-        if heard:
-            last.events, last.rates_until = server.events, -math.inf
-        later = state.mem_read_t is not None and s.t > state.mem_read_t
-        correlate.fold_repeat(state, s, cfg.correlate, causes=not quiet)
-        if not (later and state.now < last.rates_until):  # else: the same rates, known
-            rates = forecast_rates(state, cfg.forecast)
-            if heard or rates != last.rates:
-                last.rates = rates
-                last.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
-                quiet = False
-            last.rates_until = rates_until(state, cfg.forecast, rates)
-        server.forecast = last.forecast
-        return quiet
-    if procs is None:
-        procs, devices = _view(server, s)
-    correlate.fold_sample(state, _Mine(s, procs, devices), cfg.correlate,  # its own only
-                          attribution=cfg.gpu.attribution)
-    rates = forecast_rates(state, cfg.forecast)
-    server.forecast = forecast(state, cfg.forecast, cfg.correlate.min_records, rates)
-    # a repeat of this poll may reuse it: NVML up, GPUs read and the server's memory with them
-    server.last = (_Poll(state, server.events, cfg, devices, procs, rates, server.forecast,
-                         frozenset(server.pids), frozenset(server.gpus))
-                   if s.nvml_up and devices and state.mem_read_t == s.t else None)
-    return False
-
-
-def _same_processes(a: tuple, b: tuple) -> bool:
-    """The same processes, alive or not, with the same GPU memory: all a fold reads of them
-    where GPUs are read (their RSS, which moves every poll, only without a GPU)."""
-    if len(a) != len(b):
-        return False
-    for p, q in zip(a, b):
-        if p is not q and (p.pid != q.pid or p.alive != q.alive or p.gpu_bytes != q.gpu_bytes):
-            return False
-    return True
-
-
 def _view(server: Server, s: Sample) -> tuple[tuple, tuple]:
     """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
-    the agents' devices or NVML's per-process lists name one: a device-level meter). A scan of
-    the whole sample: an index of it by pid and GPU cost more to build (3.1 us) than the
-    scans it saves with 8 servers (2.6 us a server for both)."""
+    the agents' devices or NVML's per-process lists name one: a device-level meter)."""
     pids, gpus = server.pids, server.gpus
     procs = tuple([p for p in s.processes if p.pid in pids])
     for p in procs:
@@ -635,7 +437,6 @@ def _reset(host: Host, server: Server) -> None:
     server.policy = policy.PolicyState(reloads=server.policy.reloads)
     server.forecast = Forecast(None, None)
     server.pending = None
-    server.last = None
 
 
 def estimates(server: Server, cfg: Config) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from torch_watchdog.sidecar.present import snapshot as snapshot_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry
 from torch_watchdog.sidecar.present.snapshot import Snapshot
-from torch_watchdog.sidecar.present.views import ServerViews
+from torch_watchdog.sidecar.present.views import server_views
 
 PUBLISH_S = 1.0  # the status page's view is rebuilt at most this often, or when the step acts
 
@@ -30,13 +30,11 @@ class Publisher:
         self.registry = make_registry(self.collector)
         self.history = History()                   # the status page's series, marks, actions
         self.status: Optional[StatusView] = None   # read by HTTP threads
-        self.views = ServerViews()  # each server's view, built again only when it changed
         self.actions_total: collections.Counter = collections.Counter()
         self._failed = False
         self._published_t = -1e18
         self._findings_logged: dict[str, int] = {}  # per server
         # what the last poll made of inputs that did not change since
-        self._focus_kept: Optional[tuple] = None  # (estimates, forecast, the two merged)
         self._unknown: Optional[tuple] = None     # a focus that is no known server
         self._procs_kept: Optional[tuple] = None  # (processes, their sums)
         self._actions_kept: Optional[dict] = None  # dict(actions_total), until an action
@@ -56,8 +54,8 @@ class Publisher:
             self._findings_logged[name] = len(findings)
 
     def server_views(self, host: step.Host) -> dict[str, dict[str, Any]]:
-        """Every server's view (present/views.py: made again only when it changed)."""
-        return self.views.build(host.servers, self.cfg.correlate)
+        """Every server's view (present/views.py)."""
+        return server_views(host.servers, self.cfg.correlate)
 
     def snapshot(self, sample: Sample, host: step.Host, focus: step.Server,
                  views: dict[str, dict[str, Any]], counts: dict[str, Any]) -> Snapshot:
@@ -85,16 +83,11 @@ class Publisher:
 
     def _focus_numbers(self, focus: step.Server, host: step.Host,
                        views: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
-        """The focus's estimates merged with its forecast, and its forecast: merged again only
-        when its view's dicts change (shared, read only, like the views)."""
+        """The focus's estimates merged with its forecast, and its forecast."""
         view = views.get(focus.name)
         if view is None or host.servers.get(focus.name) is not focus:
             return self._unknown_focus(focus)
-        kept = self._focus_kept
-        if kept is None or kept[0] is not view["estimates"] or kept[1] is not view["forecast"]:
-            kept = self._focus_kept = (view["estimates"], view["forecast"],
-                                       {**view["estimates"], **view["forecast"]})
-        return kept[2], kept[1]
+        return {**view["estimates"], **view["forecast"]}, view["forecast"]
 
     def _unknown_focus(self, focus: step.Server) -> tuple[dict, dict]:
         """The numbers of a focus that is no known server (none yet): the host's one empty
