@@ -25,7 +25,7 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
-# On a machine with a CUDA GPU and torch already installed (see README, "GPU tests").
+# On a machine with a CUDA GPU and torch already installed (see docs/gpu-tests.md).
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu
 

@@ -1,6 +1,6 @@
 """On a real GPU: what the agent counts equals what the cudagraph tree manager recorded.
 
-Run on the GPU machine:  python -m pytest -q -m gpu tests/gpu   (see README, "GPU tests").
+Run on the GPU machine:  python -m pytest -q -m gpu tests/gpu   (see docs/gpu-tests.md).
 Set WATCHDOG_GPU_RESULTS=DIR to keep each scenario's numbers as JSON.
 """
 from __future__ import annotations

@@ -298,8 +298,8 @@ def test_disabled_by_env(monkeypatch):
 def test_capabilities_on_this_torch(agent, collector):
     assert collector.wait(lambda c: len(c.of("hello")) >= 1)
     caps = collector.of("hello")[0].capabilities
-    # what each torch offers (README, "Torch versions"): an agent that misdetects one would
-    # stay silent or take a path the running torch does not have
+    # what each torch offers (docs/agent.md, "Supported torch versions"): an agent that
+    # misdetects one would stay silent or take a path the running torch does not have
     expected = {
         "compile_callbacks": True,
         "compilation_metrics": True,

@@ -1,5 +1,5 @@
 """deploy/kubernetes/: every manifest passes the Kubernetes API schemas (kubernetes-validate,
-offline), the pod is wired as the README says, the PrometheusRule carries exactly the rules
+offline), the pod is wired as docs/deploy.md says, the PrometheusRule carries exactly the rules
 of config/prometheus/ (and promtool accepts them), the liveness backstop fails only for a live
 restart request, and the `evict` reload drives the real kubernetes client against a local
 API endpoint that answers 201, then 429."""

@@ -1,6 +1,6 @@
 """Real multi-worker servers, reloaded by the real sidecar while a client keeps asking.
 
-The README's FastAPI app (its CPU-sized twin: a tiny model, `torch.compile(backend="eager")`, as
+docs/agent.md's FastAPI app (its CPU-sized twin: a tiny model, `torch.compile(backend="eager")`, as
 inductor takes minutes to compile on a 2-core CI machine) under `uvicorn --workers 2`,
 `gunicorn -w 2 -k uvicorn.workers.UvicornWorker` and the same with `--preload`; the sidecar
 daemon in host-memory mode, its server found from the agents' hellos. Each scenario: every
@@ -37,7 +37,7 @@ pytest.importorskip("gunicorn")
 
 MB = 1 << 20
 
-# README.md, "In a FastAPI server", sized for a CPU; /leak and /pid are the test's own
+# docs/agent.md, "In a FastAPI server", sized for a CPU; /leak and /pid are the test's own
 APP = r'''
 import torch_watchdog.agent.auto          # first, before the model is compiled
 import os
