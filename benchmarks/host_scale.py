@@ -18,39 +18,11 @@ allocator's wobble, below the forecast's one-poll jump), or on all of them (`--c
 agent's heartbeat does), folded in the poll that receives it.
 
     python benchmarks/host_scale.py [--polls 600] [--sequential] [--test-fake]
-                                    [--changing none|half|all] [--calls]
+                                    [--changing none|half|all] [--calls] [--daemon]
 
-Measured 2026-12-01 on the shared 2-core machine (noisy: load average 1-2 from other work),
-3 runs each of this script, main's code (08ef703, imported from an extracted copy with
-PYTHONPATH) and this branch's run in turn, ratio 8x8/1x1 of the process's CPU per poll:
-  static                 2.33 2.24 2.29 -> 1.50 1.48 1.47 (1x1 0.05-0.09 ms, 8x8 0.08-0.13 ms;
-                                                         main thread alone 1.43 1.41 1.40)
-  --changing half        2.95 2.96 2.83 -> 2.58 2.54 2.38
-  --calls                2.46 2.44 2.35 -> 1.59 1.82 1.74
-  static --test-fake     2.46 2.46 2.58 -> 1.86 1.62 1.81
-(With the old measurement, this thread's CPU alone and the tests' fake, main was 2.2-2.8x.)
-Static memory, the issue's case, is at the 1.5x target's edge: 3 more runs alone right after,
-1.54 1.48 1.47 (an earlier session, the NVML worker ~1 us a GPU slower: 1.49-1.58x): per GPU, process and server ~5.5 us (the
-NVML worker's loop ~2 us a GPU, a still server's step ~2.4 us, a process ~0.5 us, cold as
-polled in turn) against a fixed ~70 us (the worker's wake-up and hand-off, the poll's
-sample, the step's host-wide part).
-`--daemon` polls the same hosts through a real Daemon's whole tick (what it does with each
-server every poll: its view for the metrics and status page, the snapshot, the status
-history; no HTTP server, alert sender or sample log): 2026-12-01, 2-core VM, static,
-1.64 1.68x, then 1.60 1.63x once the daemon made a Forecast's dict once per Forecast
-(0.14-0.19 ms vs 0.23-0.31 ms). Then (same day, 3 runs each, the code before, 016e692, run
-from an extracted copy in turn): static 1.70 1.58 1.58x -> 1.40 1.39 1.42x (0.10-0.12 ms vs
-0.14-0.17 ms; 3 more later: 1.65 1.67x -> 1.47 1.44 1.40x), `--calls` 1.81 1.82 1.95x -> 1.60 1.58 1.50x, once each server's view is built
-again only when what it shows changed (present/views.py: its estimates' inputs as a key), its
-alerts likewise, the snapshot made by filling its dict (a frozen dataclass's __init__ was
-5.3 us) and its per-process sums kept while the processes tuple is the same. With `--calls`
-what is left is the step's (after each report a server's forecast, causes and policy are
-computed again: the step alone is 1.6-1.8x there).
-A still server's poll folds only its time (core/step.py `_Poll`: causes, policy, alerts and
-rates provably unchanged until a horizon); a still GPU's sample and a still process's sample
-are handed out again, and a process NVML meters has its RSS read once a second. A server whose
-memory moves folds in full (~25 us: `--changing half`), and after an agent's report its
-forecast, causes and policy are computed again (`--calls`).
+`--daemon`: the same hosts polled through a real Daemon's whole tick (each server's view for
+the metrics and the status page, the snapshot, the status history; no HTTP server, alert
+sender or sample log). Figures: benchmarks/results/host_scale.md.
 """
 from __future__ import annotations
 
@@ -299,8 +271,9 @@ def main() -> int:
           f"{a.polls}; main thread alone {main1 * 1e3:.3f} ms)")
     print(f"poll, 8 GPUs + 8 servers: {eight * 1e3:.3f} ms CPU of the process (main thread "
           f"alone {main8 * 1e3:.3f} ms)")
-    print(f"ratio 8/1: {eight / one:.2f}x (target <= 1.5x; main thread alone "
-          f"{main8 / main1:.2f}x)")
+    print(f"ratio 8/1: {eight / one:.2f}x (linear: 8x; main thread alone "
+          f"{main8 / main1:.2f}x); 8 GPUs + 8 servers at 10 Hz: {eight * 10 * 100:.2f} % of a "
+          f"core")
     if steps[0]:
         print(f"of which the pure step: {statistics.median(steps[0]) * 1e3:.3f} ms and "
               f"{statistics.median(steps[1]) * 1e3:.3f} ms")
