@@ -19,8 +19,8 @@
    the worst watched call over that of the worst bare call (target <= 2x; see bench_gc for
    why the median), and the collections that ran inside watched calls. An earlier shape
    memory (torch.Size objects, never untracked) and its new_shape events set off 115-354 ms
-   full collections inside a watched call here. Later, the young cold *sets* of the shape memory cost
-   one gen-1 collection of 0.45-0.62 ms of CPU inside a watched call (bare 0.05-0.20 ms);
+   full collections inside a watched call here. Later, the young cold *sets* of the shape memory
+   cost one gen-1 collection of 0.45-0.62 ms of CPU inside a watched call (bare 0.05-0.20 ms);
    with untracked dicts 0.19-0.24 ms (timing.py, HOT_SHAPES). Read the CPU figures on a
    shared VM: there the wall-clock worst of the bare calls is other jobs' preemption.
    With --baseline the other version gets its own loop after each trial. 2026-12-01, new_shape

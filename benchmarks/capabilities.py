@@ -33,7 +33,8 @@ import json, sys, torch, torch._dynamo, torch._inductor.config
 if sys.argv[1]:
     import torch_watchdog.agent
     torch_watchdog.agent.install(socket_path="", event_log=sys.argv[1])
-limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+limit = ("recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit")
+         else "cache_size_limit")
 setattr(torch._dynamo.config, limit, 4)
 torch._inductor.config.fx_graph_cache = True  # off by default before 2.5
 
@@ -91,7 +92,7 @@ def probe() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         bare = _run("", {"TORCH_LOGS": "recompiles,graph_breaks"}, tmp)
         log = os.path.join(tmp, "events.jsonl")
-        watched = _run(log, {}, os.path.join(tmp, "agent"))
+        _run(log, {}, os.path.join(tmp, "agent"))
         with open(log) as fh:
             seen = [events.decode(line) for line in fh]
     fx_truth = json.loads(bare.stdout.split("FX ", 1)[1].splitlines()[0])
@@ -129,7 +130,8 @@ def table(probes: list[dict]) -> str:
     probes = sorted(probes, key=lambda p: tuple(int(x) for x in re.findall(r"\d+", p["torch"])))
     rows = [
         "| torch | recompiles | limit hits | graph breaks | FX cache | compile ids "
-        "| recompile reason from | graph-break cause (a `print`) | graph budget | recompile guard |",
+        "| recompile reason from | graph-break cause (a `print`) | graph budget "
+        "| recompile guard |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in probes:

@@ -34,8 +34,7 @@ sys.path.insert(0, ROOT)
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: E402
 
-from torch_watchdog.sidecar.actions.record import CANCELLED
-from torch_watchdog.sidecar.actions.executors import ReloadLog  # noqa: E402
+from torch_watchdog.sidecar.actions.record import CANCELLED, ReloadLog  # noqa: E402
 from torch_watchdog.sidecar.config import PolicyConfig  # noqa: E402
 from torch_watchdog.sidecar.core import policy, step  # noqa: E402
 from torch_watchdog.sidecar.core.correlate import State  # noqa: E402

@@ -11,14 +11,14 @@ Every row's `phases`: where the new process's start went (import, CUDA context, 
 install, model on the device, first answer), each from the end of the one before.
 
 Per model: gen0 starts cold and saves the bundle once warmed up; SIGTERM; gen1 (cold); SIGTERM;
-gen2 (fx); SIGTERM; gen3 (bundle); then the standby case. For the first model the drain path runs end to end once:
-gen3 runs under a supervisor (`sh`: restart on exit 75) and the control socket asks it to
-drain; the record says whether it stopped taking work, finished the call in hand, exited 75,
-and when the next process (bundle start) answered.
+gen2 (fx); SIGTERM; gen3 (bundle); then the standby case. For the first model the drain path
+runs end to end once: gen3 runs under a supervisor (`sh`: restart on exit 75) and the control
+socket asks it to drain; the record says whether it stopped taking work, finished the call in
+hand, exited 75, and when the next process (bundle start) answered.
 
 GPU (torch 2.11, CUDA; the seed model and a 24-layer 1024-wide one, fp16, reduce-overhead):
 
-    python benchmarks/reload_to_ready.py           # results: $WATCHDOG_GPU_RESULTS/reload_to_ready.json
+    python benchmarks/reload_to_ready.py    # results: $WATCHDOG_GPU_RESULTS/reload_to_ready.json
 
 CPU proof that it runs (a 2-layer 64-wide model, default mode, one model):
 

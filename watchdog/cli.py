@@ -118,8 +118,8 @@ def check_config(path: str, out: TextIO) -> int:
     from torch_watchdog.sidecar import config
 
     _, problems = config.check(path)
-    for problem in problems:
-        print(f"{path}: {problem}", file=sys.stderr)
+    for line in problems:
+        print(f"{path}: {line}", file=sys.stderr)
     if problems:
         return 2
     print(f"{path}: OK", file=out)
@@ -163,8 +163,8 @@ def load_config(path: Optional[str], command: str) -> Any:
     if not path:
         return config.Config()
     cfg, problems = config.check(path, host=False)
-    for problem in problems:
-        print(f"torch-watchdog {command}: {path}: {problem}", file=sys.stderr)
+    for line in problems:
+        print(f"torch-watchdog {command}: {path}: {line}", file=sys.stderr)
     return cfg
 
 

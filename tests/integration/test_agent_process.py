@@ -62,7 +62,8 @@ def test_bad_env_value_is_reported_not_fatal(short_tmp, collector):
 
 
 def test_importing_the_package_pulls_in_nothing_heavy():
-    code = ("import sys, watchdog, torch_watchdog.events, torch_watchdog.agent, torch_watchdog.cli; "
+    code = ("import sys, watchdog, torch_watchdog.events, torch_watchdog.agent, "
+            "torch_watchdog.cli; "
             "print(sorted(m for m in ('torch', 'pynvml', 'prometheus_client', 'yaml') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=with_root()),

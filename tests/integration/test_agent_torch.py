@@ -370,7 +370,7 @@ def test_padding_reaches_the_sidecar_socket_with_its_refusal_and_totals(collecto
     padding changes, and the per-model totals arrive as events on the socket."""
     from torch_watchdog.agent import pad
 
-    a = agent_mod.install(socket_path=collector.path, tick_s=0.02, heartbeat_s=0.1)
+    agent_mod.install(socket_path=collector.path, tick_s=0.02, heartbeat_s=0.1)
     try:
         causal = agent_mod.watch(lambda x: x.float().cumsum(1), "causal",
                                  pad=pad.Tokens(buckets=(16,)))

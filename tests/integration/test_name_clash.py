@@ -2,7 +2,6 @@
 order, and removing one leaves the other working (our import name is `torch_watchdog`)."""
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys

@@ -31,7 +31,8 @@ def test_the_sidecar_reloads_the_server_before_its_budget_runs_out(short_tmp, ca
 state_dir: {short_tmp}/state
 agent: {{socket_path: {sock}, allowed_uids: [{os.getuid()}]}}
 forecast: {{process_budget_bytes: 600000000, window_s: 3}}
-policy: {{reload_lead_s: 6, alert_lead_s: 30, hold_polls: 3, warmup_s: 1, dry_run: {str(dry_run).lower()}}}
+policy: {{reload_lead_s: 6, alert_lead_s: 30, hold_polls: 3, warmup_s: 1,
+         dry_run: {str(dry_run).lower()}}}
 reload: {{method: signal, grace_s: 5, hello_timeout_s: 5}}
 """)
     env = dict(os.environ, PYTHONPATH=with_root())

@@ -330,7 +330,8 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
         for _ in range(12):  # growing again, fast
             poll(15)
         deadline = time.monotonic() + 10
-        while not any(e.get("ok") for e in d.reloads.record.entries) and time.monotonic() < deadline:
+        entries = d.reloads.record.entries
+        while not any(e.get("ok") for e in entries) and time.monotonic() < deadline:
             poll(0)
             time.sleep(0.05)
         with open(os.path.join(short_tmp, "state", "reloads.json")) as fh:

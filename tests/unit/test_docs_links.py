@@ -1,5 +1,6 @@
-"""Every relative link in README.md, CHANGELOG.md, docs/*.md and benchmarks/results/*.md points to a file or folder that
-exists, and a link to a heading of a Markdown page names a heading of that page."""
+"""Every relative link in README.md, CHANGELOG.md, docs/*.md and benchmarks/results/*.md points
+to a file or folder that exists, and a link to a heading of a Markdown page names a heading of
+that page."""
 from __future__ import annotations
 
 import pathlib
@@ -59,7 +60,8 @@ def test_relative_links_resolve(page):
 def test_the_anchor_rule():
     assert anchor("Cooperative drain (`reload.method: agent`)") == \
         "cooperative-drain-reloadmethod-agent"
-    assert anchor("Install it in the server's environment") == "install-it-in-the-servers-environment"
+    assert anchor("Install it in the server's environment") == \
+        "install-it-in-the-servers-environment"
     assert anchor("Padding by the agent (opt-in)") == "padding-by-the-agent-opt-in"
 
 

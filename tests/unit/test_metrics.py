@@ -1,4 +1,5 @@
-"""The /metrics view of a Snapshot: exact values, names, absence of unknowns, never a failing scrape."""
+"""The /metrics view of a Snapshot: exact values, names, absence of unknowns, never a failing
+scrape."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from torch_watchdog.sidecar.present import metrics
 from torch_watchdog.sidecar.core.correlate import CAUSES
-from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, serve, stop
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, \
+    serve, stop
 from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 

@@ -149,7 +149,8 @@ def test_sampled_checks_skipped_and_stopped_are_exported():
                             checks_stopped="sampled checks left 300 MB reserved")
     snap, _ = view(run(hello(T), poll(T + 1), stats(T + 1, "llm"), capped, poll(T + 2)))
     got = scrape(snap)
-    assert value(got, "torch_watchdog_padding_checks_skipped_total", server="srv", model="llm") == 12
+    skipped = "torch_watchdog_padding_checks_skipped_total"
+    assert value(got, skipped, server="srv", model="llm") == 12
     assert value(got, "torch_watchdog_padding_checks_stopped", server="srv", model="llm") == 1
     # a model whose checks run unbounded reports 0 skipped and not stopped
     snap, _ = view(run(hello(T), poll(T + 1), stats(T + 1, "llm"), poll(T + 2)))

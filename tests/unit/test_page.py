@@ -154,8 +154,8 @@ def test_after_a_reload_the_counts_say_which_process_they_belong_to():
     view = a_view(servers=servers)
     servers["a"]["estimates"] = view.snapshot.estimates   # the focus: the same dict
     h = History()
-    h.update(view.snapshot, [], [Action(T - 5, ActionKind.RELOAD_OK, "oom_forecast", {"outcome": "ok"},
-                                        server="a", pids=(17,))])
+    h.update(view.snapshot, [], [Action(T - 5, ActionKind.RELOAD_OK, "oom_forecast",
+                                        {"outcome": "ok"}, server="a", pids=(17,))])
     doc = rendered(h.view(view.snapshot))
     assert re.search(r"counts of server a \(pid 4242\): its new process, since the reload at "
                      r"\d\d:\d\d:\d\d; the chart and the actions cover the whole run",

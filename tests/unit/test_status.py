@@ -12,8 +12,8 @@ from torch_watchdog.sidecar.present.history import History
 from torch_watchdog.sidecar.core.results import Action, ActionKind
 from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
-from torch_watchdog.sidecar.present.status import (build_status, cause_summary, chart_budget, fmt_bytes,
-                                     fmt_duration, format_terminal)
+from torch_watchdog.sidecar.present.status import (build_status, cause_summary, chart_budget,
+                                                   fmt_bytes, fmt_duration, format_terminal)
 
 GIB = 1 << 30
 T = 1_700_000_000.0

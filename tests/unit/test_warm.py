@@ -120,7 +120,8 @@ def test_job_id_from_the_name_unless_the_user_set_one(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_COMPILE_JOB_ID", "mine")
     other, _ = make(tmp_path, name="x")
     other.set_job_id()
-    assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine" and other.torch.compiler.config.job_id is None
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == "mine"
+    assert other.torch.compiler.config.job_id is None
 
 
 def test_an_older_torch_gets_no_bundle():

@@ -408,7 +408,8 @@ def _check(raw: Any, hint: Any) -> tuple[Any, Optional[str]]:
     if hint is bool:
         return (raw, None) if isinstance(raw, bool) else (None, f"expected true/false, got {raw!r}")
     if hint is str:
-        return (raw, None) if isinstance(raw, str) and raw else (None, f"expected text, got {raw!r}")
+        return (raw, None) if isinstance(raw, str) and raw else \
+            (None, f"expected text, got {raw!r}")
     if hint in (int, float):
         return _check_number(raw, hint)
     return None, f"unsupported type {hint}"

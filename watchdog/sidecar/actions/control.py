@@ -197,7 +197,7 @@ class ControlServer:
         skipped = f"; refused {'; '.join(refused)}" if refused else ""
         if not asked:
             return ReloadOutcome(False, "no agent of the server is connected to the control socket "
-                           f"(pids {sorted(pids)}){skipped}", time.monotonic() - started)
+                                 f"(pids {sorted(pids)}){skipped}", time.monotonic() - started)
         deadline = started + grace_s + REPLY_SLACK_S
         with self._cond:
             self._cond.wait_for(lambda: all(p.replies or p.closed for p in asked),

@@ -68,7 +68,7 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
     skipped = kept + (f"; refused {'; '.join(refused)}" if refused else "")
     if not procs:
         return ReloadOutcome(False, "no server process to signal" + skipped,
-                       time.monotonic() - started)
+                             time.monotonic() - started)
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         try:
@@ -92,7 +92,7 @@ def run_command(argv: list[str], timeout_s: float) -> ReloadOutcome:
     detail = (done.stderr or done.stdout).strip()[-300:]
     return ReloadOutcome(done.returncode == 0, f"exit {done.returncode}" + (f": {detail}" if detail
                                                                        else ""),
-                   time.monotonic() - started)
+                         time.monotonic() - started)
 
 
 def post_hook(url: str, timeout_s: float) -> ReloadOutcome:
@@ -158,14 +158,14 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
     why = refusal(master, decided_t, expected.get(master))
     if why is not None:
         return ReloadOutcome(False, f"rolling: master {why}: not carried out",
-                       time.monotonic() - started)
+                             time.monotonic() - started)
     old, done = set(pids) | set(workers), []
     for i, pid in enumerate(workers, 1):
         where = f"rolling: worker {pid} ({i} of {len(workers)}, master {master})"
         why = refusal(pid, decided_t, expected.get(pid))
         if why is not None:
             return ReloadOutcome(False, f"{where}: refused {why}", time.monotonic() - started,
-                           failed=bool(done))
+                                 failed=bool(done))
         mark = hellos.mark()
         p = _signal(pid, signal.SIGTERM)
         killed = ""
@@ -185,9 +185,9 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
                                   f"left running", time.monotonic() - started, failed=True)
         old.add(new.pid)
         done.append(f"{pid}->{new.pid}{killed}")
-    return ReloadOutcome(True, f"rolling: {len(workers)} workers of master {master} replaced one at a "
-                         f"time, each replacement said hello ({', '.join(done)})",
-                   time.monotonic() - started)
+    return ReloadOutcome(True, f"rolling: {len(workers)} workers of master {master} replaced one "
+                               f"at a time, each replacement said hello ({', '.join(done)})",
+                         time.monotonic() - started)
 
 
 def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
@@ -205,13 +205,13 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
     why = refusal(master, decided_t, (expected_start or {}).get(master))
     if why is not None:
         return ReloadOutcome(False, f"master-hup: master {why}: not carried out",
-                       time.monotonic() - started)
+                             time.monotonic() - started)
     old = set(pids) | set(workers)
     procs = [p for p in (_try_process(w) for w in workers) if p is not None]
     mark = hellos.mark()
     if _signal(master, signal.SIGHUP) is None:
         return ReloadOutcome(False, f"master-hup: master {master} is gone: not carried out",
-                       time.monotonic() - started)
+                             time.monotonic() - started)
     stall = hello_timeout_s + grace_s
     deadline, progress = time.monotonic() + stall, None
     while True:
@@ -221,7 +221,7 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
         if len(new) >= len(workers) and not left:
             return ReloadOutcome(True, f"master-hup: master {master} replaced its {len(workers)} "
                                  f"workers {workers} by {new}, each said hello",
-                           time.monotonic() - started)
+                                 time.monotonic() - started)
         if (len(new), len(left)) != progress:
             progress, deadline = (len(new), len(left)), time.monotonic() + stall
         if time.monotonic() >= deadline or not psutil.pid_exists(master):
@@ -229,7 +229,7 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
                 f"no progress for {stall:g} s"
             return ReloadOutcome(False, f"master-hup: {what}: {len(new)} of {len(workers)} new "
                                   f"workers said hello, old workers {left} still running",
-                           time.monotonic() - started, failed=True)
+                                 time.monotonic() - started, failed=True)
         hellos.wait_for(lambda h: False, hellos.mark(), 0.2)  # wakes early on a hello
 
 

@@ -141,8 +141,8 @@ def _zoom(chart: dict) -> str:
                              [tuple(m) for m in chart["marks"] if since <= m[0] <= until],
                              budget=[(since, before[0][1])] + budget if before else budget,
                              baseline=base, time_origin=0.0, breaks=chart.get("breaks", ()),
-                             title=f"growth above {human_bytes(base)} (zoomed: +{human_duration(since)} to "
-                                   f"+{human_duration(until)})")
+                             title=f"growth above {human_bytes(base)} (zoomed: "
+                                   f"+{human_duration(since)} to +{human_duration(until)})")
 
 
 def _e(value: Any) -> str:

@@ -122,7 +122,8 @@ def _pad_errors(s: Snapshot) -> Samples:
 
 
 def _sources(s: Snapshot) -> Samples:
-    return [((str(k),), None if v is None else int(bool(v))) for k, v in sorted(s.sources_up.items())]
+    return [((str(k),), None if v is None else int(bool(v)))
+            for k, v in sorted(s.sources_up.items())]
 
 
 def _alive(s: Snapshot) -> Any:
@@ -359,7 +360,7 @@ def serve(address: str, port: int, registry: CollectorRegistry,
     a daemon thread; returns (server, thread). Port 0 means any free port: read
     `server.server_port`. Raises OSError when the port cannot be bound. `status` returns the
     latest `history.StatusView` (None before the first poll)."""
-    from torch_watchdog.sidecar.present import web  # the page's modules load only where it is served
+    from torch_watchdog.sidecar.present import web  # the page's modules: only where it is served
 
     return web.serve(address, port, registry, status)
 

@@ -21,7 +21,8 @@ FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_disc
                  "shape_space_estimate", "growth_bytes_per_s", "seconds_to_oom_unexplained",
                  "unexplained_bytes_per_s", "driver", "gpu_uuid")
 SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
-                "device": "device used memory (NVML)", "rss": "server PSS, else RSS (host-memory mode)"}
+                "device": "device used memory (NVML)",
+                "rss": "server PSS, else RSS (host-memory mode)"}
 
 
 # -- formatting --------------------------------------------------------------------------------

@@ -348,7 +348,8 @@ class PssMeter:
     frees are its own). RSS counts a forked worker's shared pages again in every worker: 4
     uvicorn workers summed to a server 2x its real footprint."""
 
-    def __init__(self, every_s: float = PSS_EVERY_S, read: Callable[[int], Optional[int]] = read_pss,
+    def __init__(self, every_s: float = PSS_EVERY_S,
+                 read: Callable[[int], Optional[int]] = read_pss,
                  clock: Callable[[], float] = time.monotonic):
         self.every_s, self.read, self.clock = every_s, read, clock
         self.last: dict[int, tuple[float, int, int]] = {}  # pid -> (read at, pss, rss then)
