@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # numpy is installed beside torch: without it every torch process warns "Failed to initialize
 # NumPy" (the demo's server, the agent's tests).
 
-.PHONY: install demo test test-gpu bench clean
+.PHONY: install demo test lint test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m torch_watchdog.cli demo
 
-test: install
+# ruff over the whole tree (pyproject.toml, [tool.ruff])
+lint: install
+	$(PY) -m ruff check watchdog tests benchmarks examples
+
+test: install lint
 	$(PY) -m pytest -q tests
 
 # On a machine with a CUDA GPU and torch already installed (see docs/gpu-tests.md).

@@ -114,7 +114,7 @@ def _optimal_group_ends(sizes: list[int], weights: list[int], k: int) -> list[in
     best[m][j] = min over i < j of best[m-1][i] + cost(i+1, j), with cost(i, j) =
     s_j * C(i..j) - S(i..j) in O(1) from prefix sums. The cost is Monge, so the best split
     point is non-decreasing in j and each layer is solved by divide and conquer: O(k n log n)
-    instead of O(k n^2) (2,017 sizes, k=16: 0.04 s measured, plain DP 3.0 s).
+    instead of O(k n^2) (benchmarks/bucket_advisor.py).
     """
     n = len(sizes)
     count_prefix, token_prefix = [0], [0]

@@ -6,8 +6,8 @@ generation: a *standby* child that imports the preload list (torch, torch._dynam
 heavy modules, the agent, `--preload` extras) and then blocks on a pipe, never touching CUDA.
 When the serving child exits with the drain code (75), the standby is released at once: it
 runs the script in the same interpreter (runpy, `__main__`, sys.argv as given), so the next
-generation skips the imports. Measured on the H200 (torch 2.11), a fresh seed server spends
-8-10 s of its start importing torch and torch._dynamo/_inductor before any GPU work.
+generation skips the imports, seconds of a fresh server's start before any GPU work
+(benchmarks/results/reload_to_ready.md).
 
 Policy:
   * exit 75 (drain): release the standby (or a plain cold start if there is none), pre-spawn

@@ -17,7 +17,7 @@ START_SLACK_S = 0.5
 def process_start_time(pid: int) -> Optional[float]:
     """When `pid` started, wall-clock seconds, to a clock tick (10 ms); None when there is no
     such process. psutil's create_time() adds /proc/stat's btime, whole seconds: up to 1 s
-    early (measured: 0.53 s here), enough for a pid reused within that second to look older
+    early, enough for a pid reused within that second to look older
     than the decision. The process's age on the boot clock, both read now, is exact."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

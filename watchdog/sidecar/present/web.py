@@ -7,9 +7,8 @@ published — the collector's Snapshot and the StatusView — so it never waits 
 the loop never waits for it; an error while rendering answers 500 and is logged once per path,
 never raised.
 
-Idle and slow clients must not take the sidecar down with them (on main: 403 threads for 400
-idle connections, and a slowloris client held a thread each for ever). So one thread owns every
-socket, non-blocking, behind a selector: it reads a request's head (a deadline of
+Idle and slow clients must not take the sidecar down with them (a thread per connection is a
+thread per idle or slowloris client, for ever). So one thread owns every socket, non-blocking, behind a selector: it reads a request's head (a deadline of
 `HEAD_TIMEOUT_S` from the accept, however slowly it trickles in), hands the complete head to a
 fixed pool of `WORKERS` render threads, and writes their answer back (a deadline of
 `WRITE_TIMEOUT_S`). At most `MAX_OPEN` connections are held; a new one closes the oldest still

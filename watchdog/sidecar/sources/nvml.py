@@ -1,16 +1,14 @@
 """NVML source: device and per-process GPU memory by device UUID (the only pynvml importer).
 
 Every NVML call runs on one worker thread owned by the source; `read()` asks it for a fresh
-reading and waits for it at most `wait_s`, then returns the latest *completed* one. Measured on
-main with the calls made inline in the poll loop: one 20 s hang in an NVML call stopped polling,
-event intake and reloads for 20 s while the source still said up; 200 ms per call cut the 10 Hz
-loop to 1.2 polls/s. Here a reading whose numbers are older than `deadline_s` is reported down
-("late") and never reaches the forecast, and the loop goes on at its own pace.
+reading and waits for it at most `wait_s`, then returns the latest *completed* one: a hung or
+slow NVML call must not stop polling, event intake and reloads. A reading whose numbers are
+older than `deadline_s` is reported down ("late") and never reaches the forecast, and the loop
+goes on at its own pace.
 
-Failures are classified instead of tearing the session down on any error (on main: 399
-init/shutdown cycles in 40 s): a per-device error marks that device down for this reading; a
-lost GPU stays down until the next re-enumeration; only "the library or driver is gone" errors
-end the session. Re-initialising backs off exponentially (0.5 s -> 30 s by default).
+Failures are classified rather than ending the session on any error: a per-device error marks
+that device down for this reading; a lost GPU stays down until the next re-enumeration; only
+"the library or driver is gone" errors end the session. Re-initialising backs off exponentially (0.5 s -> 30 s by default).
 """
 from __future__ import annotations
 

@@ -52,18 +52,15 @@ def read_processes(pids: set[int],
 class ProcessReader:
     """The watched processes' liveness and RSS, and the host's memory, once per poll.
 
-    psutil took three calls and ~50 us per process and poll (pid_exists, status, memory_info:
-    5.5x the poll's cost with 8 servers, benchmarks/host_scale.py). Here each process gets, when
-    its pid is first asked for, a pidfd (it becomes readable once the process has exited: one
-    poll() a poll says which of them have, zombies included) and its /proc/<pid>/statm kept
-    open: a pread() of that is its RSS (~2 us a process in all). Without pidfds (Linux < 5.3)
-    a kept /proc/<pid>/stat gives both (its state and its RSS, ~3.5 us). Both stay bound to
-    the process they were opened for: once it has exited they say so, and a pid reused since
-    is opened afresh, so "alive" means, as before, that a process has this pid now. Where
-    /proc cannot be read (not Linux, hidepid=, another namespace) psutil reads the process.
-    A process that NVML lists with GPU memory (its meter) has its RSS read every
-    `rss_every_s` only, and its liveness from the pidfds alone in between: its statm read was
-    ~1.5 us of each process's ~2 us a poll (benchmarks/host_scale.py).
+    Each process gets, when its pid is first asked for, a pidfd (readable once the process has
+    exited: one poll() a poll says which of them have, zombies included) and its
+    /proc/<pid>/statm kept open: a pread() of that is its RSS, far cheaper than psutil's three
+    calls. Without pidfds (Linux < 5.3) a kept /proc/<pid>/stat gives both its state and its
+    RSS. Both stay bound to the process they were opened for: once it has exited they say so,
+    and a pid reused since is opened afresh, so "alive" means that a process has this pid now.
+    Where /proc cannot be read (not Linux, hidepid=, another namespace) psutil reads the
+    process. A process that NVML meters has its RSS read every `rss_every_s` only, and its
+    liveness from the pidfds alone in between.
     """
 
     def __init__(self, proc: str = "/proc", rss_every_s: float = RSS_EVERY_S,
@@ -128,7 +125,7 @@ class ProcessReader:
 
     def host_memory(self) -> tuple[int, int]:
         """(total, available) bytes of the machine: read_host_memory through a descriptor
-        kept open (4 us a poll instead of 11)."""
+        kept open."""
         try:
             if self._meminfo is None:
                 self._meminfo = os.open(os.path.join(self.proc, "meminfo"),
@@ -329,7 +326,7 @@ def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = sub
     return None
 
 
-PSS_EVERY_S = 10.0  # smaps_rollup costs ~5 ms for a 400 MB torch process (measured here)
+PSS_EVERY_S = 10.0  # smaps_rollup walks every mapping: milliseconds for a torch process
 
 
 def read_pss(pid: int) -> Optional[int]:
@@ -359,10 +356,8 @@ class PssMeter:
 
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
         now = self.clock()
-        # the process reader hands back the same tuple when nothing changed (64 of 67 polls
-        # with an agent at 1,000 events/s): until a PSS read is due, the same answer, and the
-        # same tuple lets the step's and the snapshot's caches see that nothing changed
-        # (pss.apply, thread CPU in the daemon, 3 runs each: 20-22 -> 9-11 us a poll)
+        # the process reader hands back the same tuple when nothing changed: until a PSS
+        # read is due, the same answer (the snapshot's sums see that nothing changed)
         kept = self._kept
         if kept is not None and kept[0] is processes and kept[2] is not None and \
                 now - kept[2] < self.every_s:

@@ -17,11 +17,10 @@ from torch_watchdog.sidecar.sockets import remove_stale_socket
 DROP_REASONS = ("malformed", "oversized", "version", "foreign", "spoofed")
 RCVBUF_BYTES = 4 << 20
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid (Linux)
-# a plain int: `flags & socket.MSG_TRUNC` goes through enum.IntFlag's __rand__ and builds a
-# flag object: 1.8 us per datagram vs 0.03 us (timeit; under cProfile 12 % of receive())
+# a plain int: `flags & socket.MSG_TRUNC` would build an enum.IntFlag object per datagram
 _MSG_TRUNC = int(socket.MSG_TRUNC)
-# orjson, where installed, parses an event in well under json's 2.0-2.4 us (a 2-core VM);
-# it reads whatever it accepts as json does, except integers past 64 bits (as floats: from
+# orjson, where installed, parses an event several times faster than json; it reads whatever
+# it accepts as json does, except integers past 64 bits (as floats: from
 # 19 digits on, for negative ones): a datagram with a number of 19 digits or more is json's
 # alone (an event's numbers have at most 17 significant digits)
 try:
@@ -58,7 +57,7 @@ class Receiver:
         remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
-            # Measured on Linux 6.18: a Unix datagram queue holds 11 datagrams
+            # On Linux a Unix datagram queue holds 11 datagrams
             # (net.unix.max_dgram_qlen = 10) whatever SO_RCVBUF says, and the sender's
             # SO_SNDBUF bounds the bytes in flight (one 60 KB event fills the default). So a
             # burst survives only if the daemon drains promptly via fileno(); the large
@@ -74,8 +73,8 @@ class Receiver:
             raise
         self._sock = sock
         self._ancbufsize = socket.CMSG_SPACE(_UCRED.size)
-        # asked before each read: an empty queue answers [] where recvmsg raises
-        # BlockingIOError, ~60 us of CPU in a poll woken after 100 ms asleep (~3 us hot)
+        # asked before each read: an empty queue answers [] where recvmsg would raise
+        # BlockingIOError, which costs far more in a daemon that wakes cold
         self._ready = select.poll()
         self._ready.register(sock, select.POLLIN)
 
