@@ -1,5 +1,5 @@
-"""The sidecar's HTTP endpoint, one address and port: `/metrics` (Prometheus text), `/` (the
-status page), `/status.json` (the same data as JSON); anything else is 404.
+"""The sidecar's HTTP endpoint, one address and port: `/metrics` (Prometheus text), `/` (the status
+page), `/status.json` (the same data as JSON); anything else is 404.
 
 A small server of our own (prometheus_client's start_http_server serves only the registry, and
 one thread per connection with no timeout). A request reads the latest references the loop
@@ -8,13 +8,14 @@ the loop never waits for it; an error while rendering answers 500 and is logged 
 never raised.
 
 Idle and slow clients must not take the sidecar down with them (a thread per connection is a
-thread per idle or slowloris client, for ever). So one thread owns every socket, non-blocking, behind a selector: it reads a request's head (a deadline of
-`HEAD_TIMEOUT_S` from the accept, however slowly it trickles in), hands the complete head to a
-fixed pool of `WORKERS` render threads, and writes their answer back (a deadline of
-`WRITE_TIMEOUT_S`). At most `MAX_OPEN` connections are held; a new one closes the oldest still
-sending its head. With 400 idle and 50 slowloris connections open, /metrics answers in
-milliseconds and the sidecar runs 1 + WORKERS HTTP threads (tests/chaos/test_http_faults.py).
-One request per connection (HTTP/1.0): Prometheus reconnects each scrape anyway.
+thread per idle or slowloris client, for ever). So one thread owns every socket, non-blocking,
+behind a selector: it reads a request's head (a deadline of `HEAD_TIMEOUT_S` from the accept,
+however slowly it trickles in), hands the complete head to a fixed pool of `WORKERS` render
+threads, and writes their answer back (a deadline of `WRITE_TIMEOUT_S`). At most `MAX_OPEN`
+connections are held; a new one closes the oldest still sending its head. With 400 idle and 50
+slowloris connections open, /metrics answers in milliseconds and the sidecar runs 1 + WORKERS
+HTTP threads (tests/chaos/test_http_faults.py). One request per connection (HTTP/1.0):
+Prometheus reconnects each scrape anyway.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ goes on at its own pace.
 
 Failures are classified rather than ending the session on any error: a per-device error marks
 that device down for this reading; a lost GPU stays down until the next re-enumeration; only
-"the library or driver is gone" errors end the session. Re-initialising backs off exponentially (0.5 s -> 30 s by default).
+"the library or driver is gone" errors end the session. Re-initialising backs off exponentially
+(0.5 s -> 30 s by default).
 """
 from __future__ import annotations
 
