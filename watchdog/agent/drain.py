@@ -34,7 +34,8 @@ import time
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
-from torch_watchdog.agent import _AFTER_FORK, timing
+from torch_watchdog.agent import timing
+from torch_watchdog.agent.forks import _AFTER_FORK
 
 EX_TEMPFAIL = 75
 # no watched call completed for this long, and none in hand: drained. Long enough for the

@@ -73,7 +73,8 @@ import torch
 
 from torch_watchdog import buckets as advisor
 from torch_watchdog import events
-from torch_watchdog.agent import _AFTER_FORK, timing
+from torch_watchdog.agent import timing
+from torch_watchdog.agent.forks import _AFTER_FORK
 
 # Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
 # Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has

@@ -26,7 +26,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events, pure_python
-from torch_watchdog.agent import _AFTER_FORK
+from torch_watchdog.agent.forks import _AFTER_FORK
 
 # watch()'s hot path in C (_hotpath.c: `model(x)` and `model(a=, b=)` with tensors, no Python
 # frame), built where a C compiler was at install; without it, or with
