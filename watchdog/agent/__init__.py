@@ -26,11 +26,12 @@ import traceback
 from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent import drain, identity, timing
+from torch_watchdog.agent import drain, identity, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
 from torch_watchdog.agent.drain import on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
-from torch_watchdog.agent.timing import Watched, watch, watched
+from torch_watchdog.agent.registry import watched
+from torch_watchdog.agent.wrapper import Watched, watch
 
 __all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Agent",
            "AgentConfig", "Watched"]
@@ -111,15 +112,15 @@ class Agent:
             except Exception as e:
                 self.on_error(e)
         self.hooks.install()
-        timing.configure(emit=self.emitter.emit, emit_later=self.emitter.emit_later,
-                         max_shapes=self.config.max_shapes,
-                         stall_ns=int(self.config.stall_threshold_s * 1e9))
+        settings.configure(emit=self.emitter.emit, emit_later=self.emitter.emit_later,
+                           max_shapes=self.config.max_shapes,
+                           stall_ns=int(self.config.stall_threshold_s * 1e9))
         self.emitter.emit(self.hello())
         self._next_hello = time.monotonic() + self.config.hello_every_s
         self.emitter.start()
 
     def stop(self) -> None:
-        timing.reset()
+        settings.reset()
         self.hooks.uninstall()
         self.budget.release()
         self.guard.release()

@@ -33,7 +33,7 @@ YIELD_EVERY = 8   # events encoded (~3-5 us each) between two hand-backs of the 
 
 
 def shape_from_text(text: str) -> events.Shape:
-    """timing._shape_text's text back as the schema's list of shapes."""
+    """signature.shape_text's text back as the schema's list of shapes."""
     if not text:
         return []
     return [[int(d) for d in part[1:].split(",")] if len(part) > 1 else []
@@ -99,7 +99,7 @@ class Emitter:
         numbers, None), built into its Event by LATER[kind] on the sender
         thread. Why: the queue holds events until the next tick, and a burst of new_shape
         events (a dataclass and its lists each, all tracked) was what the collections inside
-        watched calls walked longest (timing._shape_text); such a tuple is untracked by the
+        watched calls walked longest (signature.shape_text); such a tuple is untracked by the
         first young collection it meets. Never urgent; never raises."""
         queue = self._queue
         if len(queue) >= self._cap:

@@ -73,7 +73,7 @@ import torch
 
 from torch_watchdog import buckets as advisor
 from torch_watchdog import events
-from torch_watchdog.agent import timing
+from torch_watchdog.agent import settings
 from torch_watchdog.agent.forks import _AFTER_FORK
 
 # Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
@@ -644,7 +644,7 @@ class Padded:
         try:
             finite = error if error is not None and error == error and error != float("inf") \
                 else None
-            timing.emit(events.Mitigation(
+            settings.emit(events.Mitigation(
                 t=time.time(), pid=os.getpid(), name="padding", action=action,
                 detail=events.clip(detail, 500), model=self.name, error=finite,
                 buckets=list(self.plan)))
