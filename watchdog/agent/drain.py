@@ -39,8 +39,7 @@ from torch_watchdog.agent.forks import _AFTER_FORK
 
 EX_TEMPFAIL = 75
 # no watched call completed for this long, and none in hand: drained. Long enough for the
-# server's own loop to see ready() False between two requests: at 50 ms, a loop descheduled on
-# a loaded 2-core machine had read ready() just before the drain and never saw it turn
+# server's own loop, descheduled on a loaded machine, to see ready() False between two requests
 QUIET_S = 0.25
 BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
 MAX_LINE = 4096         # a control message is ~60 bytes
