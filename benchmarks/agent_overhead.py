@@ -276,7 +276,7 @@ def bench_emit(n: int = 100_000) -> dict:
 
 
 def bench_gpu(calls: int) -> dict:
-    from torch_watchdog.agent import timing
+    from torch_watchdog.agent import wrapper
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -288,7 +288,7 @@ def bench_gpu(calls: int) -> dict:
 
     model = Block().cuda().half().eval()
     compiled = torch.compile(model, mode="reduce-overhead")
-    watched = timing.watch(compiled, name="block")
+    watched = wrapper.watch(compiled, name="block")
     x = torch.randn(8, 64, 256, device="cuda", dtype=torch.half)
     with torch.no_grad():
         for _ in range(5):
@@ -334,10 +334,10 @@ def main() -> int:
     results = {"torch": torch.__version__, "python": sys.version.split()[0]}
     baseline = load_baseline(args.baseline) if args.baseline else None
     if baseline is not None:  # the installed agent's settings, as install() gave ours
-        from torch_watchdog.agent import timing
+        from torch_watchdog.agent import settings
 
-        baseline.configure(emit=timing.emit, stall_ns=timing.stall_ns,
-                           max_shapes=timing.max_shapes)
+        baseline.configure(emit=settings.emit, stall_ns=settings.stall_ns,
+                           max_shapes=settings.max_shapes)
     if "watch" in only:
         runs = [bench_watch(args.batches, args.calls, baseline) for _ in range(args.runs)]
         results["watch"] = {case: median_of([r[case] for r in runs]) for case in runs[0]}

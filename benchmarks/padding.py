@@ -164,7 +164,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
 
     import torch_watchdog.agent as agent
     from torch_watchdog import events
-    from torch_watchdog.agent import pad, timing
+    from torch_watchdog.agent import pad, settings
 
     cfg = SIZES[mode]
     device = "cuda" if mode == "gpu" else "cpu"
@@ -186,9 +186,9 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
         if name in ("graph_budget", "agent_padding", "refusal"):
             agent.install(socket_path="", event_log=None, heartbeat_s=3600,
                           graph_budget=64 if name == "graph_budget" else 0)
-            forward = timing.emit
-            timing.configure(emit=lambda e: (mitigations.append(e) if e.kind == "mitigation"
-                                             else None, forward(e)))
+            forward = settings.emit
+            settings.configure(emit=lambda e: (mitigations.append(e) if e.kind == "mitigation"
+                                               else None, forward(e)))
         if name == "graph_budget":
             fn = agent.watch(compiled, "llm")
         elif name in ("agent_padding", "refusal"):

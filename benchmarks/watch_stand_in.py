@@ -56,11 +56,11 @@ def main() -> int:
     links = tempfile.mkdtemp()
     os.symlink(os.path.join(root, "watchdog"), os.path.join(links, "torch_watchdog"))
     sys.path.insert(0, links)
-    from torch_watchdog.agent import timing
+    from torch_watchdog.agent import wrapper
 
     old = load(args.baseline, "baseline_timing")
     x = Tensor((1, 128))
-    ours, theirs = timing.Watched(trivial, "new", Tensor), old.Watched(trivial, "old", Tensor)
+    ours, theirs = wrapper.Watched(trivial, "new", Tensor), old.Watched(trivial, "old", Tensor)
 
     def one(fn, n):
         for _ in range(n):

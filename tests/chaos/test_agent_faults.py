@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from torch_watchdog import events
-from torch_watchdog.agent import timing
+from torch_watchdog.agent import settings
 from torch_watchdog.agent.hooks import LogTap
-from torch_watchdog.agent.timing import watch
+from torch_watchdog.agent.wrapper import watch
 
 pytestmark = pytest.mark.usefixtures("hot_path")  # on the C and the Python path of watch()
 
@@ -126,12 +126,12 @@ def runtime(request):
     def broken(event):
         raise RuntimeError("emit broke")
 
-    emit = {"inert": timing._discard, "emitting": got.append, "emit_raises": broken}
+    emit = {"inert": settings._discard, "emitting": got.append, "emit_raises": broken}
     # stall_ns=0: every call also takes the slow path (stall events with hostile shapes)
-    timing.configure(emit=emit[request.param], stall_ns=0 if request.param != "inert" else
-                     50_000_000)
+    settings.configure(emit=emit[request.param], stall_ns=0 if request.param != "inert" else
+                       50_000_000)
     yield got
-    timing.reset()
+    settings.reset()
 
 
 def _combinations():
@@ -236,12 +236,12 @@ def test_routing_to_eager_with_hostile_shapes(runtime):
         def __call__(self, *a, **k):
             return "compiled"
 
-    timing.configure(route_eager=True)
+    settings.configure(route_eager=True)
     f = watch(Compiled(), name="routed")
     for args, kwargs in itertools.islice(_combinations(), 0, None, 5):
         assert f(*args, **kwargs) in ("eager", "compiled")
     assert f(torch.ones(7, 7)) == "eager"  # novel: routed
-    timing.configure(route_eager=False)
+    settings.configure(route_eager=False)
     assert f(torch.ones(7, 7)) == "compiled"
 
 

@@ -13,7 +13,7 @@ import torch._dynamo
 
 import torch_watchdog.agent as agent_mod
 from torch_watchdog import events
-from torch_watchdog.agent import timing
+from torch_watchdog.agent import crashes, settings, wrapper
 
 
 class TinyLM(torch.nn.Module):
@@ -78,7 +78,7 @@ def test_recompiles_with_reasons_under_inductor(agent, collector):
 
 def test_recompile_limit_hit_and_eager_fallback(agent, collector):
     model = TinyLM().eval()
-    compiled = timing.watch(torch.compile(model, dynamic=False, backend="eager"), name="lm")
+    compiled = wrapper.watch(torch.compile(model, dynamic=False, backend="eager"), name="lm")
     with limit_patch(3), torch.no_grad():
         for seq in (4, 5, 6, 7, 8, 9):
             x = ids(1, seq)
@@ -113,7 +113,7 @@ def test_graph_break_reason(agent, collector):
 
 
 def test_new_shapes_and_stalls_through_watch(agent, collector):
-    model = timing.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"),
+    model = wrapper.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"),
                          name="lm")
     with torch.no_grad():
         for seq in (6, 6, 10, 6, 10):
@@ -224,7 +224,7 @@ def test_graph_budget_eager_mode_routes_novel_shapes(collector):
     a = agent_mod.install(socket_path=collector.path, tick_s=0.02, graph_budget=2,
                           graph_budget_mode="eager")
     try:
-        model = timing.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"))
+        model = wrapper.watch(torch.compile(TinyLM().eval(), dynamic=False, backend="eager"))
         with torch.no_grad():
             model(ids(1, 4))
             model(ids(1, 5))
@@ -241,7 +241,7 @@ def test_graph_budget_eager_mode_routes_novel_shapes(collector):
     finally:
         agent_mod.uninstall()
         torch._dynamo.reset()
-    assert timing.route_eager is False
+    assert settings.route_eager is False
 
 
 def test_install_is_idempotent_and_uninstall_removes_everything(collector):
@@ -355,8 +355,8 @@ def test_a_cudnn_crash_on_a_full_gpu_reaches_the_sidecar_as_an_oom(agent, collec
         raise RuntimeError("Expected mha_graph.execute(handle, variant_pack, "
                            "workspace_ptr.get()).is_good() to be true")
 
-    model = timing.watch(attention, name="attn")
-    monkeypatch.setattr(timing, "_cuda", FullGpu)  # torch.cuda as a full GPU leaves it
+    model = wrapper.watch(attention, name="attn")
+    monkeypatch.setattr(crashes, "_cuda", FullGpu)  # torch.cuda as a full GPU leaves it
     with pytest.raises(RuntimeError, match="mha_graph"):
         model(torch.ones(1, 8))
     assert collector.wait(lambda c: len(c.of("oom")) == 1)

@@ -6,7 +6,7 @@ import pytest
 import torch  # noqa: F401  (watch() needs it)
 
 from torch_watchdog import pure_python
-from torch_watchdog.agent.timing import watch
+from torch_watchdog.agent.wrapper import watch
 
 
 def test_the_c_hot_path_is_built_here():

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torch_watchdog import buckets, events
-from torch_watchdog.agent import pad, timing, watch
-from torch_watchdog.agent.timing import Watched
+from torch_watchdog.agent import pad, settings, watch
+from torch_watchdog.agent.wrapper import Watched
 
 VOCAB = 53
 
@@ -64,9 +64,9 @@ class MeanPool(TinyGPT):
 @pytest.fixture
 def emitted():
     got: list[events.Event] = []
-    timing.configure(emit=got.append)
+    settings.configure(emit=got.append)
     yield got
-    timing.reset()
+    settings.reset()
 
 
 def ids(n: int) -> torch.Tensor:

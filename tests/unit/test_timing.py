@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from torch_watchdog import events
-from torch_watchdog.agent import timing
-from torch_watchdog.agent.timing import as_shape, is_oom, shape_signature, tls, watch
+from torch_watchdog.agent import crashes, inflight, settings, shapes, wrapper
+from torch_watchdog.agent.activity import tls
+from torch_watchdog.agent.crashes import is_oom
+from torch_watchdog.agent.signature import as_shape, shape_signature
+from torch_watchdog.agent.wrapper import watch
 
 # torch.OutOfMemoryError from 2.5; torch.cuda's name for the same class on every version
 OutOfMemoryError = torch.cuda.OutOfMemoryError
@@ -21,9 +24,9 @@ pytestmark = pytest.mark.usefixtures("hot_path")  # every test on the C and the 
 @pytest.fixture
 def emitted():
     got: list[events.Event] = []
-    timing.configure(emit=got.append, stall_ns=20_000_000)
+    settings.configure(emit=got.append, stall_ns=20_000_000)
     yield got
-    timing.reset()
+    settings.reset()
 
 
 def test_new_shapes_are_flagged_once(emitted):
@@ -147,7 +150,7 @@ def test_windows_count_calls_without_resetting_the_serving_side(emitted):
 
 
 def test_shape_memory_is_capped(emitted):
-    timing.configure(max_shapes=3)
+    settings.configure(max_shapes=3)
     f = watch(lambda x: x, name="cap")
     for n in range(1, 10):
         f(torch.ones(n))
@@ -156,11 +159,11 @@ def test_shape_memory_is_capped(emitted):
 
 
 def test_unwatched_runtime_emits_nothing():
-    timing.reset()
+    settings.reset()
     f = watch(lambda x: x, name="quiet")
     f(torch.ones(3))  # no agent installed: runs, records, sends nowhere
     assert f.calls == 1
-    assert timing.emit is timing._discard
+    assert settings.emit is settings._discard
 
 
 def test_remembered_shapes_are_nothing_for_the_gc_to_track(emitted):
@@ -182,8 +185,8 @@ def test_remembered_shapes_are_nothing_for_the_gc_to_track(emitted):
 
 
 def test_new_shape_events_are_rationed_but_every_shape_is_counted(emitted, monkeypatch):
-    monkeypatch.setattr(timing, "NEW_SHAPE_BURST", 5)
-    monkeypatch.setattr(timing, "NEW_SHAPE_PER_S", 0)
+    monkeypatch.setattr(shapes, "NEW_SHAPE_BURST", 5)
+    monkeypatch.setattr(shapes, "NEW_SHAPE_PER_S", 0)
     f = watch(lambda x: x, name="burst")
     for n in range(1, 21):
         f(torch.empty(0, n))
@@ -195,19 +198,19 @@ def test_new_shape_events_are_rationed_but_every_shape_is_counted(emitted, monke
 def test_crash_on_a_nearly_full_gpu_is_an_oom_decision():
     cudnn = "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true"
     gib = 1 << 30
-    assert timing.crash_is_oom(cudnn, free=2 * gib, total=141 * gib)  # 1.4 % free
-    assert not timing.crash_is_oom(cudnn, free=40 * gib, total=141 * gib)
-    assert timing.crash_is_oom(cudnn, free=None, total=None)  # the query failed: unknown
+    assert crashes.crash_is_oom(cudnn, free=2 * gib, total=141 * gib)  # 1.4 % free
+    assert not crashes.crash_is_oom(cudnn, free=40 * gib, total=141 * gib)
+    assert crashes.crash_is_oom(cudnn, free=None, total=None)  # the query failed: unknown
     for text in ("RuntimeError: CUDA error: an illegal memory access was encountered",
                  "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx",
                  "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
                  "AcceleratorError: CUDA error: unspecified launch failure",
                  "RuntimeError: cudaErrorLaunchFailure"):
-        assert timing.crash_is_oom(text, free=0, total=141 * gib), text
+        assert crashes.crash_is_oom(text, free=0, total=141 * gib), text
     for text in ("RuntimeError: shape '[2, 3]' is invalid for input of size 5",
                  "ValueError: bad prompt", "KeyError: 'cuda'"):
-        assert not timing.crash_is_oom(text, free=0, total=141 * gib), text
-        assert not timing.crash_is_oom(text, free=None, total=None), text
+        assert not crashes.crash_is_oom(text, free=0, total=141 * gib), text
+        assert not crashes.crash_is_oom(text, free=None, total=None), text
 
 
 class _FakeCuda:
@@ -239,7 +242,7 @@ def _crash(x):
 def test_crash_on_a_nearly_full_gpu_is_reported_as_an_oom(emitted, monkeypatch, free, broken,
                                                            reported):
     fake = _FakeCuda(free, 1000, broken)
-    monkeypatch.setattr(timing, "_cuda", lambda: fake)
+    monkeypatch.setattr(crashes, "_cuda", lambda: fake)
     f = watch(_crash, name="attn")
     with pytest.raises(RuntimeError, match="mha_graph"):
         f(torch.ones(2))
@@ -262,9 +265,9 @@ def test_crash_check_never_initialises_cuda(emitted):
 
 
 def test_shapes_past_the_hot_set_are_remembered_once(emitted, monkeypatch):
-    monkeypatch.setattr(timing, "HOT_SHAPES", 4)
-    monkeypatch.setattr(timing, "COLD_SHARD_SHAPES", 3)
-    timing.configure(max_shapes=20)
+    monkeypatch.setattr(shapes, "HOT_SHAPES", 4)
+    monkeypatch.setattr(shapes, "COLD_SHARD_SHAPES", 3)
+    settings.configure(max_shapes=20)
     f = watch(lambda x: x, name="cold")
     for _ in range(3):  # every shape again: each reported once
         for n in range(1, 31):
@@ -280,17 +283,17 @@ def test_a_full_shape_memory_gives_young_collections_nothing_to_walk(emitted):
     import gc
 
     f = watch(lambda x: x, name="many")
-    xs = [torch.empty(0, n) for n in range(timing.max_shapes)]
+    xs = [torch.empty(0, n) for n in range(settings.max_shapes)]
     for x in xs:
         f(x)
     h = f._h
-    assert h.full and f.take_window()[4] == timing.max_shapes
-    assert len(h.seen) == timing.HOT_SHAPES and len(h.cold) > 1
+    assert h.full and f.take_window()[4] == settings.max_shapes
+    assert len(h.seen) == shapes.HOT_SHAPES and len(h.cold) > 1
     assert not [d for d in h.cold if gc.is_tracked(d)]  # no full collection was needed
     settled = sum(len(d) for d in h.cold)
-    assert settled + len(h.fresh) + len(h.seen) == timing.max_shapes
+    assert settled + len(h.fresh) + len(h.seen) == settings.max_shapes
     assert len(h.fresh) < 2000  # what waits for its first collection, not the memory
-    assert settled > timing.max_shapes - timing.HOT_SHAPES - 2000
+    assert settled > settings.max_shapes - shapes.HOT_SHAPES - 2000
     for x in xs[::97]:  # every shape is known, wherever it is kept
         assert not h.unseen(x.shape)
     assert h.unseen(torch.Size([1, 2, 3]))
@@ -299,8 +302,8 @@ def test_a_full_shape_memory_gives_young_collections_nothing_to_walk(emitted):
 def test_cold_keys_with_one_hash_are_told_apart(monkeypatch):
     import gc
 
-    monkeypatch.setattr(timing, "HOT_SHAPES", 1)
-    h = timing._Hot(lambda x: x, torch.Tensor)
+    monkeypatch.setattr(shapes, "HOT_SHAPES", 1)
+    h = shapes._Hot(lambda x: x, torch.Tensor)
     assert hash((-1, 5)) == hash((-2, 5))  # hash(-1) == hash(-2) in CPython
     h.add((7,))  # the hot set
     h.add((-1, 5))
@@ -317,7 +320,7 @@ def test_cold_keys_with_one_hash_are_told_apart(monkeypatch):
 def test_with_the_gc_disabled_every_shape_is_still_remembered(emitted, monkeypatch):
     import gc
 
-    monkeypatch.setattr(timing, "HOT_SHAPES", 4)
+    monkeypatch.setattr(shapes, "HOT_SHAPES", 4)
     f = watch(lambda x: x, name="nogc")
     gc.disable()
     try:
@@ -332,18 +335,18 @@ def test_with_the_gc_disabled_every_shape_is_still_remembered(emitted, monkeypat
 
 def test_the_hooks_see_the_shape_of_the_call_in_progress_and_none_between_calls():
     seen = []
-    inner = watch(lambda m: seen.append(("inner", timing.current_shape())) or m, name="inner")
+    inner = watch(lambda m: seen.append(("inner", inflight.current_shape())) or m, name="inner")
 
     def outer(x, mask=None):
-        seen.append(("outer", timing.current_shape()))
+        seen.append(("outer", inflight.current_shape()))
         inner(torch.ones(5))  # a watched model inside a watched model: the innermost call
-        seen.append(("after inner", timing.current_shape()))
+        seen.append(("after inner", inflight.current_shape()))
         return x
 
     f = watch(outer, name="outer")
     f(torch.ones(2, 3))
     f(x=torch.ones(4), mask=torch.ones(4, 1))
-    assert timing.current_shape() is None
+    assert inflight.current_shape() is None
     assert seen == [("outer", (2, 3)), ("inner", (5,)), ("after inner", (2, 3)),
                     ("outer", ((4,), (4, 1))), ("inner", (5,)), ("after inner", ((4,), (4, 1)))]
 
@@ -357,11 +360,11 @@ def test_another_thread_sees_a_call_in_progress(emitted):
     t.start()
     try:
         assert entered.wait(10)
-        assert timing.current_shape() == (7, 2)  # what drain's in_flight() reads
+        assert inflight.current_shape() == (7, 2)  # what drain's in_flight() reads
     finally:
         release.set()
         t.join(10)
-    assert timing.current_shape() is None
+    assert inflight.current_shape() is None
 
 
 def test_partial_attribute_names_are_the_models():
@@ -390,12 +393,12 @@ def test_new_shapes_queued_for_later_make_the_same_events():
 
     eager, later = [], []
     try:
-        timing.configure(emit=eager.append)
+        settings.configure(emit=eager.append)
         calls(watch(lambda *a, **k: None, name="m"))
-        timing.configure(emit=eager.append, emit_later=later.append)
+        settings.configure(emit=eager.append, emit_later=later.append)
         calls(watch(lambda *a, **k: None, name="m"))
     finally:
-        timing.reset()
+        settings.reset()
     gc.collect()
     assert not [item for item in later if gc.is_tracked(item)]
     built = [LATER[item[0]](*item[1:]) for item in later]
@@ -440,7 +443,7 @@ def test_a_copied_or_pickled_watched_model_is_watched_on_its_own():
     f = watch(torch.nn.Identity(), name="ident")
     f(torch.ones(2))
     for other in (copy.copy(f), copy.deepcopy(f), pickle.loads(pickle.dumps(f))):
-        assert isinstance(other, timing.Watched) and other.name == "ident"
+        assert isinstance(other, wrapper.Watched) and other.name == "ident"
         x = torch.ones(3)
         assert other(x) is x and other.calls == 1 and other.take_window()[4] == 1
     assert f.calls == 1  # the copies count their own calls
@@ -458,7 +461,7 @@ def test_attributes_are_the_models_and_cannot_be_set_on_the_wrapper():
 
 
 def _in_progress(seen, tag):
-    return lambda *a, **k: seen.append((tag, timing.current_shape())) or (a or [None])[0]
+    return lambda *a, **k: seen.append((tag, inflight.current_shape())) or (a or [None])[0]
 
 
 def test_nested_calls_on_both_paths_see_the_innermost_shape(hot_path):
@@ -467,15 +470,15 @@ def test_nested_calls_on_both_paths_see_the_innermost_shape(hot_path):
     several = watch(_in_progress(seen, "several"), name="several")  # model(x, k): Python's
 
     def outer_one(x):
-        seen.append(("outer_one", timing.current_shape()))
+        seen.append(("outer_one", inflight.current_shape()))
         several(torch.ones(3), 7)
-        seen.append(("back", timing.current_shape()))
+        seen.append(("back", inflight.current_shape()))
         return x
 
     def outer_several(x, k):
-        seen.append(("outer_several", timing.current_shape()))
+        seen.append(("outer_several", inflight.current_shape()))
         one(torch.ones(5))
-        seen.append(("back", timing.current_shape()))
+        seen.append(("back", inflight.current_shape()))
         return x
 
     watch(outer_one, name="a")(torch.ones(2))
@@ -483,7 +486,7 @@ def test_nested_calls_on_both_paths_see_the_innermost_shape(hot_path):
     three, four = (torch.Size([3]), None), (torch.Size([4]), None)
     assert seen == [("outer_one", (2,)), ("several", three), ("back", (2,)),
                     ("outer_several", four), ("one", (5,)), ("back", four)]
-    assert timing.current_shape() is None and not timing.calls_in_flight()
+    assert inflight.current_shape() is None and not inflight.calls_in_flight()
 
 
 @pytest.mark.parametrize("args, kwargs", [((torch.ones(7, 2),), {}),
@@ -496,12 +499,12 @@ def test_calls_in_flight_on_another_thread_are_counted(args, kwargs):
     t.start()
     try:
         assert entered.wait(10)
-        assert timing.calls_in_flight()
-        assert timing.current_shape() is not None
+        assert inflight.calls_in_flight()
+        assert inflight.current_shape() is not None
     finally:
         release.set()
         t.join(10)
-    assert not timing.calls_in_flight()
+    assert not inflight.calls_in_flight()
 
 
 def test_a_forked_child_has_no_calls_in_flight_from_the_parents_other_threads():
@@ -510,10 +513,10 @@ def test_a_forked_child_has_no_calls_in_flight_from_the_parents_other_threads():
     t = threading.Thread(target=f, args=(torch.ones(3),))
     t.start()
     try:
-        assert entered.wait(10) and timing.calls_in_flight()
+        assert entered.wait(10) and inflight.calls_in_flight()
         pid = os.fork()
         if pid == 0:  # the child: only the forking thread, in no watched call
-            os._exit(0 if not timing.calls_in_flight() else 1)
+            os._exit(0 if not inflight.calls_in_flight() else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
@@ -567,9 +570,9 @@ def test_watched_calls_leak_nothing():
     refs = sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)
     try:
         for stall_ns in (10**12, 0):  # then every call a stall (its event goes nowhere)
-            timing.configure(stall_ns=stall_ns)
+            settings.configure(stall_ns=stall_ns)
             for name, step in steps:
                 assert _allocated_after(20_000, step) < 64_000, (name, stall_ns)
     finally:
-        timing.reset()
+        settings.reset()
     assert (sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)) == refs

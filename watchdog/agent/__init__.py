@@ -12,7 +12,7 @@ Fork (gunicorn --preload, a multiprocessing pool with fork): installed before th
 agent goes on in each child as that child's own agent (`_after_fork_in_child`, registered with
 os.register_at_fork at import): a fresh emitter and sender thread, fresh locks, counters from
 zero, and a hello with the child's pid, `ppid` (its master) and the master's `server`.
-Per-process state owned elsewhere is reset by callables appended to `_AFTER_FORK`.
+Per-process state owned elsewhere is reset by callables appended to `_AFTER_FORK` (forks.py).
 """
 from __future__ import annotations
 
@@ -23,21 +23,15 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-
-# Called first in a forked child (before the agent's own reset), each in a try: modules that
-# keep per-process state append a reset here. No locks, no I/O, no torch/CUDA calls, no emit.
-# Defined before the imports below so that they can `from torch_watchdog.agent import
-# _AFTER_FORK` while this package is still initialising.
-_AFTER_FORK: list[Callable[[], None]] = []
-
-from torch_watchdog.agent.config import AgentConfig, resolve  # noqa: E402
-from torch_watchdog.agent import identity, timing  # noqa: E402
-from torch_watchdog.agent.timing import Watched, watch, watched  # noqa: E402
-from torch_watchdog.agent import drain  # noqa: E402
-from torch_watchdog.agent.drain import on_drain, ready  # noqa: E402
+from torch_watchdog.agent import drain, identity, settings
+from torch_watchdog.agent.config import AgentConfig, resolve
+from torch_watchdog.agent.drain import on_drain, ready
+from torch_watchdog.agent.forks import _AFTER_FORK
+from torch_watchdog.agent.registry import watched
+from torch_watchdog.agent.wrapper import Watched, watch
 
 __all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Agent",
            "AgentConfig", "Watched"]
@@ -118,15 +112,15 @@ class Agent:
             except Exception as e:
                 self.on_error(e)
         self.hooks.install()
-        timing.configure(emit=self.emitter.emit, emit_later=self.emitter.emit_later,
-                         max_shapes=self.config.max_shapes,
-                         stall_ns=int(self.config.stall_threshold_s * 1e9))
+        settings.configure(emit=self.emitter.emit, emit_later=self.emitter.emit_later,
+                           max_shapes=self.config.max_shapes,
+                           stall_ns=int(self.config.stall_threshold_s * 1e9))
         self.emitter.emit(self.hello())
         self._next_hello = time.monotonic() + self.config.hello_every_s
         self.emitter.start()
 
     def stop(self) -> None:
-        timing.reset()
+        settings.reset()
         self.hooks.uninstall()
         self.budget.release()
         self.guard.release()

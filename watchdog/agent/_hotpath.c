@@ -1,24 +1,23 @@
 /* The hot path of watch() in C: the two calls a server makes on every request, `model(x)` and
  * `model(a=, b=)` with tensors, timed and checked against the shape memory without a Python
- * frame. timing.py holds the same path in Python (used where this module is not built, and for
+ * frame. calls.py holds the same path in Python (used where this module is not built, and for
  * every other form of call, which this object hands to it) and owns every decision: a shape
  * not in the hot set and a stall go back to Python (`miss`, `slow`), as does a failed call
  * (`failed`).
  *
- * Why: on the H200 host (CPython 3.12, torch 2.11) the Python path added 531-615 ns to a
- * one-tensor call and 921-1,571 ns to a two-keyword call (targets 500 and 1,000 ns); what is
- * left there is the interpreter's own cost: a frame, the `**kwargs` dict CPython builds for
- * every call of a function that takes one, the bytecode around two clock reads. Here a call
- * costs the `.shape` read, two clock_gettime calls, a comparison and the call itself; two
- * keyword arguments are passed on as they came (the vectorcall's kwnames), no dict at all.
+ * Why: what is left of the Python path's cost is the interpreter's own: a frame, the
+ * `**kwargs` dict CPython builds for every call of a function that takes one, the bytecode
+ * around two clock reads. Here a call costs the `.shape` read, two clock_gettime calls, a
+ * comparison and the call itself; two keyword arguments are passed on as they came (the
+ * vectorcall's kwnames), no dict at all.
  *
- * The contract is timing.py's: a watched call returns what the model returned and raises only
- * what the model raised, the same object; nothing of the bookkeeping reaches the caller (an
- * Exception from a Python callback is cleared, as the Python path's `except Exception` does;
- * a BaseException such as KeyboardInterrupt propagates there and here).
+ * The contract is the Python path's (wrapper.Watched): a watched call returns what the model
+ * returned and raises only what the model raised, the same object; nothing of the bookkeeping
+ * reaches the caller (an Exception from a Python callback is cleared, as the Python path's
+ * `except Exception` does; a BaseException such as KeyboardInterrupt propagates there and here).
  *
- * Calls in progress, for timing.current_shape() (hooks.py tags a CUDA-graph recording with the
- * shape of the call in progress on its thread) and timing.calls_in_flight() (drain.py): a
+ * Calls in progress, for inflight.current_shape() (hooks.py tags a CUDA-graph recording with
+ * the shape of the call in progress on its thread) and inflight.calls_in_flight() (drain.py): a
  * per-thread stack of the signatures of the calls this object runs, where a call handed to
  * the Python path pushes a marker ("look at the frames"), so the innermost call is known
  * whichever path ran it; and a process-wide count of calls in progress with the signature of
@@ -27,23 +26,23 @@
  *
  * Linux only (clock_gettime(CLOCK_MONOTONIC) is perf_counter's clock there); not built for
  * free-threaded CPython (the counters assume the GIL). Where it is not built or fails to
- * import, timing.py runs its own path: nothing else changes. */
+ * import, calls.py's path serves every call: nothing else changes. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <time.h>
 
 #ifndef __linux__
-#error "Linux only: CLOCK_MONOTONIC is time.perf_counter()'s clock there (timing.py serves elsewhere)"
+#error "Linux only: CLOCK_MONOTONIC is time.perf_counter()'s clock there (calls.py serves elsewhere)"
 #endif
 #ifdef Py_GIL_DISABLED
-#error "the hot path assumes the GIL (timing.py's Python path serves free-threaded builds)"
+#error "the hot path assumes the GIL (calls.py's Python path serves free-threaded builds)"
 #endif
 
 #define DEPTH 32
 
-static double stall_s = 0.05;  /* timing.stall_s, set by configure() */
-static int route_eager = 0;    /* timing.route_eager: every call takes the Python path */
+static double stall_s = 0.05;  /* settings.stall_s, set by configure() */
+static int route_eager = 0;    /* settings.route_eager: every call takes the Python path */
 static PyObject *str_shape;    /* "shape", interned */
 
 /* this thread's watched calls in progress: a[i] (and b[i] for two keyword arguments) the
@@ -99,7 +98,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fn;      /* the watched callable */
     PyTypeObject *tensor;  /* torch.Tensor: only exact instances take this path */
-    PyObject *seen;    /* the hot set of the shape memory (timing._Hot.seen) */
+    PyObject *seen;    /* the hot set of the shape memory (shapes._Hot.seen) */
     PyObject *other;   /* the Python path: every call this object does not take */
     PyObject *miss;    /* miss(sig, dt, t0) -> True if it reported a new shape */
     PyObject *slow;    /* slow(sig, dt, t0, new): a stall */
@@ -122,7 +121,7 @@ clear_bookkeeping_error(void)
     return -1;
 }
 
-/* A failed call: report it (timing.Watched._failed) and raise the model's exception again.
+/* A failed call: report it (wrapper.Watched._failed) and raise the model's exception again.
  * `sa`, `sb`: the signature (sb NULL: one tensor, else the pair). */
 static void
 report_failure(Hot *self, PyObject *sa, PyObject *sb, double t0, PyObject *const *args,
@@ -482,7 +481,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_hotpath", "watch()'s hot path in C (see timing.py).", -1,
+    PyModuleDef_HEAD_INIT, "_hotpath", "watch()'s hot path in C (see calls.py).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
 

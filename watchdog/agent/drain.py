@@ -18,7 +18,7 @@ kubelet) starts the server again:
    exits with `drain_exit_code` (75, EX_TEMPFAIL) through os._exit: atexit handlers do not
    run; the server's own cleanup belongs in an on_drain callback.
 
-A call in hand is seen through timing.calls_in_flight(): the C path's count of calls in
+A call in hand is seen through inflight.calls_in_flight(): the C path's count of calls in
 progress, or the frame of a watched call on the Python path, on any thread. The wait also
 asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
 """
@@ -34,12 +34,12 @@ import time
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
-from torch_watchdog.agent import _AFTER_FORK, timing
+from torch_watchdog.agent import inflight, registry
+from torch_watchdog.agent.forks import _AFTER_FORK
 
 EX_TEMPFAIL = 75
 # no watched call completed for this long, and none in hand: drained. Long enough for the
-# server's own loop to see ready() False between two requests: at 50 ms, a loop descheduled on
-# a loaded 2-core machine had read ready() just before the drain and never saw it turn
+# server's own loop, descheduled on a loaded machine, to see ready() False between two requests
 QUIET_S = 0.25
 BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
 MAX_LINE = 4096         # a control message is ~60 bytes
@@ -208,12 +208,12 @@ class ControlClient:
 
 def in_flight() -> int:
     """1 while a watched call runs (see the module docstring)."""
-    return 1 if timing.calls_in_flight() else 0
+    return 1 if inflight.calls_in_flight() else 0
 
 
 def _total_calls() -> int:
     total = 0
-    for w in list(timing.watched):
+    for w in list(registry.watched):
         try:
             total += w.calls
         except Exception:

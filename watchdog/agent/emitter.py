@@ -33,7 +33,7 @@ YIELD_EVERY = 8   # events encoded (~3-5 us each) between two hand-backs of the 
 
 
 def shape_from_text(text: str) -> events.Shape:
-    """timing._shape_text's text back as the schema's list of shapes."""
+    """signature.shape_text's text back as the schema's list of shapes."""
     if not text:
         return []
     return [[int(d) for d in part[1:].split(",")] if len(part) > 1 else []
@@ -99,7 +99,7 @@ class Emitter:
         numbers, None), built into its Event by LATER[kind] on the sender
         thread. Why: the queue holds events until the next tick, and a burst of new_shape
         events (a dataclass and its lists each, all tracked) was what the collections inside
-        watched calls walked longest (timing._shape_text); such a tuple is untracked by the
+        watched calls walked longest (signature.shape_text); such a tuple is untracked by the
         first young collection it meets. Never urgent; never raises."""
         queue = self._queue
         if len(queue) >= self._cap:
@@ -115,8 +115,7 @@ class Emitter:
     def start(self, hand_back: bool = False) -> None:
         """Start the sender thread. `hand_back`: its first act gives the GIL back to the caller
         (the at-fork hook), who would otherwise wait out the 5 ms switch interval in
-        Thread.start() while the new thread ticks (start() in a forked child, 3 x 100 forks on a
-        busy 2-core host: median 0.45-0.55 ms with, 1.4-1.55 ms without)."""
+        Thread.start() while the new thread ticks."""
         self._thread = threading.Thread(target=self._run, args=(hand_back,),
                                         name="torch-watchdog-agent", daemon=True)
         self._thread.start()
@@ -182,8 +181,7 @@ class Emitter:
             n += 1
             if n % YIELD_EVERY == 0:
                 # hand the GIL back to the server's threads: a waiting thread gets it only when
-                # this one lets go, else after sys.getswitchinterval() (5 ms) — a burst of 1,000
-                # new-shape events held a watched call 5.1 ms on the H200 host (bare: 0.03 ms)
+                # this one lets go, else after sys.getswitchinterval() (5 ms), inside its call
                 time.sleep(0)
             event = queue.popleft()
             if type(event) is tuple:  # emit_later's
@@ -244,8 +242,8 @@ class Emitter:
         """At most one round of `dropped` events per `drop_report_s` (the heartbeat period),
         and none unless events other than drop reports were lost since the last round.
 
-        Drop reports never sustain themselves: with a log and no sidecar listening, each report
-        used to be dropped by the socket, counted, and reported at the next 0.1 s tick, forever.
+        Drop reports never sustain themselves: with a log and no sidecar listening, a queued
+        report would be dropped by the socket, counted, and reported at the next tick, forever.
         So a report is sent here, not queued, and a report that no sink took is counted apart
         (`_lost_reports`, in `dropped` too) and never makes a report itself; its count is told
         again by the next report, sent once new drops come or once a sink took something since

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from torch_watchdog import events
-from torch_watchdog.agent import timing
+from torch_watchdog.agent import settings
 
 Emit = Callable[[events.Event], None]
 
@@ -74,7 +74,7 @@ class GraphBudget:
             detail = (f"{len(self.keys)} sizes recorded; new sizes now run without CUDA graphs "
                       f"(cudagraph_capture_sizes)")
         elif self.mode == "eager":
-            timing.configure(route_eager=True)
+            settings.configure(route_eager=True)
             detail = (f"{len(self.keys)} sizes recorded; watched callables now run unseen "
                       f"shapes eagerly")
         else:
@@ -86,7 +86,7 @@ class GraphBudget:
     def release(self) -> None:
         if self.engaged and self.mode == "capture_sizes":
             self._triton.cudagraph_capture_sizes = self._saved
-        timing.configure(route_eager=False)
+        settings.configure(route_eager=False)
 
 
 class RecompileGuard:

@@ -2,9 +2,8 @@
 
 Why: under `mode="reduce-overhead"` every distinct input length records its own CUDA graph (a
 warm-up, a recording, memory). Padding lengths up to a few buckets keeps that to one graph per
-bucket: on an H200 (GPT-2 sized model, fp16, lengths uniform in 16-2048) hand padding to 8
-buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a graph budget of 64
-(issue 14). This module does the padding for the user, and checks that it is exact.
+bucket (issue 14; the figures are in benchmarks/results/agent-internals.md). This module does
+the padding for the user, and checks that it is exact.
 
 - **What is padded** is a `Policy`: `Tokens` pads one dimension of the token-id tensor(s) on the
   right with a value and extends an `attention_mask` keyword with zeros, then slices the outputs
@@ -21,18 +20,17 @@ buckets served 641,068 real tokens/s against 23,442 as is and 39,792 under a gra
   mismatch turns padding off for that model for good, returns the unpadded (correct) output, and
   emits a `mitigation` event (`padding`, `refused`) with the error seen. Checks cost one eager
   call each, on the calls that are checked only; `padding` events report their count and time.
-- **Memory** (`CheckMemory`): flat after warm-up. On an H200 (torch 2.11, the GPT-2 sized
-  model, lengths 16-2048) the checks' eager runs at ever new lengths left +814 MB in the shared
-  caching allocator within the measured window; `torch.cuda.empty_cache()` after each check
-  gave it back but cost 0.94x -> 0.69x of hand padding (every later call cudaMalloc'd again,
-  and cudaFree synchronises). So, three bounds, each reported in the `padding` event:
+- **Memory** (`CheckMemory`): flat after warm-up. The checks' eager runs at ever new lengths
+  grow the shared caching allocator, and `torch.cuda.empty_cache()` after each check would give
+  that back only by making every later call cudaMalloc again (and cudaFree synchronises). So,
+  three bounds, each reported in the `padding` event:
   1. A check's unpadded run and its comparison allocate in a private pool
      (`torch.cuda.MemPool` + `use_mem_pool`, which routes the calling thread's allocations only,
      on any stream: other serving threads keep the shared allocator). Where deleting a pool
      gives its segments back (~MemPool empties that pool alone, torch 2.8+; probed once, one
      2 MiB segment), each check gets a fresh pool, deleted after it ("released"): the serving
      allocations are never touched and nothing stays behind; the cost is the check's own
-     cudaMalloc/cudaFree, on the checked calls only (0.1 %). Where it does not, one pool is kept
+     cudaMalloc/cudaFree, on the checked calls only. Where it does not, one pool is kept
      for every check ("kept"): bounded by the largest check's footprint plus its own
      fragmentation. Without a thread-scoped pool (torch < 2.8, or the pool failing), checks run
      in the shared allocator ("shared", with a `check_pool_off` event).
@@ -73,7 +71,8 @@ import torch
 
 from torch_watchdog import buckets as advisor
 from torch_watchdog import events
-from torch_watchdog.agent import _AFTER_FORK, timing
+from torch_watchdog.agent import settings
+from torch_watchdog.agent.forks import _AFTER_FORK
 
 # Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
 # Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has
@@ -643,7 +642,7 @@ class Padded:
         try:
             finite = error if error is not None and error == error and error != float("inf") \
                 else None
-            timing.emit(events.Mitigation(
+            settings.emit(events.Mitigation(
                 t=time.time(), pid=os.getpid(), name="padding", action=action,
                 detail=events.clip(detail, 500), model=self.name, error=finite,
                 buckets=list(self.plan)))
