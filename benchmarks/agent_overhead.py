@@ -4,38 +4,23 @@
    calls timed in this thread's CPU time (other processes on a shared machine do not count),
    median and min ns per call; targets <= 500 ns added for one tensor, <= 1 us for two
    keyword tensors. Called as a server calls its model (`model(x)`, `model(x=, mask=)`), and
-   through `fn(*args, **kwargs)` (`*_splat`, the form of the figures before 2026-12-01; it
-   hides part of the cost of calling a Python class instance, which Watched no longer is).
-   With --baseline (main's timing.py), 2026-12-01 on the 2-core VM (CPython 3.11): added
-   time 0.89-0.92x of main's for one tensor, 0.85-0.86x for two keywords (splat: 0.89-0.92x,
-   0.83-0.86x); before that work main measured +570 ns and +1,173 ns on the GPU host.
-   Later that day the C hot path (watchdog/agent/_hotpath.c; TORCH_WATCHDOG_PURE_PYTHON=1 for
-   the Python one): on the H200 host (torch 2.11, CPython 3.12), 3 invocations of --only watch
-   --baseline <the timing.py before>, one tensor +221-245 ns (0.47-0.54x of the Python path's
-   added time), two keyword tensors +342-355 ns (0.41-0.45x); the GC loop's worst watched
-   call 0.06-0.10 ms of CPU against the Python path's 0.16-0.22 ms in the same runs.
+   through `fn(*args, **kwargs)` (`*_splat`). Both hot paths: the C one where built, the
+   Python one with TORCH_WATCHDOG_PURE_PYTHON=1.
 2. GC pauses: 500,000 calls cycling through 65,536 distinct shapes, bare and watched calls
    interleaved, in 3 trials each with an empty shape memory; the median over the trials of
    the worst watched call over that of the worst bare call (target <= 2x; see bench_gc for
-   why the median), and the collections that ran inside watched calls. An earlier shape
-   memory (torch.Size objects, never untracked) and its new_shape events set off 115-354 ms
-   full collections inside a watched call here. Later, the young cold *sets* of the shape memory
-   cost one gen-1 collection of 0.45-0.62 ms of CPU inside a watched call (bare 0.05-0.20 ms);
-   with untracked dicts 0.19-0.24 ms (timing.py, HOT_SHAPES). Read the CPU figures on a
-   shared VM: there the wall-clock worst of the bare calls is other jobs' preemption.
-   With --baseline the other version gets its own loop after each trial. 2026-12-01, new_shape
-   events queued as tuples of str and numbers (emitter.emit_later): 5 invocations x 3
-   trials on the 2-core VM, worst watched call 0.16 ms of CPU (median of the 15 trials)
-   against main's 0.24 ms (bare 0.09 ms); longest gen-1 collection inside a watched call
-   0.06-0.17 ms against 0.18-0.30 ms. What is left there is host noise: a watched loop
-   spends ~20x the time of the bare one (new-shape calls 4-7 us), so a hiccup lands in it
-   ~20x as often.
+   why the median), and the collections that ran inside watched calls. On a shared VM the
+   wall-clock worst of the bare calls is other jobs' preemption: read the CPU figures.
+   With --baseline the other version gets its own loop after each trial.
 3. emit() with no sidecar listening: 100,000 events; per-emit median and max, total wall time.
 4. With a CUDA GPU: a watched reduce-overhead model vs the bare one, and the same under
    torch.cuda.set_sync_debug_mode("error") (any GPU sync the agent added would raise).
 
     python benchmarks/agent_overhead.py [--quick] [--batches 200] [--calls 5000] [--runs 1]
         [--gc-trials 3] [--only watch|gc|emit|gpu ...] [--baseline OLD_TIMING_PY] [--json OUT]
+
+`--baseline` loads another version's single-file watchdog/agent/timing.py (before the agent's
+split by concern). Figures: benchmarks/results/agent_overhead.md.
 """
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def scrape(port: int) -> dict[str, float]:
 
 @pytest.fixture(params=["c", "python"])
 def hot_path(request, monkeypatch):
-    """Each agent test on both hot paths of watch(): the C one (_hotpath.c) and timing.py's
+    """Each agent test on both hot paths of watch(): the C one (_hotpath.c) and calls.py's
     Python one, which serves where the C one is not built (watch() picks at wrap time)."""
     from torch_watchdog.agent import native
 

@@ -13,8 +13,9 @@ def modules() -> dict[str, str]:
     out = {}
     for folder, _, files in os.walk(ROOT):
         for f in files:
-            if f.endswith(".py"):
-                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].split(os.sep)
+            if f.endswith((".py", ".c")):  # .c: an extension module (agent/_hotpath.c)
+                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-2 if f.endswith(".c")
+                                                                     else -3].split(os.sep)
                 if rel[-1] == "__init__":
                     rel = rel[:-1]
                 out[".".join(["torch_watchdog", *rel])] = os.path.join(folder, f)
@@ -25,6 +26,8 @@ def graph() -> dict[str, set[str]]:
     mods = modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
+        if path.endswith(".c"):
+            continue
         package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(open(path).read())):
             names = []

@@ -196,13 +196,15 @@ def test_new_shape_events_are_rationed_but_every_shape_is_counted(emitted, monke
 
 
 def test_crash_on_a_nearly_full_gpu_is_an_oom_decision():
-    cudnn = "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true"
+    cudnn = ("RuntimeError: Expected mha_graph.execute(handle, variant_pack, "
+             "workspace_ptr.get()).is_good() to be true")
     gib = 1 << 30
     assert crashes.crash_is_oom(cudnn, free=2 * gib, total=141 * gib)  # 1.4 % free
     assert not crashes.crash_is_oom(cudnn, free=40 * gib, total=141 * gib)
     assert crashes.crash_is_oom(cudnn, free=None, total=None)  # the query failed: unknown
     for text in ("RuntimeError: CUDA error: an illegal memory access was encountered",
-                 "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx",
+                 "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling "
+                 "cublasGemmEx",
                  "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
                  "AcceleratorError: CUDA error: unspecified launch failure",
                  "RuntimeError: cudaErrorLaunchFailure"):

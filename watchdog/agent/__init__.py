@@ -1,6 +1,6 @@
 """The in-process agent: `install()`, `watch()`, `uninstall()`.
 
-    import torch_watchdog.agent.auto          # one import: install() from TORCH_WATCHDOG_* variables
+    import torch_watchdog.agent.auto   # one import: install() from TORCH_WATCHDOG_* variables
 
 or, in code, `torch_watchdog.agent.install(event_log="/var/log/srv/events.jsonl")` and
 `model = torch_watchdog.agent.watch(torch.compile(model, mode="reduce-overhead"), name="llm")`.
@@ -77,7 +77,7 @@ class Agent:
         self.control = (drain.ControlClient(control, {0, os.geteuid(), config.control_uid},
                                             self.drain, self.on_error, config.reconnect_s)
                         if config.control and control else None)
-        self.drainer = drain.Drainer(self)
+        self.drainer = drain.Drainer(self, uninstall)
 
     def _warm(self, torch: Any) -> Any:
         from torch_watchdog.agent.warm import Warm
@@ -147,7 +147,7 @@ class Agent:
             w.take_window()  # calls made before the fork are the master's to report
         if self.control is not None:
             self.control.after_fork()
-        self.drainer = drain.Drainer(self)
+        self.drainer = drain.Drainer(self, uninstall)
         running = self.emitter.after_fork()
         self.emitter.emit(self.hello())
         if running:

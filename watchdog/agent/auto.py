@@ -1,4 +1,5 @@
-"""`import torch_watchdog.agent.auto`: install the agent from TORCH_WATCHDOG_* variables, never raising."""
+"""`import torch_watchdog.agent.auto`: install the agent from TORCH_WATCHDOG_* variables, never
+raising."""
 from torch_watchdog.agent import install
 
 try:

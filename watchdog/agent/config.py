@@ -1,8 +1,8 @@
 """Agent settings: install() arguments override TORCH_WATCHDOG_* environment variables.
 
-A bad environment value never stops the server: it is reported (logger `torch_watchdog.agent`, and the
-`hello` event's config) and the default is used. A bad explicit argument is a programming error
-and raises ValueError from install().
+A bad environment value never stops the server: it is reported (logger `torch_watchdog.agent`,
+and the `hello` event's config) and the default is used. A bad explicit argument is a
+programming error and raises ValueError from install().
 """
 from __future__ import annotations
 

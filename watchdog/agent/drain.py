@@ -281,8 +281,10 @@ def clear_stale_restart_file(path: str) -> None:
 class Drainer:
     """One drain, on its own thread: the steps of the module docstring, then os._exit."""
 
-    def __init__(self, agent: Any, exit: Callable[[int], None] = os._exit):
+    def __init__(self, agent: Any, uninstall: Callable[[], None],
+                 exit: Callable[[int], None] = os._exit):
         self.agent = agent
+        self._uninstall = uninstall  # the package's: flushes the queued events first
         self._exit = exit
         self.thread: Optional[threading.Thread] = None
 
@@ -331,10 +333,8 @@ class Drainer:
             self._leave(cfg.drain_exit_code)
 
     def _leave(self, code: int) -> None:
-        from torch_watchdog import agent as package
-
         try:
-            package.uninstall()  # flushes the queued events (the "drained" one) to the sidecar
+            self._uninstall()  # flushes the queued events (the "drained" one) to the sidecar
         except Exception:
             pass
         for stream in (sys.stdout, sys.stderr):

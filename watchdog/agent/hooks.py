@@ -1,4 +1,5 @@
-"""Torch hooks → events, chosen by feature detection (torch 2.4 → 2.14; reference torch-hooks §0, §8).
+"""Torch hooks → events, chosen by feature detection (torch 2.4 → 2.14; reference torch-hooks §0,
+§8).
 
 Sources, each optional:
 - `CompilationMetrics` pushed through logger `torch._utils_internal` (every Dynamo compile, the
@@ -194,7 +195,8 @@ def _function_name(m: Any) -> Optional[str]:
     if name is None:
         return None
     filename = getattr(m, "co_filename", None)
-    where = f" ({os.path.basename(filename)}:{getattr(m, 'co_firstlineno', '?')})" if filename else ""
+    where = (f" ({os.path.basename(filename)}:{getattr(m, 'co_firstlineno', '?')})"
+             if filename else "")
     return f"{name}{where}"
 
 

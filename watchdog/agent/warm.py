@@ -108,7 +108,8 @@ class Warm:
         started = time.monotonic()
         if not os.path.exists(self.path):
             others = [os.path.basename(p) for p in
-                      glob.glob(os.path.join(glob.escape(self.dir), slug(self.name) + "--*" + SUFFIX))]
+                      glob.glob(os.path.join(glob.escape(self.dir),
+                                             slug(self.name) + "--*" + SUFFIX))]
             why = (f"no bundle for torch {self.version} on {self.gpu}"
                    + (f" (skipped, made for another torch or GPU: {', '.join(sorted(others))})"
                       if others else ""))
