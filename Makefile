@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # numpy is installed beside torch: without it every torch process warns "Failed to initialize
 # NumPy" (the demo's server, the agent's tests).
 
-.PHONY: install demo test lint test-gpu bench clean
+.PHONY: install demo test lint typecheck test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,15 @@ demo: install
 lint: install
 	$(PY) -m ruff check watchdog tests benchmarks examples
 
-test: install lint
+test: install lint typecheck
 	$(PY) -m pytest -q tests
+
+# mypy --strict on the sidecar's pure core and the event schema. mypy needs the source folder
+# named like the package (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/
+# (git-ignored)
+typecheck: install
+	mkdir -p .mypy-src && ln -sfn ../watchdog .mypy-src/torch_watchdog
+	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar.core -p torch_watchdog.events
 
 # On a machine with a CUDA GPU and torch already installed (see docs/gpu-tests.md).
 test-gpu:

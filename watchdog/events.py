@@ -317,6 +317,7 @@ def from_dict(obj: Any) -> Event:
     spec = _SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise EventDecodeError(f"unknown event kind {kind!r}")
+    assert isinstance(kind, str)  # spec is None unless kind is a str
     cls, size, check = spec
     if len(obj) != size:
         extra = set(obj) - set(_FIELDS[kind]) - {"v", "kind"}
@@ -380,7 +381,7 @@ def _inline(hint: Any, v: str = "v", finite: bool = False) -> Optional[str]:
 
 
 def _statements(hint: Any, var: str, name: str, indent: str, depth: int = 0,
-                finite: bool = False) -> list[str]:
+                finite: bool = False) -> Optional[list[str]]:
     """Lines that `return name` unless `var` matches `hint`: scalars inline, lists as plain
     loops (a generator per list was a third of a cudagraph_record's decode), None if neither."""
     inline = _inline(hint, var, finite)
@@ -415,12 +416,12 @@ def _check_lines(kind: str, indent: str = "    ", finite: bool = False) -> list[
     return lines
 
 
-def _namespace(kind: str) -> dict:
+def _namespace(kind: str) -> dict[str, Any]:
     return {"_finite": math.isfinite,
             "_nested": {name: _checker(_HINTS[kind][name]) for name in _FIELDS[kind]}}
 
 
-def _validator(kind: str) -> Callable[[dict], Optional[str]]:
+def _validator(kind: str) -> Callable[[dict[str, Any]], Optional[str]]:
     """One generated function per kind: the name of the first bad field, or None; KeyError
     for a missing one. Scalar checks are inlined (a call per field was half the decode time),
     lists of scalars or lists are loops; dicts use `_checker`'s predicates."""
@@ -428,10 +429,11 @@ def _validator(kind: str) -> Callable[[dict], Optional[str]]:
     namespace = _namespace(kind)
     exec("\n".join(lines), namespace)  # noqa: S102 (our own field names, built at import)
     namespace["check"].source = "\n".join(lines)
-    return namespace["check"]
+    check: Callable[[dict[str, Any]], Optional[str]] = namespace["check"]
+    return check
 
 
-def _builder(kind: str, finite: bool = False) -> Callable[[dict], Optional[Event]]:
+def _builder(kind: str, finite: bool = False) -> Callable[[dict[str, Any]], Optional[Event]]:
     """One generated function per kind: the event of a dict holding every field of the kind,
     each valid (`_validator`'s checks, inlined), else None (from_dict's checks then say why).
     A dict of the kind's size with a field missing has an unknown one: None too. `finite`:
@@ -453,7 +455,8 @@ def _builder(kind: str, finite: bool = False) -> Callable[[dict], Optional[Event
     namespace = {**_namespace(kind), "_new": object.__new__, "_cls": KINDS[kind]}
     exec("\n".join(lines), namespace)  # noqa: S102 (our own field names, built at import)
     namespace["build"].source = "\n".join(lines)
-    return namespace["build"]
+    build: Callable[[dict[str, Any]], Optional[Event]] = namespace["build"]
+    return build
 
 
 _VALIDATORS = {kind: _validator(kind) for kind in KINDS}
@@ -463,7 +466,10 @@ _BUILDERS = {kind: _builder(kind) for kind in KINDS}
 FINITE_BUILDERS = {kind: _builder(kind, finite=True) for kind in KINDS}
 # kind -> (class, fields + `v` + `kind`, validator): one lookup per event
 _SPECS = {kind: (cls, len(_FIELDS[kind]) + 2, _VALIDATORS[kind]) for kind, cls in KINDS.items()}
-_SCAN = json.JSONDecoder().scan_once
+# scan_once: the decoder's C scanner, (value, end) of the JSON value at an offset; a real
+# attribute (set in JSONDecoder.__init__) that the stubs do not declare
+_SCAN: Callable[[str, int], tuple[Any, int]]
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def clip(text: Optional[str], limit: int = MAX_TEXT_CHARS) -> Optional[str]:

@@ -151,7 +151,7 @@ def from_mapping(data: Any, recorded: bool = False) -> Config:
     checked, as a replay must decide as that sidecar did, even where today's rules differ."""
     if recorded:
         problems: list[str] = []
-        config = _build(Config, data, "", problems)
+        config: Config = _build(Config, data, "", problems)
         if problems:
             raise ConfigError(problems)
         return config
@@ -199,14 +199,15 @@ def load(path: str) -> Config:
     return from_mapping(_mapping(path))
 
 
-def _mapping(path: str) -> dict:
+def _mapping(path: str) -> dict[Any, Any]:
     """The file's top-level YAML mapping; ConfigError for anything else."""
     data = _parse_yaml(_read(path))
     if data is None:
         raise ConfigError(["empty config (no keys, only blank space or comments): write `{}` "
                            "to run with every default"])
     if not isinstance(data, dict):
-        kind = {list: "list", str: "line of text"}.get(type(data), type(data).__name__)
+        kinds: dict[type, str] = {list: "list", str: "line of text"}
+        kind = kinds.get(type(data), type(data).__name__)
         raise ConfigError([f"not a watchdog config: a YAML {kind}, not a mapping of "
                            "keys (key: value)"])
     return data
@@ -376,14 +377,15 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
     for name in names & set(data):
         hint, raw = hints[name], data[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw, f"{prefix}{name}.", problems)
+            # is_dataclass narrows to an instance or a class; a field's type is a class
+            values[name] = _build(typing.cast(type, hint), raw, f"{prefix}{name}.", problems)
             continue
         item = (typing.get_args(hint) or (None,))[0]
         if typing.get_origin(hint) is list and dataclasses.is_dataclass(item):
             if not isinstance(raw, list):
                 problems.append(f"{prefix}{name}: expected a list, got {type(raw).__name__}")
                 continue
-            values[name] = [_build(item, x, f"{prefix}{name}[{i}].", problems)
+            values[name] = [_build(typing.cast(type, item), x, f"{prefix}{name}[{i}].", problems)
                             for i, x in enumerate(raw)]
             continue
         value, problem = _check(_COERCE.get(prefix + name, _same)(raw), hint)
@@ -523,10 +525,12 @@ def semantic_problems(config: Config) -> list[str]:
     return problems + _servers_problems(config) + _reload_problems(config)
 
 
-def server_sources(config: Config) -> list[tuple[str, Optional[str], Optional[str]]]:
+def server_sources(config: Config,
+                   ) -> list[tuple[Optional[str], Optional[str], Optional[str]]]:
     """(name, unit, pidfile) of every configured server: `server` (named by its unit, else
-    "default") and each of `servers`."""
-    out = []
+    "default") and each of `servers`. A name is None only for a `servers` entry with neither
+    name nor unit, which `_servers_problems` reports (a valid config has none)."""
+    out: list[tuple[Optional[str], Optional[str], Optional[str]]] = []
     if config.server.unit or config.server.pidfile:
         out.append((config.server.unit or "default", config.server.unit, config.server.pidfile))
     out += [(e.name or e.unit, e.unit, e.pidfile) for e in config.servers]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, cast
 
 from torch_watchdog.sidecar.config import ForecastConfig
 from torch_watchdog.sidecar.core.correlate import State
@@ -60,8 +60,8 @@ class Forecast:
             return None
         return self.plateau_bytes >= self.budget_bytes or self.seconds_unexplained < FOREVER
 
-    def as_dict(self) -> dict:
-        def num(v):
+    def as_dict(self) -> dict[str, Any]:
+        def num(v: Optional[float]) -> Optional[float]:
             return None if v is None or v == FOREVER else round(v, 3)
         return {"seconds_to_oom": num(self.seconds), "seconds_to_oom_linear":
                 num(self.seconds_linear), "seconds_to_oom_discovery": num(self.seconds_discovery),
@@ -99,10 +99,12 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Foreca
         fc = _forecast_view(state, view, slope, leak, model)
         if best is None or fc.seconds < best.seconds:
             best = fc
+    assert best is not None  # views is not empty
     return best
 
 
-def rates(state: State, cfg: ForecastConfig) -> tuple:
+def rates(state: State, cfg: ForecastConfig,
+          ) -> tuple[Optional[float], Optional[float], Optional[float]]:
     """The forecast's inputs that move with time alone: the memory's growth rate and its rate
     outside recordings over the window, and the request rate."""
     slope, leak = state.samples.rates(state.now - cfg.window_s)
@@ -133,10 +135,11 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
     the server's memory is not its to run out of."""
     mine = {u: b for u, (_, _, b) in state.gpus.items()}
     known = state.mem_source == "process" and all(b is not None for b in mine.values())
-    total = sum(mine.values()) if known else 0
+    # known: mine holds no None (hence the casts)
+    total = sum(cast("dict[str, int]", mine).values()) if known else 0
     views = []
     for uuid, (used, usable, _) in sorted(state.gpus.items()):
-        share = mine[uuid] / total if known and total > 0 else 1.0 / len(state.gpus)
+        share = cast(int, mine[uuid]) / total if known and total > 0 else 1.0 / len(state.gpus)
         if known and mine[uuid] == 0:
             continue
         views.append(_View(uuid, used, usable - headroom, share))
@@ -144,7 +147,7 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
 
 
 def _discovery(state: State, cfg: ForecastConfig, min_records: int,
-               request_rate: Optional[float]) -> Optional[dict]:
+               request_rate: Optional[float]) -> Optional[dict[str, Any]]:
     """The discovery model's inputs, or None when it does not apply (yet)."""
     n, distinct = state.requests, state.distinct_shapes
     space = shape_space(n, distinct)
@@ -165,7 +168,7 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
 
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
-                   model: Optional[dict]) -> Forecast:
+                   model: Optional[dict[str, Any]]) -> Forecast:
     def seconds_at(rate: Optional[float]) -> float:
         if v.uuid is None and v.level >= v.budget:
             # over a configured or host budget already: an OOM now, growing or not (flat at
@@ -177,8 +180,8 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
         return max(0.0, (v.budget - v.level) / (rate * v.share))
 
     linear, unexplained = seconds_at(slope), seconds_at(leak)
-    common = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak, gpu_uuid=v.uuid,
-                  seconds_unexplained=unexplained)
+    common: dict[str, Any] = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak,
+                                  gpu_uuid=v.uuid, seconds_unexplained=unexplained)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
     space = model["space"]

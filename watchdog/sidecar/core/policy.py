@@ -17,10 +17,10 @@ from torch_watchdog.sidecar.core.results import Action, ActionKind
 
 @dataclass
 class PolicyState:
-    alerted: set = field(default_factory=set)     # causes already alerted
+    alerted: set[str] = field(default_factory=set)  # causes already alerted
     forecast_alerted: bool = False
     holding: int = 0                              # consecutive polls with the reload condition
-    reloads: list = field(default_factory=list)   # times of reload decisions
+    reloads: list[float] = field(default_factory=list)  # times of reload decisions
     suppressed_alerted: bool = False
     not_before: float = 0.0                       # no reload decision before (a refused one's
                                                   # retry time)

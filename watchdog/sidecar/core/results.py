@@ -23,10 +23,10 @@ class Action:
     t: float
     kind: ActionKind
     reason: str
-    detail: dict = field(default_factory=dict)   # what it says: the numbers behind it
+    detail: dict[str, Any] = field(default_factory=dict)  # what it says: the numbers behind it
     server: Optional[str] = None   # the target: a server, its pids and its GPUs (UUIDs)
-    pids: tuple = ()
-    gpus: tuple = ()
+    pids: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
     cause: Optional[str] = None        # RELOAD, EXECUTE, CANCEL: the cause that decided it
     dry_run: Optional[bool] = None     # RELOAD, EXECUTE, CANCEL: policy.dry_run when decided
     decided_t: Optional[float] = None  # EXECUTE, CANCEL: when the reload was decided

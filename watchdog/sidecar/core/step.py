@@ -21,19 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.observations import ReloadOutcome, Sample
+from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample, ReloadOutcome,
+                                                      Sample)
 from torch_watchdog.sidecar.core.results import Action, ActionKind, StepResult
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
-CAUSE_OF = {"recordings": "cudagraph_per_shape", "unexplained": "memory_growth_unexplained",
-            "trend": "oom_forecast"}
+# driver -> cause (Forecast.driver: None when no OOM is forecast)
+CAUSE_OF: dict[Optional[str], str] = {
+    "recordings": "cudagraph_per_shape", "unexplained": "memory_growth_unexplained",
+    "trend": "oom_forecast"}
 
 
 @dataclass
@@ -41,16 +44,18 @@ class Server:
     name: str
     state: correlate.State = field(default_factory=correlate.State)
     policy: policy.PolicyState = field(default_factory=policy.PolicyState)
-    pids: dict = field(default_factory=dict)       # pid -> last heard (observation time)
-    gpus: set = field(default_factory=set)         # UUIDs: agents' devices, NVML's lists
+    # pid -> last heard (observation time)
+    pids: dict[int, float] = field(default_factory=dict)
+    gpus: set[str] = field(default_factory=set)    # UUIDs: agents' devices, NVML's lists
     forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
     pending: Optional[Action] = None        # decided: carried out next poll if it holds
     reloading: Optional[Action] = None      # carried out: waiting for its outcome
-    note: Optional[dict] = None                    # the `reload` alert's detail while it lasts
-    firing: dict = field(default_factory=dict)     # alert cause -> detail, as of the last poll
-    parents: set = field(default_factory=set)      # its processes' parents (a supervisor)
+    note: Optional[dict[str, Any]] = None          # the `reload` alert's detail while it lasts
+    # alert cause -> detail, as of the last poll
+    firing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
     events: int = 0                                # events folded into it so far
-    failed: Optional[dict] = None                  # the last reload did not bring it back: the
+    failed: Optional[dict[str, Any]] = None        # the last reload did not bring it back: the
     # `reload_failed` alert's detail, until a new process of it says hello
 
     @property
@@ -60,15 +65,16 @@ class Server:
 
 @dataclass
 class Host:
-    servers: dict = field(default_factory=dict)    # name -> Server
-    owner: dict = field(default_factory=dict)      # pid -> server name
-    alive: dict = field(default_factory=dict)      # pid -> alive, from the last sample
+    servers: dict[str, Server] = field(default_factory=dict)  # name -> Server
+    owner: dict[int, str] = field(default_factory=dict)       # pid -> server name
+    alive: dict[int, bool] = field(default_factory=dict)      # pid -> alive, from the last sample
     now: Optional[float] = None                    # the last sample's time: the sidecar's clock
-    configured: dict = field(default_factory=dict) # pid -> server name, from the config
-    history: list = field(default_factory=list)    # (t, server or None): past reload decisions
+    configured: dict[int, str] = field(default_factory=dict)  # pid -> server name, from the config
+    # (t, server or None): past reload decisions
+    history: list[tuple[float, Optional[str]]] = field(default_factory=list)
     skewed_events: int = 0                         # event times outside the allowed clock skew
-    agents: dict = field(default_factory=dict)     # pid -> last heard: every agent's process,
-                                                   # believed or not (its liveness only)
+    # pid -> last heard: every agent's process, believed or not (its liveness only)
+    agents: dict[int, float] = field(default_factory=dict)
     _none: Optional[Server] = field(default=None, repr=False, compare=False)  # focus() of none
 
     def server(self, name: str) -> Server:
@@ -121,7 +127,7 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
     return _fold_run(host, (e,), cfg)
 
 
-def fold_events(host: Host, evs: list, cfg: Config) -> list[Action]:
+def fold_events(host: Host, evs: Sequence[events.Event], cfg: Config) -> list[Action]:
     """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
     actions. After the first sample, a run of one process's events on the sidecar's clock (an
     agent's datagram) is folded as one: only a hello, which starts a run of its own, can
@@ -153,7 +159,7 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
     host.agents[pid] = last.t
     actions: list[Action] = []
     if last.kind == "hello":
-        server = _on_hello(host, last, actions)
+        server = _on_hello(host, cast(events.Hello, last), actions)  # kind "hello": a Hello
     else:  # the common path (thousands a second): the owner is known
         name = host.configured.get(pid) or host.owner.get(pid, DEFAULT_SERVER)
         server = host.servers.get(name) or host.server(name)
@@ -171,7 +177,7 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
     return actions
 
 
-def _on_hello(host: Host, e: events.Hello, actions: list) -> Server:
+def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
     name = owner_of(host, e)
     _adopt(host, e, name)
     server = host.server(name)
@@ -196,6 +202,7 @@ def owner_of(host: Host, e: events.Event) -> str:
     if e.pid in host.configured:
         return host.configured[e.pid]
     if e.kind == "hello":
+        e = cast(events.Hello, e)  # the one kind named "hello"
         if isinstance(e.server, str) and e.server and e.server not in host.configured.values():
             return e.server
         if e.ppid in host.owner:
@@ -266,7 +273,8 @@ class _Mine:
     __slots__ = ("t", "devices", "processes", "nvml_up", "host_total_bytes",
                  "host_available_bytes")
 
-    def __init__(self, s: Sample, processes: tuple, devices: tuple):
+    def __init__(self, s: Sample, processes: tuple[ProcessSample, ...],
+                 devices: tuple[DeviceSample, ...]):
         self.t, self.devices, self.processes, self.nvml_up = s.t, devices, processes, s.nvml_up
         self.host_total_bytes = s.host_total_bytes
         self.host_available_bytes = s.host_available_bytes
@@ -311,7 +319,8 @@ def _attributable(host: Host, server: Server) -> bool:
     return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
 
 
-def _view(server: Server, s: Sample) -> tuple[tuple, tuple]:
+def _view(server: Server, s: Sample,
+          ) -> tuple[tuple[ProcessSample, ...], tuple[DeviceSample, ...]]:
     """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
     the agents' devices or NVML's per-process lists name one: a device-level meter)."""
     pids, gpus = server.pids, server.gpus
@@ -374,7 +383,8 @@ def _target(a: Action, server: Server) -> Action:
                                gpus=tuple(sorted(server.state.gpus or server.gpus)))
 
 
-def _action(t: float, kind: ActionKind, reason: str, server: Server, detail: dict) -> Action:
+def _action(t: float, kind: ActionKind, reason: str, server: Server,
+            detail: dict[str, Any]) -> Action:
     return _target(Action(t, kind, reason, detail), server)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Optional
+from typing import Any, Optional
 
 SETTLE_S = 2.0
 LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
@@ -31,7 +31,7 @@ class Trend:
         self._last: Optional[tuple[float, int, int]] = None   # t, memory, recordings
         self._changed = -math.inf                            # when recordings last changed
 
-    def append(self, sample: tuple) -> None:
+    def append(self, sample: tuple[Any, ...]) -> None:
         """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
         t, mem, records = sample[0], sample[1], sample[2]
         if mem is None:
