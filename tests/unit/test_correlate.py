@@ -73,6 +73,17 @@ def test_a_step_no_compile_claims_becomes_unexplained_after_a_while():
     assert s.findings[0].cause == "memory_growth_unexplained" and s.findings[0].t == 90.0
 
 
+def test_a_zero_threshold_waits_for_a_memory_reading():
+    """correlate.unexplained_bytes: 0 (the config allows it): an agent's events before any
+    memory reading are no unexplained growth (they raised TypeError), a step after is."""
+    cfg = dataclasses.replace(CFG, unexplained_bytes=0)
+    s = run([events.Heartbeat(t=1.0, pid=7, seq=1, uptime_s=1.0, queue_depth=0, errors=0)], cfg)
+    assert not s.findings
+    s = fold(s, [compile_(2.0), sample(20.0, 1000 * MB), sample(25.0, 1600 * MB),
+                 sample(90.0, 1600 * MB)], cfg)
+    assert [f.cause for f in s.findings] == ["memory_growth_unexplained"]
+
+
 def test_falls_back_to_device_memory_without_per_process_numbers():
     obs = [Sample(t=1.0, devices=(DeviceSample("GPU-a", 10 * MB, 100 * MB),),
                   processes=(ProcessSample(7, True, 1, {"GPU-a": None}),))]

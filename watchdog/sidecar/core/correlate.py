@@ -612,11 +612,9 @@ def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
             "recordings": state.records, "distinct_shapes": state.distinct_shapes,
             "mb_per_graph": round(b, 4), "confidence": round(conf, 3),
             "mb_so_far": round(b * state.records, 1)})
-    if "memory_growth_unexplained" not in state.active and \
-            state.unexplained_bytes() >= cfg.unexplained_bytes:
+    # before a memory reading nothing is unexplained (a threshold of 0 must not fire then)
+    if "memory_growth_unexplained" not in state.active and state.mem_bytes is not None and \
+            state.mem_start is not None and state.unexplained_bytes() >= cfg.unexplained_bytes:
         _activate(state, t, "memory_growth_unexplained", {
             "unexplained_mb": round(state.unexplained_bytes() / 1e6, 1),
-            # both are None before a memory reading, and with correlate.unexplained_bytes 0
-            # this runs then: a TypeError (a known bug, left as it is here)
-            "growth_mb": round(
-                (state.mem_bytes - state.mem_start) / 1e6, 1)})  # type: ignore[operator]
+            "growth_mb": round((state.mem_bytes - state.mem_start) / 1e6, 1)})
