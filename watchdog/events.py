@@ -290,8 +290,7 @@ def decode(data: Union[bytes, str]) -> Event:
 
 def from_dict(obj: Any) -> Event:
     # the common case, a valid event with every field: one generated function checks and
-    # builds it (1.3 -> ~0.8 us per event); anything else takes the path below, which says
-    # what is wrong
+    # builds it; anything else takes the path below, which says what is wrong
     if type(obj) is dict:
         kind = obj.get("kind")
         if type(kind) is str:
@@ -300,12 +299,6 @@ def from_dict(obj: Any) -> Event:
                 event = build(obj)
                 if event is not None:
                     return event
-    # Measured in a hot loop (benchmarks/sidecar_cost.py's decode line, its three events, a
-    # 2-core VM): decode() 3.3 / 3.6 / 4.0 us per heartbeat / new_shape / cudagraph_record, of
-    # which 2-3 us is the C JSON scanner; 3.6 / 4.4 / 6.8 us with generic predicates for list
-    # fields (a generator per list, per nesting level). In the daemon, which wakes 10-20 times
-    # a second with cold caches, each event costs 2-3x that (cProfile: decode about as much
-    # as step.step's fold of the event into its server).
     if type(obj) is not dict and not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
     if "v" not in obj:

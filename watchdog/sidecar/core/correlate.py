@@ -174,7 +174,7 @@ class State:
             return 0.0
         undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
             if self.pending_jumps else 0
-        # explained_bytes(), inlined: every server evaluates this every poll (1.8 us as calls)
+        # explained_bytes(), inlined: every server evaluates this every poll
         reg = self.regression
         explained = max(0.0, (reg.sxy / reg.sxx if reg.sxx > 0 else None) or 0.0) * self.records
         return max(0.0, mem - start - explained - self.compile_jump_bytes - undecided)
@@ -268,7 +268,7 @@ def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
 def fold_events(state: State, evs: Sequence[events.Event], cfg: CorrelateConfig) -> None:
     """Agent events in turn, without evaluating the causes: step.fold_events hands it the runs
     of a poll's events from one process (a busy agent's 100 a poll), one call a run instead of
-    one an event (~0.15 us of an event's ~1 us fold in the daemon)."""
+    one an event."""
     handlers = _EVENT_HANDLERS
     pids = state.pids
     for e in evs:
@@ -351,7 +351,7 @@ def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) ->
 
 def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> None:
     # the common path of the hottest event (an agent reports every new shape): one lookup per
-    # dict, the shape's key built by a list comprehension (a generator was ~0.4 us of ~2 us)
+    # dict, the shape's key built by a list comprehension (cheaper than a generator)
     name = e.name
     keys = state.shape_keys.get(name)
     if keys is None:
@@ -489,7 +489,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
     if s.devices:
         state.gpu_down = False
         procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
-        # one pass over the GPUs (four were ~3 us a changing server's poll), summed in order
+        # one pass over the GPUs, summed in order
         gpus, used_sum, total_sum, usable_sum = {}, 0, 0, 0
         for d in s.devices:
             used, total = d.used_bytes, d.total_bytes

@@ -76,8 +76,8 @@ class Forecast:
 
 class _View(NamedTuple):
     """One budget the server can run out of: a GPU (its level and budget, and the server's
-    share of its own growth that lands there), or the process / host budget. A tuple: a frozen
-    dataclass cost ~1 us more to build, per GPU, server and changing poll."""
+    share of its own growth that lands there), or the process / host budget. A tuple: cheaper
+    to build than a frozen dataclass, per GPU, server and poll."""
     uuid: Optional[str]
     level: int
     budget: int
