@@ -50,11 +50,11 @@ def decisions(name: str, config: str) -> Iterator[str]:
         result = step.step(host, obs, cfg)
         decided = result.actions
         changed = {}
-        for sname, server in sorted(host.servers.items()):
-            now = _dumps(server.firing)
+        for sname, fires in sorted(result.poll.firing.items() if result.poll else ()):
+            now = _dumps(fires)
             if firing.get(sname, "{}") != now:
                 firing[sname] = now
-                changed[sname] = server.firing
+                changed[sname] = fires
         if decided or changed:
             yield _dumps({"t": round(obs.t, 6), "actions": [a.as_dict() for a in decided],
                           "firing": changed})

@@ -1,5 +1,5 @@
-"""Each server's view (present/views.py) shows its state under the config in force, and the
-snapshot the daemon makes each poll is the one Snapshot(...) makes."""
+"""What a sample's step shows (StepResult.poll): each server's view under the config in force,
+the focus, and the snapshot the daemon makes of it, which is the one Snapshot(...) makes."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +8,9 @@ import pytest
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, Sample
-from torch_watchdog.sidecar.core.step import Host, step
+from torch_watchdog.sidecar.core.step import Host, server_view, step
 from torch_watchdog.sidecar.present import snapshot
 from torch_watchdog.sidecar.present.snapshot import Snapshot
-from torch_watchdog.sidecar.present.views import server_views
 from tests.unit.test_step import CFG, GB, MB, compile_event, hello
 
 
@@ -29,15 +28,28 @@ def test_a_view_follows_the_config_in_force():
                             processes=(ProcessSample(7, True, GB, {"GPU-a": used - GB}),)))
     host = Host()
     for obs in trace:
-        step(host, obs, cfg)
-    strict = dataclasses.replace(cfg, correlate=dataclasses.replace(cfg.correlate,
-                                                                    min_records=1000))
-    assert server_views(host.servers, strict.correlate)["srv"]["estimates"]["mb_per_graph"] \
-        is None
-    loose = server_views(host.servers, cfg.correlate)["srv"]
+        result = step(host, obs, cfg)
+    assert result.poll is not None and result.poll.focus == "srv"
+    loose = result.poll.views["srv"]
+    assert result.poll.focus_view is loose
     assert loose["estimates"]["mb_per_graph"] == pytest.approx(10 * MB / 1e6, rel=0.01)
     assert loose["pids"] == [7] and loose["gpus"] == ["GPU-a"]
     assert loose["forecast"]["gpu_uuid"] == "GPU-a"
+    assert result.poll.agents_alive  # a CUDA graph per size, 10 MB each: it fires
+    assert list(result.poll.firing["srv"]) == ["cudagraph_per_shape"]
+    assert [c["cause"] for c in result.poll.focus_causes] == ["cudagraph_per_shape"]
+    strict = dataclasses.replace(cfg, correlate=dataclasses.replace(cfg.correlate,
+                                                                    min_records=1000))
+    assert server_view(host.servers["srv"], strict)["estimates"]["mb_per_graph"] is None
+    assert step(host, hello(t, 7, "srv", ["GPU-a"]), cfg).poll is None  # an event: no poll
+
+
+def test_before_any_server_the_poll_shows_an_empty_focus():
+    result = step(Host(), Sample(t=1000.0), CFG)
+    assert result.actions == [] and result.poll is not None
+    assert result.poll.focus is None and result.poll.views == {}
+    assert result.poll.focus_view["estimates"]["recordings"] == 0
+    assert result.poll.focus_view["forecast"]["seconds_to_oom"] is None
 
 
 def test_a_snapshot_made_at_once_is_the_one_init_makes():

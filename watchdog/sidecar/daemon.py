@@ -28,7 +28,7 @@ from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.observations import Sample
-from torch_watchdog.sidecar.core.results import Action, ActionKind
+from torch_watchdog.sidecar.core.results import Action, ActionKind, ServerView
 from torch_watchdog.sidecar.discovery import Discovery
 from torch_watchdog.sidecar.intake import BATCH_S, Intake
 from torch_watchdog.sidecar.present.metrics import serve, stop
@@ -219,18 +219,17 @@ class Daemon:
             decided += result.actions
         for action in decided:
             self._act(action)
+        poll = result.poll
+        assert poll is not None  # a sample's step: what fires and what every server shows
         self.publisher.log_findings(self.host)
-        views = self.publisher.server_views(self.host)
-        record = self.reloads.record
-        self.alerting.dispatch(now, views, result.firing or {}, record.unreadable)
-        focus = self.host.focus()
-        snapshot = self.publisher.snapshot(sample, self.host, focus, views, self._counts(
-            time.perf_counter() - started))
+        self.alerting.dispatch(now, poll.views, poll.firing, self.reloads.record.unreadable)
+        snapshot = self.publisher.snapshot(sample, poll,
+                                           self._counts(time.perf_counter() - started))
         self.ticks += 1
-        self.publisher.publish(snapshot, observations, decided, focus, self.ticks)
+        self.publisher.publish(snapshot, observations, decided, poll, self.ticks)
         self.notifier.watchdog()  # only after a completed tick
         if self.ticks % 50 == 1:
-            self.notifier.status(_status_line(focus))
+            self.notifier.status(_status_line(poll.focus or "no server yet", poll.focus_view))
         return snapshot
 
     def _sample(self, now: float, received: list) -> Sample:
@@ -277,8 +276,8 @@ class Daemon:
         self.log.warning("alertmanager unreachable; will retry", url=url, error=error)
 
 
-def _status_line(server: step.Server) -> str:
-    seconds, state = server.forecast.seconds, server.state
-    eta = "no OOM forecast" if seconds == float("inf") else f"OOM in ~{seconds:.0f} s"
-    return (f"{server.name}: {state.records} graphs, {state.recompiles} recompiles, "
-            f"{len(state.active)} active causes, {eta}")
+def _status_line(name: str, view: ServerView) -> str:
+    seconds, est = view["forecast"]["seconds_to_oom"], view["estimates"]
+    eta = "no OOM forecast" if seconds is None else f"OOM in ~{seconds:.0f} s"
+    return (f"{name}: {est['recordings']} graphs, {est['recompiles']} recompiles, "
+            f"{len(view['active_causes'])} active causes, {eta}")

@@ -31,6 +31,7 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
 from torch_watchdog.sidecar.core.trend import Trend
 from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
+from torch_watchdog.sidecar.core.results import Estimates
 
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
           "memory_growth_unexplained")
@@ -190,7 +191,7 @@ class State:
             calls, seconds = at if part == "before" else (calls - at[0], seconds - at[1])
         return 1e3 * seconds / calls if calls > 0 else None
 
-    def estimates(self, cfg: CorrelateConfig) -> dict[str, Any]:
+    def estimates(self, cfg: CorrelateConfig) -> Estimates:
         limit_t = self.limit_t
         enough = self.records >= cfg.min_records
         before = self.steady_ms("before" if limit_t is not None else "all")

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Optional, cast
 
 from torch_watchdog.sidecar.config import ForecastConfig
 from torch_watchdog.sidecar.core.correlate import State
+from torch_watchdog.sidecar.core.results import ForecastView
 
 FOREVER = math.inf
 
@@ -60,7 +61,7 @@ class Forecast:
             return None
         return self.plateau_bytes >= self.budget_bytes or self.seconds_unexplained < FOREVER
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ForecastView:
         def num(v: Optional[float]) -> Optional[float]:
             return None if v is None or v == FOREVER else round(v, 3)
         return {"seconds_to_oom": num(self.seconds), "seconds_to_oom_linear":

@@ -1,9 +1,10 @@
-"""What the step decides: typed actions, and the step's result (the actions and what fires)."""
+"""What the step decides and shows: typed actions, and the step's result (the actions, and after a
+sample what fires and every server's view)."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 
 class ActionKind(str, enum.Enum):
@@ -50,10 +51,79 @@ class Action:
                 "gpus": list(self.gpus)}
 
 
+class Estimates(TypedDict):
+    """A server's numbers (correlate.State.estimates), as metrics, pages and replay show them."""
+    mb_per_graph: Optional[float]
+    mb_per_graph_confidence: Optional[float]
+    recordings: int
+    warmups: int
+    distinct_shapes: int
+    requests: int
+    compiles: int
+    recompiles: int
+    compile_seconds: float
+    fx_cache_hits: int
+    fx_cache_misses: int
+    recompile_limit_hits: int
+    graph_breaks: int
+    stalls: int
+    stall_seconds: float
+    ooms: int
+    memory_source: Optional[str]
+    memory_bytes: Optional[int]
+    memory_growth_bytes: Optional[int]
+    explained_by_recordings_bytes: int
+    unexplained_bytes: int
+    device_used_bytes: Optional[int]
+    device_total_bytes: Optional[int]
+    steady_ms: Optional[float]
+    steady_ms_after_fallback: Optional[float]
+    padding: dict[str, dict[str, Any]]   # model -> what the agent's padding reported
+
+
+class ForecastView(TypedDict):
+    """A server's forecast (forecast.Forecast.as_dict): seconds None where no OOM is in sight."""
+    seconds_to_oom: Optional[float]
+    seconds_to_oom_linear: Optional[float]
+    seconds_to_oom_discovery: Optional[float]
+    seconds_to_oom_unexplained: Optional[float]
+    driver: Optional[str]
+    gpu_uuid: Optional[str]
+    plateau_bytes: Optional[float]
+    will_oom: Optional[bool]
+    budget_bytes: Optional[int]
+    level_bytes: Optional[int]
+    shape_space_estimate: Optional[float]
+    growth_bytes_per_s: Optional[float]
+    unexplained_bytes_per_s: Optional[float]
+
+
+class ServerView(TypedDict):
+    """One server as the presenters show it (Snapshot.servers)."""
+    estimates: Estimates
+    forecast: ForecastView
+    active_causes: tuple[str, ...]
+    pids: list[int]
+    gpus: list[str]
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """What a sample's step leaves for the alerts and the presenters."""
+    firing: dict[str, dict[str, dict[str, Any]]]  # server -> cause -> detail
+    views: dict[str, ServerView]                   # server -> its view
+    focus: Optional[str]          # the server nearest to OOM; None before any is known
+    focus_view: ServerView        # its view (an empty server's before any is known)
+    focus_causes: list[dict[str, Any]]  # its active findings, as shown
+    agents_alive: bool            # a process that sent events is alive
+    skewed_events: int            # event times moved onto the sidecar's clock, so far
+    agent_events_lost: int        # events the agents said they dropped, so far
+
+
 @dataclass
 class StepResult:
-    """One observation's step: its actions, in order, and after a sample, what fires for each
-    server (cause -> detail; `None` after an event or an outcome: the alerts are decided once
-    a poll)."""
+    """One observation's step: its actions, in order, and after a sample (`poll`) what fires and
+    what every server shows; `poll` is None after an event or an outcome (the alerts are
+    decided once a poll)."""
     actions: list[Action] = field(default_factory=list)
-    firing: Optional[dict[str, dict[str, dict[str, Any]]]] = None
+    poll: Optional[PollResult] = None

@@ -29,7 +29,8 @@ from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample, ReloadOutcome,
                                                       Sample)
-from torch_watchdog.sidecar.core.results import Action, ActionKind, StepResult
+from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView, \
+    StepResult
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
@@ -110,7 +111,7 @@ Observation = Union[events.Event, Sample, ReloadOutcome]
 def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
     if isinstance(obs, Sample):
         actions = _on_sample(host, obs, cfg)
-        return StepResult(actions, {name: s.firing for name, s in host.servers.items()})
+        return StepResult(actions, _poll_result(host, cfg))
     if isinstance(obs, ReloadOutcome):
         return StepResult(_on_outcome(host, obs))
     return StepResult(_on_event(host, obs, cfg))
@@ -397,7 +398,7 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
         return {}  # the common case: nothing fires
     firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
-        firing["oom_forecast"] = server.forecast.as_dict()
+        firing["oom_forecast"] = dict(server.forecast.as_dict())
     refused = server.state.padding_refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
@@ -450,8 +451,26 @@ def _reset(host: Host, server: Server) -> None:
 
 
 def estimates(server: Server, cfg: Config) -> dict[str, Any]:
-    """The server's numbers and its forecast, as metrics, the status page and replay show."""
-    out = server.state.estimates(cfg.correlate)
-    out.update(server.forecast.as_dict())
-    return out
+    """The server's numbers and its forecast in one mapping, as replay and the report show."""
+    return {**server.state.estimates(cfg.correlate), **server.forecast.as_dict()}
 
+
+def _poll_result(host: Host, cfg: Config) -> PollResult:
+    """What fires and what every server shows, after a sample."""
+    views = {name: server_view(s, cfg) for name, s in host.servers.items()}
+    focus = host.focus()
+    known = host.servers.get(focus.name) is focus
+    return PollResult(
+        firing={name: s.firing for name, s in host.servers.items()}, views=views,
+        focus=focus.name if known else None,
+        focus_view=views[focus.name] if known else server_view(focus, cfg),
+        focus_causes=[f.as_dict() for f in focus.state.active.values()],
+        agents_alive=host.agents_alive(), skewed_events=host.skewed_events,
+        agent_events_lost=sum(s.state.agent_dropped for s in host.servers.values()))
+
+
+def server_view(server: Server, cfg: Config) -> ServerView:
+    state = server.state
+    return {"estimates": state.estimates(cfg.correlate), "forecast": server.forecast.as_dict(),
+            "active_causes": tuple(state.active), "pids": sorted(server.pids),
+            "gpus": sorted(state.gpus or server.gpus)}

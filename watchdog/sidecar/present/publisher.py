@@ -1,4 +1,4 @@
-"""Each poll, made visible: the servers' views, the snapshot behind /metrics, the status page.
+"""Each poll, made visible: the snapshot behind /metrics, the status page, the findings' log.
 
 The views and the snapshot are read by other threads (the metrics and status HTTP servers): each
 is published by one reference swap and never changed after. A failure here only leaves the page
@@ -13,12 +13,11 @@ from torch_watchdog import __version__
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.observations import Sample
-from torch_watchdog.sidecar.core.results import Action
+from torch_watchdog.sidecar.core.results import Action, PollResult
 from torch_watchdog.sidecar.present import snapshot as snapshot_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry
 from torch_watchdog.sidecar.present.snapshot import Snapshot
-from torch_watchdog.sidecar.present.views import server_views
 
 PUBLISH_S = 1.0  # the status page's view is rebuilt at most this often, or when the step acts
 
@@ -35,7 +34,6 @@ class Publisher:
         self._published_t = -1e18
         self._findings_logged: dict[str, int] = {}  # per server
         # what the last poll made of inputs that did not change since
-        self._unknown: Optional[tuple] = None     # a focus that is no known server
         self._procs_kept: Optional[tuple] = None  # (processes, their sums)
         self._actions_kept: Optional[dict] = None  # dict(actions_total), until an action
 
@@ -53,15 +51,10 @@ class Publisher:
                 self.log.warning("finding", server=name, **finding.as_dict())
             self._findings_logged[name] = len(findings)
 
-    def server_views(self, host: step.Host) -> dict[str, dict[str, Any]]:
-        """Every server's view (present/views.py)."""
-        return server_views(host.servers, self.cfg.correlate)
-
-    def snapshot(self, sample: Sample, host: step.Host, focus: step.Server,
-                 views: dict[str, dict[str, Any]], counts: dict[str, Any]) -> Snapshot:
-        """This poll's snapshot (`focus`: host.focus()); `counts`: the sources' and actions'
-        counters, as the Snapshot's fields name them."""
-        estimates, forecast = self._focus_numbers(focus, host, views)
+    def snapshot(self, sample: Sample, poll: PollResult, counts: dict[str, Any]) -> Snapshot:
+        """This poll's snapshot; `counts`: the sources' and actions' counters, as the
+        Snapshot's fields name them."""
+        focus = poll.focus_view
         gpu, rss_bytes, any_alive = self._process_sums(sample)
         if self._actions_kept is None:
             self._actions_kept = dict(self.actions_total)
@@ -69,34 +62,15 @@ class Publisher:
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             gpu_attribution=self.cfg.gpu.attribution, server_rss_bytes=rss_bytes,
             server_alive=any_alive if sample.processes else None,
-            estimates=estimates, forecast=forecast,
-            active_causes=tuple(focus.state.active), actions_total=self._actions_kept,
-            servers=views, focus=focus.name if focus.name in views else None,
+            estimates={**focus["estimates"], **focus["forecast"]}, forecast=focus["forecast"],
+            active_causes=focus["active_causes"], actions_total=self._actions_kept,
+            servers=poll.views, focus=poll.focus,
             sources_up={"nvml": sample.nvml_up, "process": any_alive,
-                        "agent": host.agents_alive()},
-            nvml_query_seconds=sample.query_s,
-            events_skewed_total=host.skewed_events,
-            agent_events_lost_total=sum(v.state.agent_dropped for v in host.servers.values()),
-            **counts))
+                        "agent": poll.agents_alive},
+            nvml_query_seconds=sample.query_s, events_skewed_total=poll.skewed_events,
+            agent_events_lost_total=poll.agent_events_lost, **counts))
         self.collector.update(snap)
         return snap
-
-    def _focus_numbers(self, focus: step.Server, host: step.Host,
-                       views: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
-        """The focus's estimates merged with its forecast, and its forecast."""
-        view = views.get(focus.name)
-        if view is None or host.servers.get(focus.name) is not focus:
-            return self._unknown_focus(focus)
-        return {**view["estimates"], **view["forecast"]}, view["forecast"]
-
-    def _unknown_focus(self, focus: step.Server) -> tuple[dict, dict]:
-        """The numbers of a focus that is no known server (none yet): the host's one empty
-        server, which nothing changes, so computed once per config."""
-        known = self._unknown
-        if known is None or known[0] is not focus or known[1] is not self.cfg:
-            known = self._unknown = (focus, self.cfg, step.estimates(focus, self.cfg),
-                                     focus.forecast.as_dict())
-        return known[2], known[3]
 
     def _process_sums(self, sample: Sample) -> tuple[dict, Optional[int], bool]:
         """GPU bytes by device, RSS and liveness over the sample's processes (the reader hands
@@ -115,7 +89,7 @@ class Publisher:
         return kept[1], kept[2], kept[3]
 
     def publish(self, snap: Snapshot, observations: list, decided: list[Action],
-                focus: step.Server, polls: int) -> None:
+                poll: PollResult, polls: int) -> None:
         """The status page's view of this poll: one reference swap, read by HTTP threads."""
         cfg = self.cfg
         try:
@@ -125,8 +99,7 @@ class Publisher:
                 info = {"version": __version__, "polls": polls, "poll_interval_s":
                         cfg.poll_interval_s, "socket": cfg.agent.socket_path,
                         "reload_method": cfg.reload.method, "dry_run": cfg.policy.dry_run}
-                causes = [f.as_dict() for f in focus.state.active.values()]
-                self.status = self.history.view(snap, causes, info)
+                self.status = self.history.view(snap, poll.focus_causes, info)
                 self._published_t = snap.t
         except Exception as e:
             if not self._failed:  # once: it would repeat every poll
