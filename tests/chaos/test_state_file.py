@@ -124,3 +124,45 @@ def test_the_daemon_starting_on_a_corrupt_record_reloads_nothing_for_an_hour(sho
         assert reloads == []
     finally:
         d.halt()
+
+
+def test_a_corrupt_record_is_alerted_for_as_long_as_the_sidecar_runs_and_replays_alike(
+        short_tmp):
+    """The step decides the `reload_record_unreadable` alert (a host alert, of no one server)
+    from an observation the daemon writes to its sample log: a replay of the log fires it too."""
+    from torch_watchdog.sidecar.core import step
+    from torch_watchdog.sidecar.core.observations import ConfigChange
+    from torch_watchdog.sidecar.offline.traces import Reader
+
+    with open(os.path.join(short_tmp, "reloads.json"), "wb") as fh:
+        fh.write(b"\x00garbage")
+    clock = Clock(time.time())
+    log = os.path.join(short_tmp, "samples.jsonl")
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 state_dir=short_tmp, sample_log=log)
+    nvml = FakeNvml([{"uuid": b"GPU-0", "total": 80 << 30, "used": 1 << 30, "procs": []}])
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    posted = []
+    d.alerting.sender = type("Sender", (), {"submit": lambda self, batch: posted.extend(batch),
+                                            "sent": {}, "failed": {}, "dropped": {},
+                                            "stop": lambda self: None,
+                                            "start": lambda self: None})()
+    try:
+        d.start()
+        for _ in range(3):
+            clock.t += 1.0
+            d.tick()
+    finally:
+        d.halt()
+    unreadable = [a for a in posted
+                  if a["labels"]["alertname"] == "TorchCompileReloadRecordUnreadable"]
+    assert unreadable and "server" not in unreadable[0]["labels"]  # the host's, of no server
+    assert "reloads are suspended for an hour" in unreadable[0]["annotations"]["description"]
+    host, fired = step.Host(), []
+    for obs in Reader(log):
+        result = None if isinstance(obs, ConfigChange) else step.step(host, obs, cfg)
+        if result is not None and result.poll is not None:
+            fired.append(result.poll.host_firing)
+    assert fired and all("reload_record_unreadable" in f for f in fired)
+    assert "reloads are suspended for an hour" in fired[0]["reload_record_unreadable"]["detail"]

@@ -375,7 +375,7 @@ def test_the_memory_line_breaks_between_a_reload_and_the_new_process():
     across the gap that no process had."""
     from torch_watchdog import events as ev
     from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample,
-        ReloadOutcome, Sample)
+                                                          ReloadOutcome, Sample)
     t0, gib = 1.8e9, 2 ** 30
 
     def sample(t: float, pid: int, alive: bool, used: int) -> Sample:

@@ -8,7 +8,7 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config, ForecastConfig, PolicyConfig, ReloadConfig
 from torch_watchdog.sidecar.core.step import Host, step
 from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample, ReloadOutcome,
-    Sample)
+                                                      Sample)
 
 MB = 1 << 20
 GB = 1 << 30

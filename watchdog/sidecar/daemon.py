@@ -27,7 +27,7 @@ from torch_watchdog.sidecar.actions.alerting import Alerting
 from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
-from torch_watchdog.sidecar.core.observations import Sample
+from torch_watchdog.sidecar.core.observations import RecordUnreadable, Sample
 from torch_watchdog.sidecar.core.results import Action, ActionKind, ServerView
 from torch_watchdog.sidecar.discovery import Discovery
 from torch_watchdog.sidecar.intake import BATCH_S, Intake
@@ -98,6 +98,10 @@ class Daemon:
         record = self.reloads.record
         if record.unreadable:  # fails closed: no reload for an hour, said loudly
             self.log.error("reload record unreadable", detail=record.unreadable)
+            unreadable = RecordUnreadable(self.clock(), record.unreadable)
+            if self.sample_log is not None:
+                self.sample_log.observations([unreadable])
+            step.step(self.host, unreadable, self.cfg)
         for repair in record.repairs:
             self.log.warning("reload record repaired", detail=repair)
         self.log.info("started", socket=agent.socket_path, metrics_port=self.cfg.metrics_port,
@@ -222,7 +226,7 @@ class Daemon:
         poll = result.poll
         assert poll is not None  # a sample's step: what fires and what every server shows
         self.publisher.log_findings(self.host)
-        self.alerting.dispatch(now, poll.views, poll.firing, self.reloads.record.unreadable)
+        self.alerting.dispatch(now, poll)
         snapshot = self.publisher.snapshot(sample, poll,
                                            self._counts(time.perf_counter() - started))
         self.ticks += 1

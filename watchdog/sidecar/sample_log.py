@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
-    ReloadOutcome, Sample
+    RecordUnreadable, ReloadOutcome, Sample
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -78,12 +78,27 @@ def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
                          t=float(d["t"]), server=str(d["server"]))
 
 
+def unreadable_to_dict(o: RecordUnreadable) -> dict[str, Any]:
+    return {"kind": "record_unreadable", "t": o.t, "detail": o.detail}
+
+
+def unreadable_from_dict(d: dict[str, Any]) -> RecordUnreadable:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    if not isinstance(d["detail"], str):
+        raise ValueError("detail must be text")
+    return RecordUnreadable(float(d["t"]), d["detail"])
+
+
+_TO_DICT = {Sample: sample_to_dict, ReloadOutcome: outcome_to_dict,
+            RecordUnreadable: unreadable_to_dict}
+
+
 def encode(observations: Iterable[Any]) -> bytes:
-    """A poll's lines: agent events as the schema encodes them, samples and outcomes as above."""
+    """Lines of observations: agent events as the schema encodes them, the sidecar's own as
+    above."""
     return b"\n".join(
-        json.dumps(sample_to_dict(o), separators=(",", ":")).encode() if isinstance(o, Sample)
-        else json.dumps(outcome_to_dict(o), separators=(",", ":")).encode()
-        if isinstance(o, ReloadOutcome) else events.encode(o)
+        json.dumps(_TO_DICT[type(o)](o), separators=(",", ":")).encode()
+        if type(o) in _TO_DICT else events.encode(o)
         for o in observations)
 
 

@@ -8,10 +8,11 @@ description is a few strings, for every firing alert, every poll).
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, Optional
+from typing import Callable
 
 from torch_watchdog.sidecar.actions import alerts
 from torch_watchdog.sidecar.config import AlertsConfig
+from torch_watchdog.sidecar.core.results import PollResult, ServerView
 
 
 class Alerting:
@@ -30,27 +31,24 @@ class Alerting:
         if self.sender is not None:
             self.sender.stop()
 
-    def dispatch(self, now: float, views: dict[str, dict[str, Any]],
-                 firing_of: dict[str, dict[str, dict[str, Any]]],
-                 record_unreadable: Optional[str]) -> None:
-        """Hand what fires, for every server, to the sender's thread."""
+    def dispatch(self, now: float, poll: PollResult) -> None:
+        """Hand what fires, for every server and for the host, to the sender's thread."""
         if self.sender is None:
             return
         base = {"service": self.cfg.service, "instance": self.cfg.instance or
                 socket.gethostname()}
         firing: dict = {}
-        for name, fires in firing_of.items():
+        for name, fires in poll.firing.items():
             if fires:  # the common case: nothing of it fires
-                firing.update(self._alerts(name, fires, views[name], base))
-        if len(self._kept) > len(firing_of):  # servers come and go
-            self._kept = {k: v for k, v in self._kept.items() if k in firing_of}
-        if record_unreadable:
-            firing.update(alerts.build({"reload_record_unreadable": {
-                "detail": record_unreadable}}, {}, {}, base))
+                firing.update(self._alerts(name, fires, poll.views[name], base))
+        if len(self._kept) > len(poll.firing):  # servers come and go
+            self._kept = {k: v for k, v in self._kept.items() if k in poll.firing}
+        if poll.host_firing:
+            firing.update(alerts.build(poll.host_firing, {}, {}, base))
         self.book.update(firing, now)
         self.sender.submit(self.book.due(now))
 
-    def _alerts(self, name: str, fires: dict, view: dict[str, Any], base: dict) -> dict:
+    def _alerts(self, name: str, fires: dict, view: ServerView, base: dict) -> dict:
         labels = {**base, "server": name}
         uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
         if uuid:

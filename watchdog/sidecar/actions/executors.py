@@ -301,9 +301,8 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
     elif cfg.method == "command":
         run = lambda pids: run_command(list(cfg.command), cfg.timeout_s)
     elif cfg.method == "evict":  # Kubernetes fleet mode: the pod's own eviction (evict.py);
-        from torch_watchdog.sidecar.actions import (
-            evict,  # this sidecar goes with the pod
-        )
+        from torch_watchdog.sidecar.actions import evict  # this sidecar goes with the pod
+
         return evict.executor(cfg.timeout_s)
     else:
         return None

@@ -86,3 +86,12 @@ class ReloadOutcome:
 
     def at(self, t: float, server: str) -> "ReloadOutcome":
         return dataclasses.replace(self, t=t, server=server)
+
+
+@dataclass(frozen=True)
+class RecordUnreadable:
+    """The reload record found at the sidecar's start cannot be trusted: reloads are suspended
+    for an hour (actions/record.py), and an alert says so while this sidecar runs."""
+    t: float
+    detail: str
+    kind = "record_unreadable"

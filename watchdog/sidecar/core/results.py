@@ -111,6 +111,7 @@ class ServerView(TypedDict):
 class PollResult:
     """What a sample's step leaves for the alerts and the presenters."""
     firing: dict[str, dict[str, dict[str, Any]]]  # server -> cause -> detail
+    host_firing: dict[str, dict[str, Any]]         # cause -> detail, of no one server
     views: dict[str, ServerView]                   # server -> its view
     focus: Optional[str]          # the server nearest to OOM; None before any is known
     focus_view: ServerView        # its view (an empty server's before any is known)

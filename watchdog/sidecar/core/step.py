@@ -27,8 +27,8 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample, ReloadOutcome,
-                                                      Sample)
+from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample,
+                                                      RecordUnreadable, ReloadOutcome, Sample)
 from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView, \
     StepResult
 
@@ -76,6 +76,7 @@ class Host:
     skewed_events: int = 0                         # event times outside the allowed clock skew
     # pid -> last heard: every agent's process, believed or not (its liveness only)
     agents: dict[int, float] = field(default_factory=dict)
+    record_unreadable: Optional[str] = None        # why the reload record is not trusted
     _none: Optional[Server] = field(default=None, repr=False, compare=False)  # focus() of none
 
     def server(self, name: str) -> Server:
@@ -105,7 +106,7 @@ class Host:
         return any(self.alive.get(pid) is not False for pid in self.agents)
 
 
-Observation = Union[events.Event, Sample, ReloadOutcome]
+Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable]
 
 
 def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
@@ -114,6 +115,9 @@ def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
         return StepResult(actions, _poll_result(host, cfg))
     if isinstance(obs, ReloadOutcome):
         return StepResult(_on_outcome(host, obs))
+    if isinstance(obs, RecordUnreadable):  # fails closed: no reload for an hour, and an alert
+        host.record_unreadable = obs.detail
+        return StepResult()
     return StepResult(_on_event(host, obs, cfg))
 
 
@@ -460,8 +464,10 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
     views = {name: server_view(s, cfg) for name, s in host.servers.items()}
     focus = host.focus()
     known = host.servers.get(focus.name) is focus
+    unreadable = host.record_unreadable
     return PollResult(
         firing={name: s.firing for name, s in host.servers.items()}, views=views,
+        host_firing={"reload_record_unreadable": {"detail": unreadable}} if unreadable else {},
         focus=focus.name if known else None,
         focus_view=views[focus.name] if known else server_view(focus, cfg),
         focus_causes=[f.as_dict() for f in focus.state.active.values()],

@@ -24,10 +24,11 @@ from torch_watchdog import events
 from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
-    ReloadOutcome, Sample)
-from torch_watchdog.sidecar.sample_log import outcome_from_dict, sample_from_dict
+                                                      RecordUnreadable, ReloadOutcome, Sample)
+from torch_watchdog.sidecar.sample_log import outcome_from_dict, sample_from_dict, \
+    unreadable_from_dict
 
-Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome]
+Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -172,6 +173,8 @@ class Reader:
                 out = [sample_from_dict(obj)]
             elif obj.get("kind") == "reload_outcome":  # ... the reloads' outcomes
                 out = [outcome_from_dict(obj)]
+            elif obj.get("kind") == "record_unreadable":  # ... a record found untrustworthy
+                out = [unreadable_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
                 out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:
