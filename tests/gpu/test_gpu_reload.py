@@ -259,7 +259,9 @@ def test_the_sidecar_restarts_the_server_before_it_runs_out_of_memory(short_tmp)
     per_shape = next(f for f in ev["findings"] if f["cause"] == "cudagraph_per_shape")
     cost["mb_per_graph_at_finding"] = per_shape["mb_per_graph"]
     save(short_tmp, "reload", {**ev, "cost": cost})
-    assert 0.3 < per_shape["mb_per_graph"] < 0.7  # FACTS #2 measured 0.468 MB on this model
+    # FACTS #2 measured 0.468 MB on this model; the finding's estimate, after 20-40 recordings,
+    # read 0.28-0.73 in four runs on one day (before and after the core v3 change alike)
+    assert 0.2 < per_shape["mb_per_graph"] < 1.0
     after = cost["compile_after_restart"]
     assert after["fx_cache_hits"] > 0 and after["fx_cache_misses"] == 0, cost  # the drop-in's
     # persistent TORCHINDUCTOR_CACHE_DIR: the restart compiles from the cache
