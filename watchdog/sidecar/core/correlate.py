@@ -130,7 +130,6 @@ class State:
     mem_source: Optional[str] = None                     # "process" | "device" | "rss"
     mem_start: Optional[int] = None
     proc_bytes: dict[int, int] = field(default_factory=dict)  # pid -> its memory, same meter
-    mem_read_t: Optional[float] = None                   # the last poll that read it
     device_used: Optional[int] = None
     device_total: Optional[int] = None
     device_usable: Optional[int] = None  # used + free: total less what the driver reserves
@@ -519,7 +518,6 @@ def _host(state: State, s: Sample) -> None:
 
 
 def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:
-    state.mem_read_t = s.t
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
         state.records_at_last_sample = state.records

@@ -55,7 +55,6 @@ class Server:
     # alert cause -> detail, as of the last poll
     firing: dict[str, dict[str, Any]] = field(default_factory=dict)
     parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
-    events: int = 0                                # events folded into it so far
     failed: Optional[dict[str, Any]] = None        # the last reload did not bring it back: the
     # `reload_failed` alert's detail, until a new process of it says hello
 
@@ -175,7 +174,6 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
         server.pids[pid] = last.t  # a pid the server may be reloaded through
         host.owner[pid] = server.name
     correlate.fold_events(server.state, run, cfg.correlate)
-    server.events += len(run)
     if host.now is None:  # an agent log without samples: its causes are still alerted
         correlate.evaluate_causes(server.state, cfg.correlate)
         actions += _decide(host, server, cfg, allow_reload=False)
