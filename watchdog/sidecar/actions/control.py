@@ -10,16 +10,21 @@ kernel) and its start time: a drain goes only to a pid that is one of the server
 pids *and* is still the process that connected (a reused pid is refused, as for signals).
 With `agent.allowed_uids`, connections from other uids are closed at once.
 
-A thread accepts and reads (select, 0.5 s); the poll loop never waits on an agent. `drain()`
+A thread accepts and reads (a selector, so no descriptor number is too high for it); the poll
+loop never waits on an agent. What a peer sends cannot end that thread: an error is counted
+(`errors`) and the thread goes on; connections are bounded in all and per uid, below the
+process's descriptor limit. `drain()`
 runs on the reload thread: it sends `{"v":1,"kind":"drain","grace_s":G}` to each connected
 process of the server, waits for each one's "drained" reply (or the end of its connection)
 for G + REPLY_SLACK_S, then for the processes to exit (EXIT_WAIT_S).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
-import select
+import resource
+import selectors
 import socket
 import struct
 import threading
@@ -33,6 +38,7 @@ from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sockets import remove_stale_socket
 
 MAX_PEERS = 1024        # connections held; more are closed (a local flood cannot use up fds)
+MAX_PEERS_PER_UID = 256  # a server's workers are many agents of one uid, a flood too
 MAX_LINE = 4096
 REPLY_SLACK_S = 10.0    # past the grace: the agent saves its bundle and flushes its events
 EXIT_WAIT_S = 15.0      # from "drained" to the process gone (its flush is bounded by 2 s)
@@ -70,7 +76,12 @@ class ControlServer:
         self._by_fd: dict[int, Peer] = {}
         self._cond = threading.Condition()
         self._wake_r, self._wake_w = os.pipe()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(sock, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self.max_peers = _max_peers()
         self.refused = 0                        # connections closed at accept
+        self.errors = 0                         # errors the thread survived
         self._running = True
         self._thread = threading.Thread(target=self._run, name="torch-watchdog-control",
                                         daemon=True)
@@ -87,23 +98,24 @@ class ControlServer:
     # -- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         while self._running:
-            with self._cond:
-                fds = [self._sock.fileno(), self._wake_r, *self._by_fd]
             try:
-                ready, _, _ = select.select(fds, [], [], 0.5)
-            except (OSError, ValueError):
-                time.sleep(0.05)  # a descriptor closed under us: rebuild the list
-                continue
-            for fd in ready:
-                if fd == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 64)
-                    except OSError:
-                        pass
-                elif fd == self._sock.fileno():
-                    self._accept()
-                else:
-                    self._read(fd)
+                self._once()
+            except Exception:  # nothing a peer does may end the channel: counted, and on
+                self.errors += 1
+                time.sleep(0.05)
+
+    def _once(self) -> None:
+        for key, _ in self._selector.select(0.5):
+            fd = key.fd
+            if fd == self._wake_r:
+                try:
+                    os.read(self._wake_r, 64)
+                except OSError:
+                    pass
+            elif fd == self._sock.fileno():
+                self._accept()
+            else:
+                self._read(fd)
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -111,7 +123,9 @@ class ControlServer:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as e:  # out of descriptors: the backlog waits, the loop breathes
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    time.sleep(0.1)
                 return
             try:
                 pid, uid, _gid = _PEERCRED.unpack(
@@ -122,18 +136,24 @@ class ControlServer:
                 continue
             # pid 0: a peer in another pid namespace; a uid not allowed; too many held
             if pid <= 0 or (self.allowed is not None and uid not in self.allowed) or \
-                    len(self._by_fd) >= MAX_PEERS:
+                    len(self._by_fd) >= self.max_peers or \
+                    sum(p.uid == uid for p in self._by_fd.values()) >= MAX_PEERS_PER_UID:
                 conn.close()
                 self.refused += 1
                 continue
-            conn.setblocking(False)
-            peer = Peer(conn, pid, uid, process_start_time(pid))
-            with self._cond:
-                old = self._peers.get(pid)
-                if old is not None:
-                    self._forget(old)
-                self._peers[pid] = peer
-                self._by_fd[conn.fileno()] = peer
+            try:
+                conn.setblocking(False)
+                peer = Peer(conn, pid, uid, process_start_time(pid))
+                with self._cond:
+                    old = self._peers.get(pid)
+                    if old is not None:
+                        self._forget(old)
+                    self._selector.register(conn, selectors.EVENT_READ)
+                    self._peers[pid] = peer
+                    self._by_fd[conn.fileno()] = peer
+            except Exception:
+                conn.close()
+                raise
 
     def _read(self, fd: int) -> None:
         with self._cond:
@@ -155,7 +175,7 @@ class ControlServer:
                     line, peer.buf = peer.buf.split(b"\n", 1)
                     try:
                         msg = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # not JSON, or nested too deep
                         continue
                     if isinstance(msg, dict) and msg.get("kind") == "drained":
                         peer.replies.append(msg)
@@ -166,7 +186,11 @@ class ControlServer:
     def _forget(self, peer: Peer) -> None:
         """With the condition held."""
         peer.closed = True
-        self._by_fd.pop(peer.sock.fileno(), None)
+        if self._by_fd.pop(peer.sock.fileno(), None) is not None:
+            try:
+                self._selector.unregister(peer.sock)
+            except (KeyError, ValueError, OSError):
+                pass
         if self._peers.get(peer.pid) is peer:
             del self._peers[peer.pid]
         try:
@@ -239,6 +263,7 @@ class ControlServer:
         with self._cond:
             for peer in list(self._by_fd.values()):
                 self._forget(peer)
+        self._selector.close()
         self._sock.close()
         for fd in (self._wake_r, self._wake_w):
             try:
@@ -249,6 +274,19 @@ class ControlServer:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def _max_peers() -> int:
+    """Connections held at most: MAX_PEERS, and at most half the descriptors the process may
+    open, so a flood of connections leaves the sidecar the descriptors it reads its sources
+    with (/proc files, NVML, the agents' socket)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return MAX_PEERS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return MAX_PEERS
+    return max(16, min(MAX_PEERS, soft // 2))
 
 
 def path_for(cfg) -> str:
