@@ -27,8 +27,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import struct
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -242,14 +244,26 @@ def write_restart_file(path: str, pid: int, reason: str) -> Optional[str]:
     one line "<pid> <start time in clock ticks, /proc/<pid>/stat field 22> <reason>". The probe
     fails only while that very process still runs (the file is on a volume that outlives the
     container, and a pid alone could be reused); None, or why it was not written."""
+    folder = os.path.dirname(path) or "."
+    tmp = None
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.{pid}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(f"{pid} {_start_ticks(pid)} {reason}\n")
+        os.makedirs(folder, exist_ok=True)
+        line = f"{pid} {_start_ticks(pid)} {reason}\n".encode()
+        # a new file of a name no one can guess, created here (O_EXCL: never through a link
+        # someone planted), then renamed over `path` (which replaces a link, never follows it)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".restart-requested.")
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         return None
     except (OSError, ValueError, IndexError) as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         return f"{path}: {getattr(e, 'strerror', None) or e}"
 
 
@@ -262,13 +276,26 @@ def clear_stale_restart_file(path: str) -> None:
     """At install: a request whose process no longer runs no longer stands: that pid gone, or
     now another process (its start time differs, as the liveness probe checks), or our own pid
     (a restarted container's server is pid 1 again)."""
-    try:
-        with open(path) as fh:
-            pid, ticks = (int(v) for v in fh.read(64).split()[:2])
-    except (OSError, ValueError):
+    try:  # never through a link, never blocking on a FIFO, 64 bytes at most
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return
+    except OSError:  # a link (ELOOP) or unreadable: it stands for nothing
+        pid = ticks = None
+    else:
+        try:
+            st = os.fstat(fd)
+            # only a plain file written by this uid (or root) is a request: another user's
+            # could name any live process and fail the liveness probe for good
+            mine = stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
+            pid, ticks = (int(v) for v in os.read(fd, 64).split()[:2]) if mine else (None, None)
+        except (OSError, ValueError):
+            pid = ticks = None
+        finally:
+            os.close(fd)
     try:
-        stands = pid > 0 and pid != os.getpid() and _start_ticks(pid) == ticks
+        stands = pid is not None and pid > 0 and pid != os.getpid() and \
+            _start_ticks(pid) == ticks
     except (OSError, ValueError, IndexError):
         stands = False
     if not stands:
