@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -115,13 +116,9 @@ class Warm:
                       if others else ""))
             return self._note("missing", why, None, started)
         try:
-            header, payload = self._read()
+            payload = self._read()
         except _Skip as e:
             return self._note("skipped", str(e), None, started, warn=True)
-        for key, mine in (("name", self.name), ("torch", self.version), ("gpu", self.gpu)):
-            if header.get(key) != mine:
-                return self._note("skipped", f"made for {key} {header.get(key)!r}, this is "
-                                  f"{mine!r}", None, started, warn=True)
         try:
             info = self.torch.compiler.load_cache_artifacts(payload)
         except Exception as e:
@@ -132,30 +129,49 @@ class Warm:
                               len(payload), started, warn=True)
         return self._note("loaded", _describe(info), len(payload), started)
 
-    def _read(self) -> tuple[dict, bytes]:
+    def _read(self) -> bytes:
+        """The payload of the bundle at `path`, once its file and header check out: a plain
+        file (never through a link, never a FIFO or a device) of this uid or root, its header
+        this process's, its size the header's; only then is the payload read."""
         try:
-            with open(self.path, "rb") as fh:
-                st = os.fstat(fh.fileno())
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise _Skip(f"cannot open it: {e.strerror or e} (a link is not followed)") from None
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _Skip("not a plain file: not loaded")
                 if st.st_uid not in (0, os.geteuid()):
                     raise _Skip(f"owned by uid {st.st_uid}, not root or this uid "
                                 f"{os.geteuid()}: not loaded (it is unpickled)")
                 if st.st_size > MAX_BUNDLE_BYTES:
                     raise _Skip(f"{st.st_size} bytes, over {MAX_BUNDLE_BYTES}")
                 line = fh.readline(MAX_HEADER_BYTES)
-                payload = fh.read()
-        except OSError as e:
-            raise _Skip(f"cannot read it: {e.strerror or e}") from None
+                header = self._header(line)
+                size = st.st_size - len(line)
+                if header.get("bytes") != size:
+                    raise _Skip(f"corrupt: {size} bytes after a header that says "
+                                f"{header.get('bytes')}")
+                payload = fh.read(size + 1)
+            except OSError as e:
+                raise _Skip(f"cannot read it: {e.strerror or e}") from None
+        if len(payload) != size or header.get("sha256") != hashlib.sha256(payload).hexdigest():
+            raise _Skip(f"corrupt: {len(payload)} bytes whose checksum does not match the header"
+                        f" ({header.get('bytes')} bytes)")
+        return payload
+
+    def _header(self, line: bytes) -> dict:
         try:
             header = json.loads(line)
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 raise ValueError("not a torch-watchdog bundle")
         except ValueError as e:
             raise _Skip(f"corrupt header ({e})") from None
-        if header.get("bytes") != len(payload) or \
-                header.get("sha256") != hashlib.sha256(payload).hexdigest():
-            raise _Skip(f"corrupt: {len(payload)} bytes whose checksum does not match the header"
-                        f" ({header.get('bytes')} bytes)")
-        return header, payload
+        for key, mine in (("name", self.name), ("torch", self.version), ("gpu", self.gpu)):
+            if header.get(key) != mine:
+                raise _Skip(f"made for {key} {header.get(key)!r}, this is {mine!r}")
+        return header
 
     # -- save --------------------------------------------------------------------------------
     def note_compile(self) -> None:
