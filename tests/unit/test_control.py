@@ -109,10 +109,18 @@ def test_the_agent_ignores_a_socket_bound_by_an_untrusted_uid(short_tmp):
 
 
 def test_a_private_directory_vouches_for_its_owner(short_tmp):
-    path = os.path.join(short_tmp, "c.ctl")
-    os.chmod(short_tmp, 0o750)
-    assert drain.dir_owner(path) == {os.stat(short_tmp).st_uid}
-    os.chmod(short_tmp, 0o770)
+    """A folder no one else may write in, in a parent no one else may write in (root's /run):
+    its owner bound the socket. One made in a sticky world-writable parent (/tmp) vouches for
+    no one: anyone could have made it (issue 28, item 5)."""
+    os.chmod(short_tmp, 0o755)
+    folder = os.path.join(short_tmp, "run")
+    os.mkdir(folder, 0o750)
+    path = os.path.join(folder, "c.ctl")
+    assert drain.dir_owner(path) == {os.stat(folder).st_uid}
+    os.chmod(folder, 0o770)
+    assert drain.dir_owner(path) == frozenset()
+    os.chmod(folder, 0o750)
+    os.chmod(short_tmp, 0o1777)  # a /tmp-style parent: the folder may be an attacker's
     assert drain.dir_owner(path) == frozenset()
 
 

@@ -87,14 +87,18 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
 
 def dir_owner(path: str) -> frozenset:
     """The owner of the socket's directory when no one else may create entries in it (no
-    group or other write bit): only that uid, or root, can have bound a socket there. The
-    packaged sidecar runs as its own user in /run/torch-watchdog (0750): trusted without
-    setting `control_uid`."""
+    group or other write bit) and no one else could have made it (its parent has none
+    either): only that uid, or root, can have bound a socket there. The packaged sidecar runs
+    as its own user in /run/torch-watchdog (0750, in root's /run): trusted without setting
+    `control_uid`; a directory someone made in a sticky /tmp vouches for no one."""
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        st = os.stat(os.path.dirname(os.path.abspath(path)))
+        st, parent = os.stat(folder), os.stat(os.path.dirname(folder))
     except OSError:
         return frozenset()
-    return frozenset() if st.st_mode & 0o022 else frozenset({st.st_uid})
+    if st.st_mode & 0o022 or parent.st_mode & 0o022:
+        return frozenset()
+    return frozenset({st.st_uid})
 
 
 class ControlClient:
