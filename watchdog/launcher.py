@@ -40,6 +40,12 @@ DRAIN_EXIT_CODE = 75
 DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx",
                    "torch_watchdog.agent")
 MAX_STANDBY_FAILURES = 3
+# a generation that exits sooner than this after its start was quick: starts after quick exits
+# back off, doubling from --min-interval-s up to MAX_BACKOFF_S (a server that drains at once
+# must not be started ten times a second)
+QUICK_EXIT_S = 10.0
+MAX_BACKOFF_S = 30.0
+STANDBY_WAIT_S = 15.0  # a standby still in its preloads at a release: waited for this long
 PR_SET_PDEATHSIG = 1
 # env the child reads: the release pipe's fd, the status pipe's fd, the preload list
 ENV_RELEASE_FD = "TORCH_WATCHDOG_STANDBY_FD"
@@ -51,8 +57,13 @@ ENV_LAUNCHER_PID = "TORCH_WATCHDOG_LAUNCHER_PID"
 
 
 def log(msg: str) -> None:
-    sys.stderr.write(f"torch-watchdog run: {msg}\n")
-    sys.stderr.flush()
+    """A line on stderr; never an error (stderr closed, its reader gone): the launcher must
+    never be the outage."""
+    try:
+        sys.stderr.write(f"torch-watchdog run: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
@@ -170,6 +181,7 @@ class Launcher:
         self.standby: Optional[Gen] = None
         self.stopping = False
         self.last_start = 0.0
+        self.quick_exits = 0  # generations in a row that exited within QUICK_EXIT_S
         self._standby_to_reap: Optional[Gen] = None  # killed on a stop signal, not yet reaped
 
     def _spawn(self, standby: bool) -> Gen:
@@ -199,12 +211,28 @@ class Launcher:
                 self.standby = None
 
     def start_next(self) -> None:
-        """Release the standby if it is alive, else a plain cold start; then a new standby."""
+        """Release the standby if it is alive and ready, else a plain cold start; then a new
+        standby. After quick exits, not before the backoff is over (nor once stopping)."""
+        quick = self.last_start and time.monotonic() - self.last_start < QUICK_EXIT_S
+        self.quick_exits = self.quick_exits + 1 if quick else 0
         wait = self.last_start + self.min_interval_s - time.monotonic()
-        if wait > 0 and self.restart == "always":
-            time.sleep(wait)
+        if self.quick_exits > 1:
+            wait = max(wait, min(MAX_BACKOFF_S,
+                                 self.min_interval_s * 2 ** (self.quick_exits - 1)))
+            log(f"{self.quick_exits} quick exits in a row: next start in {wait:.0f} s")
+        if wait > 0 and (self.restart == "always" or self.quick_exits > 1):
+            deadline = time.monotonic() + wait
+            while not self.stopping and (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(left, 0.2))
+        if self.stopping:
+            return
         self.last_start = time.monotonic()
         sb, self.standby = self.standby, None
+        if sb is not None and not self._ready(sb):
+            # still importing (or hung in) its preloads: a cold start rather than no server
+            log(f"standby pid {sb.popen.pid} not ready after {STANDBY_WAIT_S:.0f} s; cold start")
+            self._kill(sb)
+            sb = None
         if sb is not None and sb.popen.poll() is None and sb.release_w is not None:
             try:
                 os.write(sb.release_w, f"go {time.time():.6f}\n".encode())
@@ -224,6 +252,16 @@ class Launcher:
             self.serving = self._spawn(standby=False)
             log(f"cold start pid {self.serving.popen.pid}")
         self._spawn_standby()
+
+    def _ready(self, sb: Gen) -> bool:
+        """The standby said "ready" (its preloads done), or it ended (judged below), within
+        STANDBY_WAIT_S; False: it is still preloading, or the launcher is stopping."""
+        deadline = time.monotonic() + STANDBY_WAIT_S
+        while "ready" not in sb.read_status() and sb.popen.poll() is None:
+            if self.stopping or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _judge_dead_standby(self, sb: Gen) -> None:
         said = sb.read_status()
@@ -311,10 +349,14 @@ class Launcher:
             if code == self.drain_code:
                 log(f"pid {pid} drained (exit {code}); next generation")
                 self.start_next()
+                if self.serving is None:  # stopped during the backoff
+                    break
                 continue
             if self.restart == "always":
                 log(f"pid {pid} exited ({code}); --restart always")
                 self.start_next()
+                if self.serving is None:
+                    break
                 continue
             break
         self._kill(self.standby)

@@ -1,0 +1,4 @@
+"""A preload that never finishes importing (the launcher's standby must not wait for it)."""
+import time
+
+time.sleep(3600)
