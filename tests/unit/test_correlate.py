@@ -171,3 +171,17 @@ def test_distinct_shapes_are_unique_across_workers():
     s = fold(s, [events.NewShape(t=9.0, pid=13, name="m", shape=[[1, 9]], seconds=0.1,
                                  distinct=7)], CFG)
     assert s.distinct_shapes == 7
+
+
+def test_agent_losses_are_counted_from_the_reports_totals_so_a_lost_report_is_not_lost():
+    """Issue 28, item 8: a drop report lost on the way (the queue was full) is counted by the
+    next one, whose `total` covers it; totals are per process and reason."""
+    def dropped(t, pid, reason, count, total):
+        return events.Dropped(t=t, pid=pid, reason=reason, count=count, total=total)
+
+    s = run([dropped(1.0, 7, "queue_full", 10, 10),
+             # (total 25, count 15: never arrived)
+             dropped(3.0, 7, "queue_full", 5, 30),
+             dropped(3.0, 8, "queue_full", 4, 4), dropped(3.5, 7, "socket", 2, 2),
+             dropped(4.0, 7, "queue_full", 0, 30)])  # a repeat of a total adds nothing
+    assert s.agent_dropped == 36

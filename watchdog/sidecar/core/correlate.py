@@ -107,6 +107,8 @@ class State:
     graph_breaks: int = 0
     ooms: int = 0
     agent_dropped: int = 0
+    # (pid, reason) -> the highest `total` an agent's drop reports gave
+    dropped_totals: dict[tuple[int, str], int] = field(default_factory=dict)
     distinct_shapes: int = 0
     # unique shapes per watched callable over all processes: name -> set of shape keys (at
     # most MAX_SHAPE_KEYS in all, then counted), and the most any one process reported
@@ -405,7 +407,13 @@ def _count(attr: str) -> Callable[[State, Any, CorrelateConfig], None]:
 
 
 def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
-    state.agent_dropped += e.count
+    # a report's `total` counts every loss since its agent started: a report lost on the way
+    # is counted by the next one (summing `count` would lose it for good)
+    key = (e.pid, e.reason)
+    seen = state.dropped_totals.get(key, 0)
+    if e.total > seen:
+        state.agent_dropped += e.total - seen
+        state.dropped_totals[key] = e.total
 
 
 def _padding(state: State, model: str) -> dict[str, Any]:
