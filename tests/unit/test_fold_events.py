@@ -67,7 +67,7 @@ def _seen(host: Host) -> dict:
     """What a user sees of the host: each server's numbers, causes, pids, and who owns what."""
     return {"servers": {name: (sorted(s.pids.items()), s.state.estimates(CFG.correlate),
                                [f.as_dict() for f in s.state.findings], s.state.now,
-                               s.state.first_t, sorted(s.state.pids), s.events, s.firing,
+                               s.state.first_t, sorted(s.state.pids), s.firing,
                                s.forecast.as_dict())
                         for name, s in host.servers.items()},
             "owner": dict(host.owner), "agents": dict(host.agents),
