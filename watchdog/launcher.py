@@ -385,9 +385,16 @@ def parse(argv: list[str]):
     if "--" in argv:
         i = argv.index("--")
         opts, cmd = argv[:i], argv[i + 1:]
+    elif argv and argv[0].startswith("-"):  # options alone (--help), or options without "--"
+        opts, cmd = argv, []
     else:
         opts, cmd = [], argv
-    a = p.parse_args(opts)
+    a, rest = p.parse_known_args(opts)
+    if rest and "--" not in argv:
+        p.error(f"{' '.join(rest)}: the server's command comes after `--`: torch-watchdog run "
+                "[options] -- python server.py args...")
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     if not cmd:
         p.error("usage: torch-watchdog run [options] -- python server.py args... "
                 "(or python -m module args...)")

@@ -95,3 +95,14 @@ def test_events_reads_the_sidecars_sample_log_skipping_its_own_lines(capsys):
     assert cli.main(["events", path]) == 0
     out = capsys.readouterr().out
     assert "3625 valid events, 0 invalid lines (1192 sidecar sample/config lines skipped)" in out
+
+
+def test_run_help_is_the_launchers_help_and_a_command_without_the_separator_is_refused():
+    """`torch-watchdog run --help` printed a traceback (it ran a script named --help)."""
+    run = [sys.executable, "-m", "torch_watchdog.cli", "run"]
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert shown.returncode == 0 and "--restart" in shown.stdout and not shown.stderr
+    wrong = subprocess.run([*run, "--no-standby", "python", "x.py"], capture_output=True,
+                           text=True, cwd=ROOT)
+    assert wrong.returncode == 2 and "comes after `--`" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
