@@ -17,7 +17,7 @@ def is_oom(exc: BaseException) -> bool:
     return False
 
 
-# A crash is a crash (issue 10 item 9): on a nearly full H200 the first failure was cuDNN
+# A crash on a nearly full GPU is an OOM by another name: the first failure can be cuDNN
 # attention's `RuntimeError: Expected mha_graph.execute(...) is_good() to be true`, not an OOM
 # error; cuBLAS and CUDA errors do the same when a workspace cannot be allocated. Such an error
 # on a GPU with under NEARLY_FULL of its memory free (or whose free memory cannot be read any

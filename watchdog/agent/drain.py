@@ -27,15 +27,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
 
-from torch_watchdog import events
+from torch_watchdog import durable, events
 from torch_watchdog.agent import inflight, registry
 from torch_watchdog.agent.forks import _AFTER_FORK
 
@@ -248,26 +246,13 @@ def write_restart_file(path: str, pid: int, reason: str) -> Optional[str]:
     one line "<pid> <start time in clock ticks, /proc/<pid>/stat field 22> <reason>". The probe
     fails only while that very process still runs (the file is on a volume that outlives the
     container, and a pid alone could be reused); None, or why it was not written."""
-    folder = os.path.dirname(path) or "."
-    tmp = None
     try:
-        os.makedirs(folder, exist_ok=True)
-        line = f"{pid} {_start_ticks(pid)} {reason}\n".encode()
-        # a new file of a name no one can guess, created here (O_EXCL: never through a link
-        # someone planted), then renamed over `path` (which replaces a link, never follows it)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".restart-requested.")
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        # a new file of a name no one can guess (O_EXCL: never through a link someone
+        # planted), renamed over `path` (which replaces a link, never follows it)
+        durable.write_atomic(path, f"{pid} {_start_ticks(pid)} {reason}\n".encode(),
+                             prefix=".restart-requested.")
         return None
     except (OSError, ValueError, IndexError) as e:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         return f"{path}: {getattr(e, 'strerror', None) or e}"
 
 
@@ -280,19 +265,17 @@ def clear_stale_restart_file(path: str) -> None:
     """At install: a request whose process no longer runs no longer stands: that pid gone, or
     now another process (its start time differs, as the liveness probe checks), or our own pid
     (a restarted container's server is pid 1 again)."""
-    try:  # never through a link, never blocking on a FIFO, 64 bytes at most
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    # only a plain file written by this uid (or root) is a request: another user's could name
+    # any live process and fail the liveness probe for good; 64 bytes at most
+    try:
+        fd, _ = durable.open_trusted(path)
     except FileNotFoundError:
         return
-    except OSError:  # a link (ELOOP) or unreadable: it stands for nothing
+    except (OSError, durable.Untrusted):  # a link, a FIFO, another's: it stands for nothing
         pid = ticks = None
     else:
         try:
-            st = os.fstat(fd)
-            # only a plain file written by this uid (or root) is a request: another user's
-            # could name any live process and fail the liveness probe for good
-            mine = stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
-            pid, ticks = (int(v) for v in os.read(fd, 64).split()[:2]) if mine else (None, None)
+            pid, ticks = (int(v) for v in os.read(fd, 64).split()[:2])
         except (OSError, ValueError):
             pid = ticks = None
         finally:

@@ -2,7 +2,7 @@
 
 Why: under `mode="reduce-overhead"` every distinct input length records its own CUDA graph (a
 warm-up, a recording, memory). Padding lengths up to a few buckets keeps that to one graph per
-bucket (issue 14; the figures are in benchmarks/results/agent-internals.md). This module does
+bucket (the figures are in benchmarks/results/agent-internals.md). This module does
 the padding for the user, and checks that it is exact.
 
 - **What is padded** is a `Policy`: `Tokens` pads one dimension of the token-id tensor(s) on the

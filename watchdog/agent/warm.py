@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import stat
 import sys
 import threading
 import time
@@ -134,17 +133,13 @@ class Warm:
         file (never through a link, never a FIFO or a device) of this uid or root, its header
         this process's, its size the header's; only then is the payload read."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd, st = durable.open_trusted(self.path)
         except OSError as e:
             raise _Skip(f"cannot open it: {e.strerror or e} (a link is not followed)") from None
+        except durable.Untrusted as e:
+            raise _Skip(f"{e}: not loaded (it is unpickled)") from None
         with os.fdopen(fd, "rb") as fh:
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise _Skip("not a plain file: not loaded")
-                if st.st_uid not in (0, os.geteuid()):
-                    raise _Skip(f"owned by uid {st.st_uid}, not root or this uid "
-                                f"{os.geteuid()}: not loaded (it is unpickled)")
                 if st.st_size > MAX_BUNDLE_BYTES:
                     raise _Skip(f"{st.st_size} bytes, over {MAX_BUNDLE_BYTES}")
                 line = fh.readline(MAX_HEADER_BYTES)
