@@ -1,0 +1,190 @@
+"""Record the judgment corpus on a GPU machine: every scenario of benchmarks/corpus/server.py at
+once, each with its own real sidecar (dry run: it decides, does nothing, and the server runs on
+into its OOM, which is the label) writing the sample log that `benchmarks/judgment.py` replays.
+
+    python3 benchmarks/record_corpus.py --out DIR [--only NAME ...] [--seconds 240]
+
+Per scenario, DIR/<name>/ gets samples.jsonl.gz (the fixture), progress.jsonl (the truth: the
+budget, when growth began, the crash) and sidecar.log.gz. A first pass compiles each model once
+into a shared Inductor cache, so that the scenarios start alike.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVER = os.path.join(ROOT, "benchmarks", "corpus", "server.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "corpus"))
+
+# sidecar -> the servers it watches (named when more than one); the rest watch one each
+SHARED = {"shared-gpu": ["shared-grows", "shared-flat"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def progress(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+class Run:
+    """One sidecar and its server(s)."""
+
+    def __init__(self, name: str, servers: list[str], base: str, env: dict, seconds: float):
+        self.name, self.servers = name, servers
+        self.dir = os.path.join(base, name)
+        os.makedirs(os.path.join(self.dir, "state"))
+        self.sock = os.path.join(self.dir, "ev.sock")
+        self.cfg = os.path.join(self.dir, "watchdog.yaml")
+        self.port = free_port()
+        self.budget = None
+        self.write_config()
+        self.log = open(os.path.join(self.dir, "sidecar.log"), "w")
+        self.sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
+                                         "--config", self.cfg], cwd=ROOT, env=env,
+                                        stderr=self.log)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env, self.seconds = env, seconds
+        self.ended_at: float | None = None
+
+    def start_servers(self) -> None:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env, seconds, servers = self.env, self.seconds, self.servers
+        for server in servers:
+            extra = {"TORCH_WATCHDOG_SERVER": server} if len(servers) > 1 else {}
+            self.procs[server] = subprocess.Popen(
+                [sys.executable, SERVER, "--scenario", server, "--socket", self.sock,
+                 "--progress", self.progress_path(server), "--event-log",
+                 os.path.join(self.dir, f"events-{server}.jsonl"), "--seconds", str(seconds)],
+                cwd=ROOT, env={**env, **extra}, stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(self.dir, f"server-{server}.err"), "w"))
+
+    def progress_path(self, server: str) -> str:
+        return os.path.join(self.dir, f"progress-{server}.jsonl")
+
+    def write_config(self) -> None:
+        budget = f"forecast: {{process_budget_bytes: {self.budget}}}\n" if self.budget else ""
+        with open(self.cfg + ".tmp", "w") as fh:
+            fh.write(f"""metrics_port: {self.port}
+state_dir: {self.dir}/state
+sample_log: {self.dir}/samples.jsonl
+agent: {{socket_path: {self.sock}, allowed_uids: [{os.getuid()}]}}
+policy: {{dry_run: true}}
+{budget}""")
+        os.replace(self.cfg + ".tmp", self.cfg)
+
+    def check(self) -> bool:
+        """Hand a new budget to the sidecar; True once every server has exited a while ago."""
+        if self.budget is None:
+            got = next((p for p in progress(self.progress_path(self.servers[0]))
+                        if p["kind"] == "budget"), None)
+            if got is not None:
+                self.budget = got["bytes"]
+                self.write_config()
+                self.sidecar.send_signal(signal.SIGHUP)
+        if self.ended_at is None and all(p.poll() is not None for p in self.procs.values()):
+            self.ended_at = time.monotonic()
+        return self.ended_at is not None and time.monotonic() - self.ended_at > 3.0
+
+    def finish(self, out: str) -> dict:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.sidecar.send_signal(signal.SIGTERM)
+        try:
+            self.sidecar.wait(30)
+        except subprocess.TimeoutExpired:
+            self.sidecar.kill()
+        self.log.close()
+        dest = os.path.join(out, self.name)
+        os.makedirs(dest, exist_ok=True)
+        for f in ("samples.jsonl", "sidecar.log"):
+            src = os.path.join(self.dir, f)
+            if os.path.exists(src):
+                with open(src, "rb") as s, gzip.open(os.path.join(dest, f + ".gz"), "wb") as d:
+                    shutil.copyfileobj(s, d)
+        summary = {}
+        for server in self.servers:
+            shutil.copy(self.progress_path(server), dest)
+            err = os.path.join(self.dir, f"server-{server}.err")
+            shutil.copy(err, dest)
+            runs = progress(self.progress_path(server))
+            summary[server] = {p["kind"]: p.get("t") for p in runs if p["kind"] != "served"}
+            summary[server]["exit"] = self.procs[server].returncode
+            summary[server]["error"] = next((p["error"] for p in runs if p["kind"] == "crash"),
+                                            None)
+        return summary
+
+
+def main() -> int:
+    from server import SCENARIOS
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--only", nargs="*")
+    p.add_argument("--seconds", type=float, default=240.0)
+    p.add_argument("--limit", type=float, default=480.0, help="stop everything after this")
+    a = p.parse_args()
+    base = tempfile.mkdtemp(prefix="tw-corpus-")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(base, "inductor"),
+               TORCHINDUCTOR_COMPILE_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    started = time.monotonic()
+    warm = [subprocess.Popen([sys.executable, SERVER, "--scenario", s, "--prewarm", "--socket",
+                              os.path.join(base, "none.sock"), "--progress",
+                              os.path.join(base, f"prewarm-{s}.jsonl"), "--event-log",
+                              os.path.join(base, f"prewarm-{s}.events")], cwd=ROOT, env=env)
+            for s in ("bucketed-control", "resnet-variable-images")]
+    for w in warm:
+        w.wait()
+    print(f"prewarm {time.monotonic() - started:.0f} s", flush=True)
+    grouped = {name: servers for name, servers in SHARED.items()}
+    in_group = {s for servers in SHARED.values() for s in servers}
+    grouped.update({s: [s] for s in SCENARIOS if s not in in_group})
+    if a.only:
+        grouped = {k: v for k, v in grouped.items() if k in a.only}
+    runs = [Run(name, servers, base, env, a.seconds) for name, servers in grouped.items()]
+    for r in runs:
+        r.start_servers()
+    deadline = time.monotonic() + a.limit
+    os.makedirs(a.out, exist_ok=True)
+    summary, pending = {}, list(runs)
+    while pending and time.monotonic() < deadline:
+        for r in [r for r in pending if r.check()]:
+            summary[r.name] = r.finish(a.out)  # its sample log ends a few polls after the exit
+            pending.remove(r)
+        time.sleep(0.5)
+    for r in pending:
+        summary[r.name] = r.finish(a.out)
+    with open(os.path.join(a.out, "summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(json.dumps(summary, indent=1))
+    print(f"total {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
