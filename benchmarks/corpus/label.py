@@ -4,9 +4,10 @@ copied to tests/fixtures/corpus/<name>.jsonl.gz and its truth into labels.json.
     python benchmarks/corpus/label.py DIR [DIR ...] [--out tests/fixtures/corpus]
 
 A label holds, per server process (its pid in the log): when the scenario's growth began, its
-budget, when it ended (crashed or was stopped), and when it ran out of memory — its crash, or the first sample at which the sidecar
-read its NVML memory at the budget (the emulated GPU full: in the first round the server did
-not yet stop itself there), else null (a run that must not be reloaded).
+budget, when it ended (crashed or was stopped), and when it ran out of memory: its crash, or
+the first sample at which the sidecar read its NVML memory at the budget (the emulated GPU
+full: in the first round the server did not yet stop itself there), else null (a run that
+must not be reloaded).
 """
 from __future__ import annotations
 

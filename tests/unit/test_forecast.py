@@ -80,9 +80,10 @@ def test_linear_trend_ignores_one_poll_steps():
         s.samples.append((float(i), level, 0, level, 10_000 * MB))
     s.device_used = level
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
-    # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole
-    assert fc.growth_bytes_per_s == pytest.approx(0.9 * MB)
-    assert fc.seconds_linear == pytest.approx((10_000 - 4011) / 0.9, rel=1e-3)
+    # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole: the
+    # recent quarter's rate, as every part grows
+    assert fc.growth_bytes_per_s == pytest.approx(1.0 * MB)
+    assert fc.seconds_linear == pytest.approx((10_000 - 4011) / 1.0, rel=1e-3)
     assert fc.seconds_discovery is None  # no recordings: the trend is what we have
 
 
@@ -109,8 +110,8 @@ def test_bucketed_warm_up_growth_is_not_projected_into_an_oom():
     recorded, so no more growth comes from graphs: no forecast OOM."""
     s = State(now=30.0, requests=600, distinct_shapes=9, records=9, device_used=0,
               device_total=1000 * MB)
-    for i in range(30):
-        level = 894 * MB + min(i, 20) * 0.5 * MB
+    for i in range(31):
+        level = 894 * MB + i * MB / 3
         s.samples.append((float(i), level, 9, level, 1000 * MB))
     s.device_used = int(904 * MB)
     fc = forecast(s, ForecastConfig(headroom_bytes=0))

@@ -29,8 +29,16 @@ def reloads(actions):
 @pytest.mark.parametrize("case, series, expected_reloads", [
     ("holds 3 polls", [(40, 30), (41, 30), (42, 30)], [42]),
     ("a blip does not reload", [(40, 30), (41, 30), (42, 500), (43, 30)], []),
-    ("never in warm-up", [(10, 1), (11, 1), (12, 1), (20, 1)], []),
-    ("after warm-up it may", [(28, 1), (29, 1), (30, 1), (31, 1), (32, 1)], [32]),
+    # in warm-up (30 s from the compile at 0): an OOM before its end plus the lead
+    ("in warm-up, an OOM before its end", [(10, 1), (11, 1), (12, 1), (20, 1)], [12]),
+    ("in warm-up, one after its end plus the lead waits",
+     [(10, 85), (11, 85), (12, 85), (13, 85), (20, 85), (21, 85), (22, 85)], []),
+    ("in warm-up, an OOM due before its end plus the lead",
+     [(t, 88 - t) for t in (20, 21, 22)], [22]),
+    ("in warm-up, one due later waits for the lead", [(t, 95 - t) for t in range(20, 40)],
+     [37]),
+    ("after warm-up the lead alone", [(30, 65), (31, 65), (32, 65), (33, 59), (34, 59),
+                                      (35, 59)], [35]),
     ("cooldown", [(40 + i, 1) for i in range(100)], [42]),
     ("again after cooldown", [(40 + i, 1) for i in range(110)], [42, 142]),
     ("flat: never", [(40 + i, FOREVER) for i in range(200)], []),
@@ -49,8 +57,10 @@ def test_max_per_hour_then_alert_only():
 
 
 def test_forecast_alert_once_with_hysteresis():
-    actions = run([(40, 500), (41, 400), (42, 5000), (43, 2000), (44, 300)])
-    assert [t for t, a, r in actions if r == "oom_forecast" and a == "alert"] == [40, 44]
+    # re-armed once well clear (over twice the alert lead) for a minute, not at one clear poll
+    actions = run([(40, 500), (41, 400), (42, 5000), (43, 2000), (44, 300), (45, 5000),
+                   (104, 5000), (105, 5000), (106, 300)])
+    assert [t for t, a, r in actions if r == "oom_forecast" and a == "alert"] == [40, 106]
 
 
 def test_each_cause_is_alerted_once():
@@ -90,10 +100,14 @@ def test_a_cancelled_decision_starts_no_cooldown():
 
 def test_warm_up_counts_from_the_first_hello_not_the_sidecars_start():
     # the sidecar saw the server's processes at t=0 (importing torch); its agent said hello at
-    # t=50 and nothing compiled yet: no reload before t=80
+    # t=50 and nothing compiled yet: in warm-up until t=80, where the lead is 60 s plus what
+    # is left of it
     state = State(first_t=0.0, first_hello_t=50.0)
     ps, out = PolicyState(), []
     for t in range(55, 90):
         state.now = float(t)
-        out += [a.t for a in decide(state, fc(1.0), ps, CFG) if a.kind == "reload"]
-    assert out == [82.0]  # warm-up over at 80, then 3 polls holding
+        out += [a.t for a in decide(state, fc(130.0 - t), ps, CFG) if a.kind == "reload"]
+    # an OOM due at 130, before the warm-up's end plus the lead (140): decided while warming
+    # up, after 3 polls holding (counted from t=0, the warm-up was over and the lead alone
+    # would have waited until t=70)
+    assert out == [57.0]

@@ -174,7 +174,10 @@ class State:
         mem, start = self.mem_bytes, self.mem_start
         if mem is None or start is None:
             return 0.0
-        undecided = sum(b for t, b in self.pending_jumps if t > self.now - PENDING_S) \
+        floor = self.samples.floor  # growth that lasts: a sawtooth's peaks are not counted
+        if floor is not None and floor < mem:
+            mem = floor
+        undecided = sum(b for t, b in self.pending_jumps if b > 0 and t > self.now - PENDING_S) \
             if self.pending_jumps else 0
         # explained_bytes(), inlined: every server evaluates this every poll
         reg = self.regression
@@ -528,16 +531,18 @@ def _host(state: State, s: Sample) -> None:
 def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
+        state.samples = Trend(cfg.jump_bytes)
         state.records_at_last_sample = state.records
         return
     assert state.mem_bytes is not None  # set with mem_source, never None again: the same meter
     delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
     state.mem_bytes, state.records_at_last_sample = mem, state.records
+    if _loading(state, s.t):  # loading weights and the first compile are not growth to
+        state.samples = Trend(cfg.jump_bytes)  # forecast: the trend starts after them
     state.samples.jump_bytes = cfg.jump_bytes
     state.samples.append((s.t, mem, state.records, state.device_used if s.devices
                           else state.host_used, state.device_total))
     if _settling(state, s.t) and state.records == 0:
-        # loading weights and the first compiles are not growth to explain: move the baseline
         state.mem_start = mem
         state.compile_jump_bytes = 0
         state.pending_jumps = []
@@ -571,6 +576,16 @@ def _bytes_on(procs: list[ProcessSample], uuid: str) -> Optional[int]:
     values = [p.gpu_bytes.get(uuid, 0) for p in procs]
     return None if not procs or any(v is None for v in values) else \
         sum(cast("list[int]", values))  # any() above: no None
+
+
+def _loading(state: State, t: float) -> bool:
+    """Before the first recording: within the first compile's settling time, or (no compile
+    seen) the first minute."""
+    if state.records:
+        return False
+    if state.first_compile_t is None:
+        return state.first_t is None or t < state.first_t + PENDING_S
+    return t < state.first_compile_t + COMPILE_SETTLE_S
 
 
 def _settling(state: State, t: float) -> bool:

@@ -20,6 +20,7 @@ from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.results import ForecastView
 
 FOREVER = math.inf
+REFUTE_RECORDS = 3   # recordings in a window beyond twice the model's expectation: refuted
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     """The discovery model's inputs, or None when it does not apply (yet)."""
     n, distinct = state.requests, state.distinct_shapes
     space = shape_space(n, distinct)
-    if saturated(space, n, state.records):
+    if saturated(space, n, state.records) and not refuted(state, cfg.window_s, space, 1.0):
         # every size is recorded (bucketed traffic: 9 sizes in hundreds of requests): the
         # recordings' growth is over; a trend through the warm-up would forecast an OOM that
         # never comes. Growth outside recordings still counts (a leak)
@@ -164,6 +165,8 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     model_now = recorded(space, n)
     # observed/expected recordings: graph partitions, serving threads, non-uniform traffic
     scale = state.records / model_now if model_now > 0 else 1.0
+    if refuted(state, cfg.window_s, space, scale):
+        return None
     return {"saturated": False, "space": space, "scale": scale, "per_graph": b * 1e6,
             "rate": request_rate}
 
@@ -222,6 +225,20 @@ def _request_rate(state: State, window_s: float) -> Optional[float]:
         return None
     span = recent[-1][0] - recent[0][0]
     return sum(c for _, c in recent[1:]) / span if span > 0 else None
+
+
+def refuted(state: State, window_s: float, space: Optional[float], scale: float) -> bool:
+    """Recordings over the window outpace what the model expects of its requests (traffic
+    whose mix changed: bucketed for an hour, then every length): the model's history no longer
+    says what comes, and the trend does. Cumulative counts fit to hours of bucketed traffic
+    called a shape space saturated while new recordings came every second."""
+    seen = state.samples.records_since(state.now - window_s)
+    if not seen or space is None or not math.isfinite(space):
+        return False
+    in_window = sum(entry[1] for entry in state.calls if entry[0] >= state.now - window_s)
+    n = state.requests
+    expected = scale * (recorded(space, n) - recorded(space, max(0, n - in_window)))
+    return seen > 2 * expected + REFUTE_RECORDS
 
 
 def shape_space(requests: int, distinct: int) -> Optional[float]:

@@ -1,18 +1,22 @@
 """What to do about the folded state and its forecast (pure): alert, reload, or nothing.
 
 Guard rails (DESIGN.md, earlyoom, systemd-oomd): the reload condition must hold for
-`hold_polls` consecutive polls; never during the server's warm-up; a cooldown between reloads;
-at most `max_reloads_per_hour`, then alert only. The executor re-checks right before acting.
+`hold_polls` consecutive polls; during the server's warm-up, for an OOM forecast before its
+end plus the lead; a cooldown between reloads; at most `max_reloads_per_hour`, then alert
+only. The executor re-checks right before acting.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.results import Action, ActionKind
+
+
+REARM_S = 60.0
 
 
 @dataclass
@@ -24,16 +28,34 @@ class PolicyState:
     suppressed_alerted: bool = False
     not_before: float = 0.0                       # no reload decision before (a refused one's
                                                   # retry time)
+    clear_since: Optional[float] = None           # the forecast well clear since
 
 
 def warming_up(state: State, cfg: PolicyConfig) -> bool:
     """From the server's first compile, else its agent's first hello, else the first time its
     processes were seen: a sidecar started before the server must not take the server's
     start-up (importing torch, loading weights) for runaway growth."""
-    start = state.first_compile_t
-    if start is None:
-        start = state.first_hello_t if state.first_hello_t is not None else state.first_t
+    start = warmup_start(state)
     return start is None or state.now < start + cfg.warmup_s
+
+
+def warmup_start(state: State) -> Optional[float]:
+    if state.first_compile_t is not None:
+        return state.first_compile_t
+    return state.first_hello_t if state.first_hello_t is not None else state.first_t
+
+
+def reload_lead(state: State, cfg: PolicyConfig) -> float:
+    """How near a forecast OOM decides a reload: `reload_lead_s`, and during warm-up that
+    plus what is left of it. The warm-up's one-off steps (weights, a compile's workspace) are
+    not growth to the forecast; growth that climbs through the warm-up is, and waiting for its
+    end would leave less than the lead (an OOM 40 s after the first compile was reloaded at
+    the end of a 30 s warm-up, 9 s before it)."""
+    if not warming_up(state, cfg):
+        return cfg.reload_lead_s
+    start = warmup_start(state)
+    assert start is not None  # warming_up() is True without a start only before any sample
+    return cfg.reload_lead_s + max(0.0, start + cfg.warmup_s - state.now)
 
 
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
@@ -46,15 +68,19 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
             ps.alerted.add(finding.cause)
             actions.append(Action(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
     seconds = fc.seconds
-    if warming_up(state, cfg):  # loading weights and compiling look like runaway growth
-        ps.holding = 0
-        return actions
     if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
         actions.append(Action(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
     elif seconds > 2 * cfg.alert_lead_s:
-        ps.forecast_alerted = False  # hysteresis: re-arm only once well clear
-    ps.holding = ps.holding + 1 if seconds <= cfg.reload_lead_s else 0
+        # hysteresis: re-arm only once well clear, and for a while (a forecast that comes and
+        # goes between polls is one alert)
+        if ps.clear_since is None:
+            ps.clear_since = now
+        if now - ps.clear_since >= REARM_S:
+            ps.forecast_alerted = False
+    if seconds <= 2 * cfg.alert_lead_s:
+        ps.clear_since = None
+    ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
     if ps.holding < cfg.hold_polls or not allow_reload or now < ps.not_before:
         return actions
     if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:

@@ -1,23 +1,45 @@
-"""Running sums over a server's memory samples: the growth rates of any recent window in
-O(log n) per poll (pure).
+"""A server's memory samples and the growth rates of any recent window (pure).
 
-The forecast needs the trend of the last `window_s` (60 s at 10 Hz: 600 samples) and the
-rate of growth outside recordings over that window, its recent half and its recent quarter.
-Scanning the window four times a poll was two thirds of an idle poll's CPU; prefix sums make
-each rate two lookups. One poll's step above `jump_bytes` (a model load, a ballast, a
-compile's workspace) is left out of both rates; an interval ending within `SETTLE_S` of a
-recording is left out of the growth outside recordings (a recording's memory shows in NVML up
-to a few polls from its event: 1.4 s in the H200 bucketed run's sample log).
+The rates follow the memory's envelope, the highest reading of the last ENVELOPE_S: an
+allocator that frees its cache and takes it back (a sawtooth) grows only when its peaks climb.
+A step of the envelope above `jump_bytes` in one poll (a model load, a KV pool, a compile's
+workspace, the first request of a new largest size) is left out, unless such steps form a
+staircase: at least STAIR_STEPS of them, none more than STAIR_GAP_S after the one before,
+spread over STAIR_SPREAD_S, within twice the window. An allocator serving a leak from 20 MiB
+segments, or a server keeping large tensors, grows in such steps only. Even in a staircase a
+step OUTLIER times its median is a one-off.
+
+A rate is read over the window, its recent half and its recent quarter: the quarter's where all
+three grow (growth that speeds up is read from its latest part), else the lowest (growth that
+stopped is not growth). The growth outside recordings leaves out intervals ending within
+SETTLE_S of a recording (a recording's memory shows in NVML up to a few polls after its event).
+Prefix sums make each part two lookups; the steps are few, and kept apart.
 """
 from __future__ import annotations
 
 import bisect
+import collections
 import math
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 SETTLE_S = 2.0
 LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
 LEAK_MIN_FRACTION = 0.2   # … covering at least this part of the window
+ENVELOPE_S = 30.0
+SUSTAIN_S = 15.0          # `floor`: the lowest reading this long back (growth that lasts)
+STAIR_STEPS = 3
+STAIR_SPREAD_S = 30.0
+STAIR_GAP_S = 20.0
+OUTLIER = 8.0
+PARTS = (1.0, 0.5, 0.25)
+MIN_SPAN = 1 / 6          # a rate needs this part of the window in samples (10 s of 60): a
+                          # burst of first recordings is not a trend yet
+
+
+class Step(NamedTuple):
+    t: float
+    size: float
+    outside: bool   # outside recordings (counted in the growth outside them)
 
 
 class Trend:
@@ -25,64 +47,116 @@ class Trend:
         self.jump_bytes = jump_bytes
         self.maxlen = maxlen
         self._t: list[float] = []
-        # per sample, summed from the first: growth (steps out), and outside recordings:
-        # growth, seconds and intervals
+        # per sample, summed from the first over the envelope's changes but its steps: growth,
+        # and outside recordings: growth, seconds and intervals
         self._sums: list[tuple[float, float, float, int]] = []
-        self._last: Optional[tuple[float, int, int]] = None   # t, memory, recordings
+        self._records: list[int] = []                      # recordings so far, per sample
+        self.steps: list[Step] = []                        # the envelope's steps up, in order
+        self._last: Optional[tuple[float, float, int]] = None   # t, envelope, recordings
         self._changed = -math.inf                            # when recordings last changed
+        self._high: collections.deque[tuple[float, int]] = collections.deque()  # max over time
+        self._low: collections.deque[tuple[float, int]] = collections.deque()   # min over time
+
+    @property
+    def floor(self) -> Optional[int]:
+        """The lowest memory of the last SUSTAIN_S: what a passing peak does not raise."""
+        return self._low[0][1] if self._low else None
 
     def append(self, sample: tuple[Any, ...]) -> None:
         """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
         t, mem, records = sample[0], sample[1], sample[2]
         if mem is None:
             return
+        env = _slide(self._high, t, mem, ENVELOPE_S, lambda old: old <= mem)
+        _slide(self._low, t, mem, SUSTAIN_S, lambda old: old >= mem)
         g, lg, ls, ln = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0)
         if self._last is not None:
-            t0, m0, r0 = self._last
+            t0, e0, r0 = self._last
             if records != r0:
                 self._changed = t
-            step = mem - m0
-            kept = step if abs(step) <= self.jump_bytes else 0.0
-            g += kept
-            if t > self._changed + SETTLE_S:
-                lg, ls, ln = lg + kept, ls + (t - t0), ln + 1
-        self._last = (t, mem, records)
+            change = env - e0
+            outside = t > self._changed + SETTLE_S
+            if change > self.jump_bytes:
+                self.steps.append(Step(t, change, outside))
+                change = 0.0
+            g += change
+            if outside:
+                lg, ls, ln = lg + change, ls + (t - t0), ln + 1
+        self._last = (t, env, records)
         self._t.append(t)
         self._sums.append((g, lg, ls, ln))
+        self._records.append(records)
         if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
             del self._t[:-self.maxlen]
             del self._sums[:-self.maxlen]
+            del self._records[:-self.maxlen]
+            first = self._t[0]
+            self.steps = [s for s in self.steps if s.t > first]
+
+    def counted_steps(self, since: float) -> list[Step]:
+        """The steps that are growth: the staircase the latest step ends (steps no more than
+        STAIR_GAP_S apart, within twice the window from `since`), less its outliers; none when
+        the steps are one-offs."""
+        if not self.steps or not self._t:
+            return []
+        horizon = since - (self._t[-1] - since)
+        run = [self.steps[-1]]
+        for step in reversed(self.steps[:-1]):
+            if step.t <= horizon or run[-1].t - step.t > STAIR_GAP_S:
+                break
+            run.append(step)
+        if len(run) < STAIR_STEPS or run[0].t - run[-1].t < STAIR_SPREAD_S:
+            return []
+        sizes = sorted(s.size for s in run)
+        limit = OUTLIER * sizes[len(sizes) // 2]
+        return [s for s in run if s.size <= limit]
+
+    def records_since(self, since: float) -> Optional[int]:
+        """Recordings from the first sample at or after `since` to the last; None without."""
+        i = bisect.bisect_left(self._t, since)
+        return None if i >= len(self._t) else self._records[-1] - self._records[i]
 
     def rates(self, since: float) -> tuple[Optional[float], Optional[float]]:
         """The growth rate (bytes/s) over the samples from `since` on, and the growth outside
-        recordings that goes on: the lowest of its rates over those samples, their recent half
-        and their recent quarter (a warm-up's growth that stopped is not a leak). None where
-        there are fewer than 3 samples, or too few intervals outside recordings to tell."""
+        recordings; None where there are fewer than 3 samples or MIN_SPAN of the window, or too
+        few intervals outside recordings to tell."""
         t, sums = self._t, self._sums
         j = len(t) - 1
         i = bisect.bisect_left(t, since)
-        if j - i < 2 or t[j] <= t[i]:
+        if j - i < 2 or t[j] - t[i] < MIN_SPAN * (t[j] - since):
             return None, None
-        first, last = t[i], t[j]
+        last, first = t[j], t[i]
+        steps = self.counted_steps(since)
         sj = sums[j]
-        slope = (sj[0] - sums[i][0]) / (last - first)
-        leak: Optional[float] = None
-        for part in (1.0, 0.5, 0.25):
+        growth: list[float] = []
+        leak: list[float] = []
+        for part in PARTS:
             k = bisect.bisect_left(t, last - part * (last - first))
             if j - k < 2:
-                return slope, None
-            sk = sums[k]
+                break
+            sk, tk = sums[k], t[k]
+            inside = [s for s in steps if s.t > tk]
+            growth.append((sj[0] - sk[0] + sum(s.size for s in inside)) / (last - tk))
             span, used = sj[2] - sk[2], sj[3] - sk[3]
-            if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - t[k]):
-                return slope, None
-            rate = (sj[1] - sk[1]) / span
-            if leak is None or rate < leak:  # min(), keeping the first of equals
-                leak = rate
-        return slope, leak
+            if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
+                continue
+            leak.append((sj[1] - sk[1] + sum(s.size for s in inside if s.outside)) / span)
+        return _lowest(growth), (_lowest(leak) if len(leak) == len(PARTS) else None)
 
-    def _span(self, since: float) -> tuple[Optional[int], int]:
-        j = len(self._t) - 1
-        i = bisect.bisect_left(self._t, since)
-        if j - i < 2 or self._t[j] <= self._t[i]:
-            return None, j
-        return i, j
+
+def _lowest(rates: list[float]) -> Optional[float]:
+    """The most recent part's rate where every part grows, else the lowest."""
+    if not rates:
+        return None
+    return rates[-1] if min(rates) > 0 else min(rates)
+
+
+def _slide(window: collections.deque[tuple[float, int]], t: float, value: int, span: float,
+           dominated: Callable[[int], bool]) -> int:
+    """Add (t, value) to a monotonic deque over the last `span` seconds; its extreme."""
+    while window and dominated(window[-1][1]):
+        window.pop()
+    window.append((t, value))
+    while window[0][0] <= t - span:
+        window.popleft()
+    return window[0][1]

@@ -92,8 +92,11 @@ def replay(paths: list[str], config: Config,
 
     r = run(timed(read_all(readers, progress, "replay")), config, follow_config=follow_config)
     wall = time.perf_counter() - started
-    state = r.state
-    span = (state.now - state.first_t) if state.first_t is not None else 0.0
+    # the recording's length, from its first observation to its last (not the focus
+    # server's state, which starts again at each reset: "17.4 s of recording" for 75 s)
+    last = r.host.now
+    start = None if last is None else first_t.get(time_base(last))
+    span = last - start if last is not None and start is not None else 0.0
     return {
         **r.outcome(r.config),
         "replay": {"files": paths, "observations": r.observations,
