@@ -99,7 +99,9 @@ reload: {{method: agent, grace_s: 10}}
     assert [d["phase"] for d in drains] == ["draining", "drained"]
     assert drains[1]["in_flight"] == 0 and drains[1]["exit_code"] == 75
     # recorded like any reload
-    (entry,) = json.load(open(os.path.join(tmp, "state", "reloads.json")))["reloads"]
+    entries = json.load(open(os.path.join(tmp, "state", "reloads.json")))["reloads"]
+    assert len(entries) == 1, entries
+    (entry,) = entries
     assert entry["ok"] is True and entry["detail"].startswith("drained 1 of 1 process(es), exit "
                                                               "code 75, calls in hand finished")
     logs = [json.loads(line) for line in daemon.stderr.read().splitlines()

@@ -324,7 +324,8 @@ def test_a_reload_cancelled_at_the_recheck_does_not_block_the_next_one(short_tmp
 
         for _ in range(12):
             poll(0)
-        poll(15)  # 15 MB in a poll, 35 MB of room left: OOM in ~2 s, a reload is decided
+        for _ in range(3):  # 15 MB in 3 polls (a trend: more than one rise), 35 MB of room
+            poll(5)         # left: OOM in ~1 s, a reload is decided
         assert d.host.servers["default"].pending is not None
         # the server let go of 1.5 GB: at the re-check the forecast has cleared (the rate is
         # the envelope's, which a drop lowers only 30 s on; the room to the budget is larger)
@@ -404,7 +405,8 @@ def test_a_replay_of_the_sample_log_takes_the_same_actions_as_the_live_daemon(sh
                             seconds=1.0))
         for _ in range(12):
             poll()
-        poll(15)    # OOM in ~2 s: a reload is decided …
+        for _ in range(3):
+            poll(5)  # OOM in ~1 s: a reload is decided …
         poll(-1500)  # … and cancelled at the re-check
         write(30)
         d.handle_reload(signal.SIGHUP)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from torch_watchdog.sidecar.core.trend import ENVELOPE_S, LEAK_MIN_FRACTION, LEAK_MIN_POINTS, \
-    MIN_SPAN, OUTLIER, PARTS, SETTLE_S, STAIR_GAP_S, STAIR_SPREAD_S, STAIR_STEPS, Trend
+    MIN_RISES, MIN_SPAN, OUTLIER, PARTS, SETTLE_S, STAIR_GAP_S, STAIR_SPREAD_S, STAIR_STEPS, Trend
 
 MB = 1 << 20
 WINDOW = 60.0
@@ -59,6 +59,7 @@ def by_definition(samples, since):
             steps.append((t[k], c, outside[k]))
             c = 0.0
         small.append(c)
+    rises = sum(1 for m in range(i + 1, j + 1) if small[m] > 0)
     horizon = since - (t[j] - since)
     run = []
     for s in reversed(steps):
@@ -82,8 +83,12 @@ def by_definition(samples, since):
             continue
         leak.append((sum(small[m] for m in used) + sum(s[1] for s in inside if s[2])) / span)
 
+    rises += sum(1 for s in counted if s[0] > t[i])
+
     def lowest(rates):
-        return None if not rates else rates[-1] if min(rates) > 0 else min(rates)
+        if not rates:
+            return None
+        return rates[-1] if min(rates) > 0 and rises >= MIN_RISES else min(0.0, min(rates))
 
     return lowest(growth), (lowest(leak) if len(leak) == len(PARTS) else None)
 
@@ -143,8 +148,10 @@ def test_a_sawtooth_that_does_not_climb_does_not_grow_and_one_that_does_does():
             return 1000 * MB + up + climb_mib * MB * cycle
         return memory
 
-    assert rate_of(saw(0)) <= 0.0
-    assert rate_of(saw(50)) == pytest.approx(50 / 20, rel=0.35)
+    ends = [170.0 + k for k in range(20)]  # across a whole cycle
+    assert max(rate_of(saw(0), seconds=end) for end in ends) <= 0.0
+    # the climb shows while the peak passes the last one (read from the latest eighth)
+    assert max(rate_of(saw(50), seconds=end) for end in ends) > 1.0
 
 
 def test_growth_that_starts_late_is_read_from_the_recent_parts():
@@ -156,14 +163,15 @@ def test_growth_that_stopped_is_not_growth():
     assert rate_of(lambda t: 1000 * MB + 5 * MB * min(t, 150)) == 0.0
 
 
-def test_bursts_with_idle_gaps_grow_between_them():
-    """6 s of traffic recording graphs at 3 MiB/s, then 10 s idle: read in a gap too."""
+def test_bursts_with_idle_gaps_grow_in_the_bursts():
+    """6 s of traffic recording graphs at 3 MiB/s, then 10 s idle: the growth is read in the
+    bursts, at the burst's rate; a gap longer than the window's eighth (7.5 s) reads none."""
     def bursty(t):
         cycles, phase = divmod(t, 16.0)
         return 1000 * MB + 3 * MB * (6 * cycles + min(phase, 6.0))
 
-    for end in (176.0, 180.0):  # in a burst, in a gap
-        assert rate_of(bursty, seconds=end) > 0.5
+    assert rate_of(bursty, seconds=180.0) == pytest.approx(3.0 * 4 / 7.5, rel=0.1)
+    assert rate_of(bursty, seconds=175.0) == 0.0
 
 
 def test_a_burst_shorter_than_a_sixth_of_the_window_is_no_trend_yet():
@@ -171,6 +179,12 @@ def test_a_burst_shorter_than_a_sixth_of_the_window_is_no_trend_yet():
     for k in range(40):  # 4 s of samples, growing fast
         trend.append((1.8e9 + 0.1 * k, (1000 + 10 * k) * MB, k))
     assert trend.rates(1.8e9 + 3.9 - WINDOW) == (None, None)
+
+
+def test_one_allocator_step_near_full_is_no_trend():
+    # flat, one 2 MiB segment 20 s ago: not growth to extrapolate (3 rises in a minute are)
+    assert rate_of(lambda t: 1000 * MB + 2 * MB * (t > 160)) == 0.0
+    assert rate_of(lambda t: 1000 * MB + 2 * MB * ((t > 172) + (t > 175) + (t > 178))) > 0
 
 
 def test_the_floor_is_the_lowest_of_the_recent_readings():

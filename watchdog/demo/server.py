@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 STOP: dict[str, Optional[str]] = {"signal": None}
 # The stand-in is kept in 512 KiB tensors: CUDA's caching allocator packs blocks of 1-10 MB
-# into 20 MiB segments, a step the sidecar's trend leaves out (correlate.jump_bytes, 16 MiB);
+# into 20 MiB segments, steps the sidecar's trend counts only as a staircase (jump_bytes);
 # blocks under 1 MB come from 2 MiB segments, so memory grows as a CUDA graph pool's would.
 CHUNK = 512 << 10
 

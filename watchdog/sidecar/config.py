@@ -42,7 +42,8 @@ class AgentSocketConfig:
 @dataclass(frozen=True)
 class CorrelateConfig:
     jump_bytes: int = 16 * MiB            # one poll's growth above this is an allocator/compile
-                                          # step, kept out of the per-graph regression
+                                          # step: out of the per-graph regression, and of the
+                                          # trend unless steps form a staircase
     min_records: int = 20                 # recordings before a MB/graph estimate is reported
     min_confidence: float = 0.5           # of the MB/graph estimate, to name the cause
     storm_recompiles: int = 4             # this many recompiles …
@@ -70,7 +71,8 @@ class PolicyConfig:
     reload_lead_s: float = 60.0           # reload when the forecast OOM is nearer than this
     alert_lead_s: float = 1800.0          # alert (forecast) when nearer than this
     hold_polls: int = 3                   # the reload condition must hold this many polls
-    warmup_s: float = 30.0                # after the server's first compile: no reload
+    warmup_s: float = 30.0                # after the server's first compile: a reload only
+                                          # for an OOM due before its end plus the lead
     cooldown_s: float = 600.0             # between reloads
     max_reloads_per_hour: int = 3         # then alert only (per server)
     max_concurrent_reloads: int = 1       # servers reloading at once on this host (replicas

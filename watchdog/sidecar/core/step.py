@@ -339,11 +339,15 @@ def _view(server: Server, s: Sample,
 def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
     """Last poll's decision, right before acting: carried out, or cancelled when the forecast
     is well clear (2x the lead: a forecast wobbling around the lead must not cancel every
-    decision); a cancelled decision starts no cooldown."""
+    decision) because the server's memory fell (it let go of memory, a process exited): a
+    growth rate read from the last seconds pauses with the traffic, which is no reason to
+    cancel. A cancelled decision starts no cooldown."""
     decision, server.pending = server.pending, None
     if decision is None:
         return []
-    if server.forecast.seconds > 2 * cfg.policy.reload_lead_s:
+    fc, before = server.forecast, decision.detail.get("level_bytes")
+    fell = fc.level_bytes is None or before is None or fc.level_bytes < before
+    if fc.seconds > 2 * cfg.policy.reload_lead_s and fell:
         policy.forget_reload(server.policy, decision.t)
         return [dataclasses.replace(decision, t=t, kind=ActionKind.CANCEL, decided_t=decision.t)]
     server.reloading = decision

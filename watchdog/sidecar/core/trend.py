@@ -9,8 +9,9 @@ spread over STAIR_SPREAD_S, within twice the window. An allocator serving a leak
 segments, or a server keeping large tensors, grows in such steps only. Even in a staircase a
 step OUTLIER times its median is a one-off.
 
-A rate is read over the window, its recent half and its recent quarter: the quarter's where all
-three grow (growth that speeds up is read from its latest part), else the lowest (growth that
+A rate is read over the window, its recent half, quarter and eighth: the eighth's where all
+grow and the envelope rose at least MIN_RISES times (growth that speeds up is read from its
+latest part; one allocator step is no trend), else none or the lowest fall (growth that
 stopped is not growth). The growth outside recordings leaves out intervals ending within
 SETTLE_S of a recording (a recording's memory shows in NVML up to a few polls after its event).
 Prefix sums make each part two lookups; the steps are few, and kept apart.
@@ -31,7 +32,8 @@ STAIR_STEPS = 3
 STAIR_SPREAD_S = 30.0
 STAIR_GAP_S = 20.0
 OUTLIER = 8.0
-PARTS = (1.0, 0.5, 0.25)
+PARTS = (1.0, 0.5, 0.25, 0.125)
+MIN_RISES = 3             # rises of the envelope in the window, or it is not growing
 MIN_SPAN = 1 / 6          # a rate needs this part of the window in samples (10 s of 60): a
                           # burst of first recordings is not a trend yet
 
@@ -48,8 +50,8 @@ class Trend:
         self.maxlen = maxlen
         self._t: list[float] = []
         # per sample, summed from the first over the envelope's changes but its steps: growth,
-        # and outside recordings: growth, seconds and intervals
-        self._sums: list[tuple[float, float, float, int]] = []
+        # and outside recordings: growth, seconds and intervals; and the rises
+        self._sums: list[tuple[float, float, float, int, int]] = []
         self._records: list[int] = []                      # recordings so far, per sample
         self.steps: list[Step] = []                        # the envelope's steps up, in order
         self._last: Optional[tuple[float, float, int]] = None   # t, envelope, recordings
@@ -69,7 +71,7 @@ class Trend:
             return
         env = _slide(self._high, t, mem, ENVELOPE_S, lambda old: old <= mem)
         _slide(self._low, t, mem, SUSTAIN_S, lambda old: old >= mem)
-        g, lg, ls, ln = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0)
+        g, lg, ls, ln, up = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0, 0)
         if self._last is not None:
             t0, e0, r0 = self._last
             if records != r0:
@@ -79,12 +81,14 @@ class Trend:
             if change > self.jump_bytes:
                 self.steps.append(Step(t, change, outside))
                 change = 0.0
+            elif change > 0:
+                up += 1
             g += change
             if outside:
                 lg, ls, ln = lg + change, ls + (t - t0), ln + 1
         self._last = (t, env, records)
         self._t.append(t)
-        self._sums.append((g, lg, ls, ln))
+        self._sums.append((g, lg, ls, ln, up))
         self._records.append(records)
         if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
             del self._t[:-self.maxlen]
@@ -128,6 +132,7 @@ class Trend:
         last, first = t[j], t[i]
         steps = self.counted_steps(since)
         sj = sums[j]
+        rises = sj[4] - sums[i][4] + sum(1 for s in steps if s.t > first)
         growth: list[float] = []
         leak: list[float] = []
         for part in PARTS:
@@ -141,14 +146,17 @@ class Trend:
             if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
                 continue
             leak.append((sj[1] - sk[1] + sum(s.size for s in inside if s.outside)) / span)
-        return _lowest(growth), (_lowest(leak) if len(leak) == len(PARTS) else None)
+        return _rate(growth, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
 
 
-def _lowest(rates: list[float]) -> Optional[float]:
-    """The most recent part's rate where every part grows, else the lowest."""
+def _rate(rates: list[float], rises: int) -> Optional[float]:
+    """The most recent part's rate where every part grows (and the window rose MIN_RISES
+    times: one allocator step near full is no trend), else the lowest, at most 0."""
     if not rates:
         return None
-    return rates[-1] if min(rates) > 0 else min(rates)
+    if min(rates) > 0 and rises >= MIN_RISES:
+        return rates[-1]
+    return min(0.0, min(rates))
 
 
 def _slide(window: collections.deque[tuple[float, int]], t: float, value: int, span: float,

@@ -94,7 +94,7 @@ def replay(paths: list[str], config: Config,
     wall = time.perf_counter() - started
     # the recording's length, from its first observation to its last (not the focus
     # server's state, which starts again at each reset: "17.4 s of recording" for 75 s)
-    last = r.host.now
+    last = r.host.now if r.host.now is not None else r.state.now  # an agent's log: no samples
     start = None if last is None else first_t.get(time_base(last))
     span = last - start if last is not None and start is not None else 0.0
     return {
