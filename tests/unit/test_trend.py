@@ -192,3 +192,21 @@ def test_the_floor_is_the_lowest_of_the_recent_readings():
     for k in range(300):
         trend.append((1.8e9 + 0.1 * k, (1000 + (600 if k % 200 < 100 else 0)) * MB, 0))
     assert trend.floor == 1000 * MB  # a sawtooth's trough, within the last 15 s
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_rates_asked_poll_after_poll_are_their_definitions_too(seed):
+    """The daemon asks every poll: what is kept from one answer to the next (the counted
+    steps, their sums) must not outlive the steps and the horizon it was for."""
+    samples = history(random.Random(1000 + seed))[:600]
+    trend = Trend()
+    for n, sample in enumerate(samples, 1):
+        trend.append(sample)
+        since = sample[0] - WINDOW
+        got = trend.rates(since)
+        if n % 40 == 0:
+            want = by_definition(samples[:n], since)
+            for g, w in zip(got, want):
+                assert (g is None) == (w is None)
+                if w is not None:
+                    assert g == pytest.approx(w, rel=1e-6, abs=1e-3)

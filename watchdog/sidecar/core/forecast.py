@@ -233,9 +233,13 @@ def refuted(state: State, window_s: float, space: Optional[float], scale: float)
     says what comes, and the trend does. Cumulative counts fit to hours of bucketed traffic
     called a shape space saturated while new recordings came every second."""
     seen = state.samples.records_since(state.now - window_s)
-    if not seen or space is None or not math.isfinite(space):
+    if not seen or seen <= REFUTE_RECORDS or space is None or not math.isfinite(space):
         return False
-    in_window = sum(entry[1] for entry in state.calls if entry[0] >= state.now - window_s)
+    cutoff, in_window = state.now - window_s, 0
+    for entry in reversed(state.calls):  # newest first, to the window's start
+        if entry[0] < cutoff:
+            break
+        in_window += entry[1]
     n = state.requests
     expected = scale * (recorded(space, n) - recorded(space, max(0, n - in_window)))
     return seen > 2 * expected + REFUTE_RECORDS

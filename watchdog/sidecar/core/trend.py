@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 SETTLE_S = 2.0
 LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
@@ -58,6 +58,8 @@ class Trend:
         self._changed = -math.inf                            # when recordings last changed
         self._high: collections.deque[tuple[float, int]] = collections.deque()  # max over time
         self._low: collections.deque[tuple[float, int]] = collections.deque()   # min over time
+        self._counted: tuple[Any, list[Step]] = (None, [])  # counted_steps' last answer
+        self._tails: tuple[list[float], list[float]] = ([0.0], [0.0])  # and its sums
 
     @property
     def floor(self) -> Optional[int]:
@@ -69,8 +71,18 @@ class Trend:
         t, mem, records = sample[0], sample[1], sample[2]
         if mem is None:
             return
-        env = _slide(self._high, t, mem, ENVELOPE_S, lambda old: old <= mem)
-        _slide(self._low, t, mem, SUSTAIN_S, lambda old: old >= mem)
+        high, low = self._high, self._low  # monotonic deques: the max and the min over time
+        while high and high[-1][1] <= mem:
+            high.pop()
+        high.append((t, mem))
+        while high[0][0] <= t - ENVELOPE_S:
+            high.popleft()
+        while low and low[-1][1] >= mem:
+            low.pop()
+        low.append((t, mem))
+        while low[0][0] <= t - SUSTAIN_S:
+            low.popleft()
+        env = high[0][1]
         g, lg, ls, ln, up = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0, 0)
         if self._last is not None:
             t0, e0, r0 = self._last
@@ -98,22 +110,35 @@ class Trend:
             self.steps = [s for s in self.steps if s.t > first]
 
     def counted_steps(self, since: float) -> list[Step]:
-        """The steps that are growth: the staircase the latest step ends (steps no more than
-        STAIR_GAP_S apart, within twice the window from `since`), less its outliers; none when
-        the steps are one-offs."""
-        if not self.steps or not self._t:
+        """The steps that are growth, oldest first: the staircase the latest step ends (steps
+        no more than STAIR_GAP_S apart, within twice the window from `since`), less its
+        outliers; none when the steps are one-offs."""
+        steps = self.steps
+        if not steps or not self._t:
             return []
         horizon = since - (self._t[-1] - since)
-        run = [self.steps[-1]]
-        for step in reversed(self.steps[:-1]):
+        key = (len(steps), steps[0].t, bisect.bisect_right(steps, horizon, key=_step_t))
+        if key == self._counted[0]:  # the same steps within the same horizon
+            return self._counted[1]
+        run = [steps[-1]]
+        for step in reversed(steps[:-1]):
             if step.t <= horizon or run[-1].t - step.t > STAIR_GAP_S:
                 break
             run.append(step)
-        if len(run) < STAIR_STEPS or run[0].t - run[-1].t < STAIR_SPREAD_S:
-            return []
-        sizes = sorted(s.size for s in run)
-        limit = OUTLIER * sizes[len(sizes) // 2]
-        return [s for s in run if s.size <= limit]
+        counted: list[Step] = []
+        if len(run) >= STAIR_STEPS and run[0].t - run[-1].t >= STAIR_SPREAD_S:
+            sizes = sorted(s.size for s in run)
+            limit = OUTLIER * sizes[len(sizes) // 2]
+            counted = [s for s in reversed(run) if s.size <= limit]
+        # sums of the counted sizes from each step on (all, outside recordings): a part's
+        # share is one lookup
+        total, out = [0.0], [0.0]
+        for step in reversed(counted):
+            total.append(total[-1] + step.size)
+            out.append(out[-1] + (step.size if step.outside else 0.0))
+        self._counted = (key, counted)
+        self._tails = (total[::-1], out[::-1])
+        return counted
 
     def records_since(self, since: float) -> Optional[int]:
         """Recordings from the first sample at or after `since` to the last; None without."""
@@ -132,7 +157,7 @@ class Trend:
         last, first = t[j], t[i]
         steps = self.counted_steps(since)
         sj = sums[j]
-        rises = sj[4] - sums[i][4] + sum(1 for s in steps if s.t > first)
+        rises = sj[4] - sums[i][4]
         growth: list[float] = []
         leak: list[float] = []
         for part in PARTS:
@@ -140,13 +165,22 @@ class Trend:
             if j - k < 2:
                 break
             sk, tk = sums[k], t[k]
-            inside = [s for s in steps if s.t > tk]
-            growth.append((sj[0] - sk[0] + sum(s.size for s in inside)) / (last - tk))
+            stepped = outside = 0.0
+            if steps:  # the counted steps after tk
+                first_in = bisect.bisect_right(steps, tk, key=_step_t)
+                stepped, outside = self._tails[0][first_in], self._tails[1][first_in]
+                if part == 1.0:
+                    rises += len(steps) - first_in
+            growth.append((sj[0] - sk[0] + stepped) / (last - tk))
             span, used = sj[2] - sk[2], sj[3] - sk[3]
             if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
                 continue
-            leak.append((sj[1] - sk[1] + sum(s.size for s in inside if s.outside)) / span)
+            leak.append((sj[1] - sk[1] + outside) / span)
         return _rate(growth, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
+
+
+def _step_t(step: Step) -> float:
+    return step.t
 
 
 def _rate(rates: list[float], rises: int) -> Optional[float]:
@@ -157,14 +191,3 @@ def _rate(rates: list[float], rises: int) -> Optional[float]:
     if min(rates) > 0 and rises >= MIN_RISES:
         return rates[-1]
     return min(0.0, min(rates))
-
-
-def _slide(window: collections.deque[tuple[float, int]], t: float, value: int, span: float,
-           dominated: Callable[[int], bool]) -> int:
-    """Add (t, value) to a monotonic deque over the last `span` seconds; its extreme."""
-    while window and dominated(window[-1][1]):
-        window.pop()
-    window.append((t, value))
-    while window[0][0] <= t - span:
-        window.popleft()
-    return window[0][1]
