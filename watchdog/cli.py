@@ -9,7 +9,7 @@ naming it, no traceback), 141 stdout closed early (`| head`: quiet, as SIGPIPE),
     torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
     torch-watchdog sidecar [--config FILE]            the daemon (run it under systemd)
     torch-watchdog status [--url URL] [--config FILE] [--json]   ask a running sidecar
-    torch-watchdog demo [--short] [--workdir DIR] [--keep]     the whole thing, on a laptop
+    torch-watchdog demo [--short] [--workdir DIR] [--keep] [--port N]  the whole thing
 """
 from __future__ import annotations
 
@@ -114,12 +114,19 @@ def check_events(paths: list[str], out: TextIO) -> int:
     return 2 if invalid or unusable else 0
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 1..65535, got {port}")
+    return port
+
+
 def check_config(path: str, out: TextIO) -> int:
     from torch_watchdog.sidecar import config
 
     _, problems = config.check(path)
     for line in problems:
-        print(f"{path}: {line}", file=sys.stderr)
+        print(f"torch-watchdog check-config: {path}: {line}", file=sys.stderr)
     if problems:
         return 2
     print(f"{path}: OK", file=out)
@@ -302,6 +309,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "server running (status page, /metrics) until Ctrl-C")
     dp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: cuda if torch sees a GPU, else cpu")
+    dp.add_argument("--port", type=_port, default=None,
+                    help="the sidecar's status page and /metrics port (default: a free one)")
     args = p.parse_args(argv)
     try:
         code = _run(args)

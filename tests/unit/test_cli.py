@@ -111,3 +111,15 @@ def test_run_help_is_the_launchers_help_and_a_command_without_the_separator_is_r
                            text=True, cwd=ROOT)
     assert wrong.returncode == 2 and "comes after `--`" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_demo_takes_the_port_it_is_given_and_refuses_one_that_is_none(tmp_path, capsys):
+    from torch_watchdog.demo.driver import Demo
+    from torch_watchdog.demo.profile import SHORT
+
+    assert Demo(SHORT, str(tmp_path), "cpu", False, port=18123).port == 18123
+    assert Demo(SHORT, str(tmp_path), "cpu", False).port > 0  # a free one
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--port", "70000"])
+    assert exit_.value.code == 2
+    assert "--port: must be a TCP port 1..65535, got 70000" in capsys.readouterr().err

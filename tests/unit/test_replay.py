@@ -216,3 +216,16 @@ def test_the_length_of_a_recording_counts_from_its_first_line_to_its_last():
         times = [json.loads(line)["t"] for line in fh]
     r = replay([path], Config())
     assert r["replay"]["trace_seconds"] == pytest.approx(max(times) - min(times), abs=0.2)
+
+
+def test_events_two_files_both_hold_are_counted_once(tmp_path):
+    """A sample log keeps every event the sidecar received, and the agent's own log has them
+    all: given both (or a copy twice), each event counts once."""
+    import shutil
+
+    agent_log = fixture("h200-oom300-events.jsonl.gz")
+    twin = str(tmp_path / "twin.jsonl.gz")
+    shutil.copy(agent_log, twin)
+    once = replay([fixture("h200-oom300.jsonl.gz"), agent_log], Config())["estimates"]
+    twice = replay([fixture("h200-oom300.jsonl.gz"), agent_log, twin], Config())["estimates"]
+    assert once["warmups"] == 1056 and twice == once

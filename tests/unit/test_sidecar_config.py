@@ -219,6 +219,21 @@ def test_check_reports_invalid_yaml_with_its_line_once(tmp_path):
     assert str(path) not in problems[0]  # check-config prefixes it: once, not twice
 
 
+def test_an_unknown_key_is_answered_with_the_nearest_known_one(tmp_path, capsys):
+    from torch_watchdog import cli
+
+    path = tmp_path / "w.yaml"
+    path.write_text("poll_intervall_s: 0.1\npolicy: {reload_lead: 5, zzz: 1}\n")
+    assert cli.main(["check-config", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"torch-watchdog check-config: {path}: poll_intervall_s: unknown key "
+        "(did you mean poll_interval_s?)",
+        f"torch-watchdog check-config: {path}: policy.reload_lead: unknown key "
+        "(did you mean policy.reload_lead_s?)",
+        f"torch-watchdog check-config: {path}: policy.zzz: unknown key"]
+
+
 def test_check_config_names_the_file_once(tmp_path, capsys):
     from torch_watchdog import cli
 

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     profile = SHORT if args.short else FULL
     work = os.path.abspath(args.workdir) if args.workdir else \
         tempfile.mkdtemp(prefix="torch-watchdog-demo-")
-    demo = Demo(profile, work, args.device, args.keep, out)
+    demo = Demo(profile, work, args.device, args.keep, out, port=args.port)
     _intro(demo, out)
     # SIGINT too: a shell starting us in the background may have left it ignored
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM,

@@ -58,7 +58,7 @@ def free_port() -> int:
 
 class Demo:
     def __init__(self, profile: Profile, work: str, device: str, keep: bool,
-                 out: TextIO = sys.stdout):
+                 out: TextIO = sys.stdout, port: Optional[int] = None):
         self.p, self.work, self.device, self.keep, self.out = profile, work, device, keep, out
         self.start = time.time()
         self.tl = Timeline(self.start)
@@ -67,7 +67,7 @@ class Demo:
         self.servers: list[subprocess.Popen] = []
         self.server_logs: list[IO] = []
         self.socket_dir: Optional[str] = None
-        self.port = free_port()
+        self.port = port or free_port()  # the status page's and /metrics' port
         self.config_path = os.path.join(work, "watchdog.yaml")
         self.events_path = os.path.join(work, "events.jsonl")
         self.samples_path = os.path.join(work, "sidecar-samples.jsonl")

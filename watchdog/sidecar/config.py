@@ -4,6 +4,7 @@ in config/watchdog.yaml."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import typing
@@ -374,7 +375,9 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in sorted(set(data) - names, key=str):
-        problems.append(f"{prefix}{key}: unknown key")
+        near = difflib.get_close_matches(str(key), sorted(names), n=1)
+        hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+        problems.append(f"{prefix}{key}: unknown key{hint}")
     values = {}
     for name in names & set(data):
         hint, raw = hints[name], data[name]

@@ -14,7 +14,9 @@ read, or of which no line can be used, is (InputError, naming the file).
 """
 from __future__ import annotations
 
+import collections
 import heapq
+import itertools
 import json
 import math
 import time
@@ -209,22 +211,39 @@ def _time(obj: dict) -> float:
 
 
 PROGRESS_S = 5.0  # a long read says how far it got this often
+DUPLICATE_S = 1.0  # files are nearly ordered: an event's twin in another file is this close
 
 
-def merged(readers: Iterable[Reader]) -> Iterator[Observation]:
-    """All files' observations in time order (each file is already nearly ordered)."""
-    return heapq.merge(*readers, key=lambda o: o.t)
+def merged(readers: Iterable[Reader]) -> Iterator[tuple[Observation, int]]:
+    """All files' observations in time order (each file is already nearly ordered), each with
+    the index of its file."""
+    tagged = [zip(reader, itertools.repeat(i)) for i, reader in enumerate(readers)]
+    return heapq.merge(*tagged, key=lambda pair: pair[0].t)
 
 
 def read_all(readers: list, progress: Optional[Callable[[str], None]] = None, label: str = "read",
              clock: Callable[[], float] = time.monotonic) -> Iterator[Observation]:
     """`merged(readers)`, with a line to `progress` every PROGRESS_S (a 10-hour sample log
-    takes the better part of a minute)."""
+    takes the better part of a minute). An agent event that another file holds too (the
+    sidecar's sample log keeps every event it received; the agent's own log has them all) is
+    taken once: the same event is the same line, at the same time."""
     last, n = clock(), 0
-    for obs in merged(readers):
+    seen: dict[bytes, int] = {}                       # an event's line -> the file it came from
+    recent: collections.deque[tuple[float, bytes]] = collections.deque()
+    for obs, source in merged(readers):
         n += 1
         if progress is not None and n % 4096 == 0 and clock() - last >= PROGRESS_S:
             last = clock()
             progress(f"{label}: {n:,} records read, {sum(r.bad_lines for r in readers)} bad "
                      "lines so far")
+        if len(readers) > 1 and isinstance(obs, events.Event):
+            while recent and recent[0][0] < obs.t - DUPLICATE_S:
+                seen.pop(recent.popleft()[1], None)
+            key = events.encode(obs)
+            first = seen.get(key)
+            if first is None:
+                seen[key] = source
+                recent.append((obs.t, key))
+            elif first != source:
+                continue
         yield obs
