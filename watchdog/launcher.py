@@ -22,7 +22,12 @@ Policy:
     running anything; the launcher logs it and falls back to plain starts (CUDA: for good,
     since a standby must never hold GPU memory; failures: after 3 in a row). The launcher
     itself must never be the outage.
-  * children get PR_SET_PDEATHSIG (SIGTERM): no orphans if the launcher is killed.
+  * children get PR_SET_PDEATHSIG (SIGTERM): no orphans if the launcher is killed. The
+    launcher is its descendants' subreaper, and a reaper process beside it (its own session,
+    deaf to the signals a terminal or a unit's stop sends) notes them every REAP_EVERY_S; when
+    the launcher dies, even by SIGKILL, the reaper sends SIGTERM to what is left of them and,
+    REAP_GRACE_S later, SIGKILL: a grandchild, or a server that ignores SIGTERM, does not
+    outlive it.
 
 The child's side is `python -m torch_watchdog.launcher --child ...` (this same module: light).
 """
@@ -47,6 +52,9 @@ QUICK_EXIT_S = 10.0
 MAX_BACKOFF_S = 30.0
 STANDBY_WAIT_S = 15.0  # a standby still in its preloads at a release: waited for this long
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+REAP_EVERY_S = 1.0
+REAP_GRACE_S = 10.0
 # env the child reads: the release pipe's fd, the status pipe's fd, the preload list
 ENV_RELEASE_FD = "TORCH_WATCHDOG_STANDBY_FD"
 ENV_STATUS_FD = "TORCH_WATCHDOG_STANDBY_STATUS_FD"
@@ -66,13 +74,91 @@ def log(msg: str) -> None:
         pass
 
 
-def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
-    """Linux: the kernel sends `sig` to this process when its parent dies. Best effort."""
+def _prctl(option: int, value: int) -> None:
+    """Linux prctl(2), best effort."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        libc.prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent dies."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+# ---------------------------------------------------------------- the reaper's side
+
+def descendants(root: int, proc: str = "/proc") -> dict[int, str]:
+    """Every descendant of `root` with its start time (field 22 of /proc/<pid>/stat), from the
+    kernel's children lists: a handful of reads, not a walk of every process."""
+    out: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"{proc}/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"{proc}/{pid}/task/{task}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in out and kid != root:
+                    start = _start_time(kid, proc)
+                    if start is not None:
+                        out[kid] = start
+                        todo.append(kid)
+    return out
+
+
+def _start_time(pid: int, proc: str = "/proc") -> Optional[str]:
+    try:
+        with open(f"{proc}/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _signal_all(pids: dict[int, str], sig: int) -> dict[int, str]:
+    """`sig` to each pid that is still the process noted (no pid reuse); those left."""
+    left = {}
+    for pid, start in pids.items():
+        if _start_time(pid) != start:
+            continue
+        try:
+            os.kill(pid, sig)
+            left[pid] = start
+        except OSError:
+            pass
+    return left
+
+
+def reaper_main(launcher: int, watch_fd: int, grace_s: float = REAP_GRACE_S) -> int:
+    """Note the launcher's descendants every REAP_EVERY_S until `watch_fd` (the launcher's end
+    of a pipe) closes, then stop them: SIGTERM, then SIGKILL after `grace_s`."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    import select
+
+    noted: dict[int, str] = {}
+    while True:
+        noted = descendants(launcher) or noted
+        ready, _, _ = select.select([watch_fd], [], [], REAP_EVERY_S)
+        if ready and not os.read(watch_fd, 512):
+            break  # EOF: the launcher is gone (exited, or killed)
+    noted.pop(os.getpid(), None)
+    left = _signal_all(noted, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = {p: s for p, s in left.items() if _start_time(p) == s}
+    _signal_all(left, signal.SIGKILL)
+    return 0
 
 
 # ---------------------------------------------------------------- the child's side
@@ -183,6 +269,7 @@ class Launcher:
         self.last_start = 0.0
         self.quick_exits = 0  # generations in a row that exited within QUICK_EXIT_S
         self._standby_to_reap: Optional[Gen] = None  # killed on a stop signal, not yet reaped
+        self._reaper_w: Optional[int] = None  # held until the launcher dies: the reaper's cue
 
     def _spawn(self, standby: bool) -> Gen:
         status_r, status_w = os.pipe()
@@ -311,9 +398,36 @@ class Launcher:
             except OSError:
                 pass
 
+    def _start_reaper(self) -> None:
+        """The reaper beside the launcher: not its child (a double fork, before the launcher
+        becomes a subreaper), in a session of its own (a terminal's Ctrl-C or a stop does not
+        reach it); it holds the read end of a pipe whose write end only the launcher holds, so
+        its EOF is the launcher's death. Best effort: without one, no reaping."""
+        launcher = os.getpid()
+        try:
+            r, w = os.pipe()
+            pid = os.fork()
+        except OSError as err:
+            log(f"no reaper ({err}): the server's own children may outlive a killed launcher")
+            return
+        if pid == 0:  # the intermediate: its child is the reaper, re-parented when it exits
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    os.set_inheritable(r, True)
+                    os.execv(self.python, [self.python, "-m", "torch_watchdog.launcher",
+                                           "--reaper", str(launcher), str(r)])
+            finally:
+                os._exit(0)
+        os.close(r)
+        os.waitpid(pid, 0)
+        self._reaper_w = w  # os.pipe() fds are not inherited: no child holds it open
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans stay in the launcher's tree
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
+        self._start_reaper()
         self.start_next()
         while True:
             try:
@@ -421,4 +535,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child" and sys.argv[2] == "--":
         sys.exit(child_main(sys.argv[3:]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--reaper":
+        sys.exit(reaper_main(int(sys.argv[2]), int(sys.argv[3])))
     sys.exit(main())

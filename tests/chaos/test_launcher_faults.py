@@ -76,3 +76,34 @@ def test_a_server_that_exits_with_the_drain_code_at_once_is_started_with_backoff
         assert p.poll() is None
     finally:
         stop(p)
+
+
+def test_a_killed_launcher_leaves_no_server_and_no_grandchild_behind(tmp_path):
+    """SIGKILL to the launcher: a server that ignores SIGTERM, and the grandchild it started
+    in a session of its own, are stopped by the launcher's reaper (SIGTERM, then SIGKILL after
+    its grace)."""
+    from torch_watchdog.launcher import REAP_GRACE_S
+
+    pids = str(tmp_path / "pids")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([with_root(), HERE]))
+    p = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "run", "--no-standby",
+                          "--", "python", os.path.join(HERE, "launcher_family.py"), pids],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: os.path.exists(pids) and open(pids).read().endswith("\n"), 60)
+        server, grandchild = map(int, open(pids).read().split())
+        time.sleep(2.5)  # the reaper notes the launcher's tree every second
+        p.kill()
+        p.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        assert wait_for(lambda: gone(server) and gone(grandchild), REAP_GRACE_S + 15), \
+            (gone(server), gone(grandchild))
+    finally:
+        stop(p)
