@@ -53,7 +53,7 @@ MAX_BACKOFF_S = 30.0
 STANDBY_WAIT_S = 15.0  # a standby still in its preloads at a release: waited for this long
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-REAP_EVERY_S = 1.0
+REAP_EVERY_S = 5.0   # a 65-thread server: 0.25 % of a core at 1 s, 0.03 % at 5 s
 REAP_GRACE_S = 10.0
 # env the child reads: the release pipe's fd, the status pipe's fd, the preload list
 ENV_RELEASE_FD = "TORCH_WATCHDOG_STANDBY_FD"

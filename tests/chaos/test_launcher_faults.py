@@ -82,7 +82,7 @@ def test_a_killed_launcher_leaves_no_server_and_no_grandchild_behind(tmp_path):
     """SIGKILL to the launcher: a server that ignores SIGTERM, and the grandchild it started
     in a session of its own, are stopped by the launcher's reaper (SIGTERM, then SIGKILL after
     its grace)."""
-    from torch_watchdog.launcher import REAP_GRACE_S
+    from torch_watchdog.launcher import REAP_EVERY_S, REAP_GRACE_S
 
     pids = str(tmp_path / "pids")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([with_root(), HERE]))
@@ -92,7 +92,7 @@ def test_a_killed_launcher_leaves_no_server_and_no_grandchild_behind(tmp_path):
     try:
         assert wait_for(lambda: os.path.exists(pids) and open(pids).read().endswith("\n"), 60)
         server, grandchild = map(int, open(pids).read().split())
-        time.sleep(2.5)  # the reaper notes the launcher's tree every second
+        time.sleep(REAP_EVERY_S + 1)  # the reaper notes the launcher's tree this often
         p.kill()
         p.wait()
 
