@@ -7,8 +7,9 @@ number the sidecar reads) and a thread keeps the caching allocator's cap at that
 what NVML counts outside the allocator (the CUDA context, graph instantiations). So the
 allocator runs out, frees its cache and retries, and raises `torch.OutOfMemoryError` where a
 GPU of that size would; and once NVML counts the whole budget (graphs grow outside the
-allocator) the server raises it itself, as a real GPU's cudaGraphInstantiate would fail. The budget goes to `--progress` ({"kind": "budget"}), which
-`benchmarks/record_corpus.py` hands to the sidecar (`forecast.process_budget_bytes`, SIGHUP).
+allocator) the server raises it itself, as a real GPU's cudaGraphInstantiate would fail.
+The budget goes to `--progress` ({"kind": "budget"}), which `benchmarks/record_corpus.py`
+hands to the sidecar (`forecast.process_budget_bytes`, SIGHUP).
 
 Progress lines (`t` = wall clock): start, compiled, budget {bytes}, growth (the scenario's own
 growth starts), served {requests} every 50th, crash {error} or stopped.
