@@ -169,3 +169,25 @@ def _request_rate_scan(state, window_s):
     return sum(c for _, c in recent[1:]) / span if span > 0 else None
 
 
+
+
+def test_a_saturated_model_refuted_by_new_recordings_leaves_the_forecast_to_the_trend():
+    """Bucketed for an hour (9 sizes, 10,000 requests: saturated), then every length: 21 new
+    recordings in the last minute, where the model expects none. The trend decides; with the
+    recordings flat, the saturated model still says no OOM."""
+    def state(records_now: int) -> State:
+        s = State(now=60.0, requests=10_600, distinct_shapes=30, records=records_now,
+                  device_used=0, device_total=1000 * MB)
+        for i in range(61):
+            level = 900 * MB + i * MB
+            s.samples.append((float(i), level, 9 + (records_now - 9) * i // 60, level,
+                              1000 * MB))
+        s.calls.extend((float(t), 20, 1.0, 0, 0.0) for t in range(0, 61, 2))
+        s.device_used = int(960 * MB)
+        return s
+
+    refuted = forecast(state(30), ForecastConfig(headroom_bytes=0))
+    assert refuted.seconds_discovery is None and refuted.seconds == refuted.seconds_linear
+    assert refuted.seconds < 60
+    held = forecast(state(9), ForecastConfig(headroom_bytes=0))
+    assert held.seconds == FOREVER and held.plateau_bytes == held.level_bytes
