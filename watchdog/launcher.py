@@ -41,6 +41,8 @@ import sys
 import time
 from typing import Optional
 
+from torch_watchdog.procfs import start_ticks
+
 DRAIN_EXIT_CODE = 75
 DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx",
                    "torch_watchdog.agent")
@@ -90,10 +92,10 @@ def set_pdeathsig(sig: int = signal.SIGTERM) -> None:
 
 # ---------------------------------------------------------------- the reaper's side
 
-def descendants(root: int, proc: str = "/proc") -> dict[int, str]:
-    """Every descendant of `root` with its start time (field 22 of /proc/<pid>/stat), from the
+def descendants(root: int, proc: str = "/proc") -> dict[int, int]:
+    """Every descendant of `root` with its start time (`procfs.start_ticks`), from the
     kernel's children lists: a handful of reads, not a walk of every process."""
-    out: dict[int, str] = {}
+    out: dict[int, int] = {}
     todo = [root]
     while todo:
         pid = todo.pop()
@@ -116,15 +118,14 @@ def descendants(root: int, proc: str = "/proc") -> dict[int, str]:
     return out
 
 
-def _start_time(pid: int, proc: str = "/proc") -> Optional[str]:
+def _start_time(pid: int, proc: str = "/proc") -> Optional[int]:
     try:
-        with open(f"{proc}/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        return start_ticks(pid, proc)
+    except (OSError, IndexError, ValueError):
         return None
 
 
-def _signal_all(pids: dict[int, str], sig: int) -> dict[int, str]:
+def _signal_all(pids: dict[int, int], sig: int) -> dict[int, int]:
     """`sig` to each pid that is still the process noted (no pid reuse); those left."""
     left = {}
     for pid, start in pids.items():
@@ -145,7 +146,7 @@ def reaper_main(launcher: int, watch_fd: int, grace_s: float = REAP_GRACE_S) -> 
         signal.signal(sig, signal.SIG_IGN)
     import select
 
-    noted: dict[int, str] = {}
+    noted: dict[int, int] = {}
     while True:
         noted = descendants(launcher) or noted
         ready, _, _ = select.select([watch_fd], [], [], REAP_EVERY_S)

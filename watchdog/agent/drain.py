@@ -34,6 +34,7 @@ import time
 from typing import Any, Callable, Optional
 
 from torch_watchdog import durable, events
+from torch_watchdog.procfs import start_ticks
 from torch_watchdog.agent import inflight, registry
 from torch_watchdog.agent.forks import _AFTER_FORK
 
@@ -249,16 +250,11 @@ def write_restart_file(path: str, pid: int, reason: str) -> Optional[str]:
     try:
         # a new file of a name no one can guess (O_EXCL: never through a link someone
         # planted), renamed over `path` (which replaces a link, never follows it)
-        durable.write_atomic(path, f"{pid} {_start_ticks(pid)} {reason}\n".encode(),
+        durable.write_atomic(path, f"{pid} {start_ticks(pid)} {reason}\n".encode(),
                              prefix=".restart-requested.")
         return None
     except (OSError, ValueError, IndexError) as e:
         return f"{path}: {getattr(e, 'strerror', None) or e}"
-
-
-def _start_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as fh:
-        return int(fh.read().rsplit(b")", 1)[1].split()[19])
 
 
 def clear_stale_restart_file(path: str) -> None:
@@ -282,7 +278,7 @@ def clear_stale_restart_file(path: str) -> None:
             os.close(fd)
     try:
         stands = pid is not None and pid > 0 and pid != os.getpid() and \
-            _start_ticks(pid) == ticks
+            start_ticks(pid) == ticks
     except (OSError, ValueError, IndexError):
         stands = False
     if not stands:

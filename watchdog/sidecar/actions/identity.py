@@ -9,6 +9,8 @@ from typing import Optional
 
 import psutil
 
+from torch_watchdog.procfs import start_ticks
+
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
 # and by a step of the wall clock in between; a reused pid starts later by far more than this.
 START_SLACK_S = 0.5
@@ -20,9 +22,7 @@ def process_start_time(pid: int) -> Optional[float]:
     early, enough for a pid reused within that second to look older
     than the decision. The process's age on the boot clock, both read now, is exact."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / _CLK_TCK
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / _CLK_TCK
         return time.time() - age
     except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
         try:

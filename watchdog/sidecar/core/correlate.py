@@ -579,20 +579,16 @@ def _bytes_on(procs: list[ProcessSample], uuid: str) -> Optional[int]:
 
 
 def _loading(state: State, t: float) -> bool:
-    """Before the first recording: within the first compile's settling time, or (no compile
+    """Before the first recording, settling from the first compile (not a later one)."""
+    return not state.records and _settling(state, t, state.first_compile_t)
+
+
+def _settling(state: State, t: float, compiled: Optional[float] = None) -> bool:
+    """Within a compile's settling time (the last one's, or `compiled`'s), or (no compile
     seen) the first minute."""
-    if state.records:
-        return False
     if state.first_compile_t is None:
         return state.first_t is None or t < state.first_t + PENDING_S
-    return t < state.first_compile_t + COMPILE_SETTLE_S
-
-
-def _settling(state: State, t: float) -> bool:
-    """Within a compile's settling time, or (no compile seen) the first minute."""
-    if state.first_compile_t is None:
-        return state.first_t is None or t < state.first_t + PENDING_S
-    return t < state.last_compile_end + COMPILE_SETTLE_S
+    return t < (state.last_compile_end if compiled is None else compiled) + COMPILE_SETTLE_S
 
 
 # -- causes -------------------------------------------------------------------------------

@@ -209,19 +209,23 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
     return None, None
 
 
-def _request_rate(state: State, window_s: float) -> Optional[float]:
-    """Requests a second over the `calls` windows back from the newest to the first one older
-    than the window."""
-    calls, cutoff = state.calls, state.now - window_s
-    if not calls:  # no agent's report (yet)
-        return None
-    recent = []
-    for entry in reversed(calls):
+def _recent_calls(state: State, window_s: float) -> list[tuple[float, int]]:
+    """(t, calls) of the `calls` windows from the first within `window_s` to the newest,
+    read newest first (the deque holds hours of them)."""
+    cutoff, recent = state.now - window_s, []
+    for entry in reversed(state.calls):
         if entry[0] < cutoff:
             break
         recent.append((entry[0], entry[1]))
     recent.reverse()
-    if len(recent) < 2:
+    return recent
+
+
+def _request_rate(state: State, window_s: float) -> Optional[float]:
+    """Requests a second over the `calls` windows back from the newest to the first one older
+    than the window."""
+    recent = _recent_calls(state, window_s)
+    if len(recent) < 2:  # no agent's report (yet), or one
         return None
     span = recent[-1][0] - recent[0][0]
     return sum(c for _, c in recent[1:]) / span if span > 0 else None
@@ -235,11 +239,7 @@ def refuted(state: State, window_s: float, space: Optional[float], scale: float)
     seen = state.samples.records_since(state.now - window_s)
     if not seen or seen <= REFUTE_RECORDS or space is None or not math.isfinite(space):
         return False
-    cutoff, in_window = state.now - window_s, 0
-    for entry in reversed(state.calls):  # newest first, to the window's start
-        if entry[0] < cutoff:
-            break
-        in_window += entry[1]
+    in_window = sum(c for _, c in _recent_calls(state, window_s))
     n = state.requests
     expected = scale * (recorded(space, n) - recorded(space, max(0, n - in_window)))
     return seen > 2 * expected + REFUTE_RECORDS
