@@ -51,11 +51,26 @@ class Hello(Event):
     watched: list[str]
     argv: str
     # the server this process belongs to (a group of processes reloaded together): install(
-    # server=...), TORCH_WATCHDOG_SERVER, the systemd unit, else "pgid:<process group>"; None
+    # server=...), TORCH_WATCHDOG_SERVER, a torch.distributed job, the systemd unit, else
+    # "pgid:<process group>", with "/cuda:<CUDA_VISIBLE_DEVICES>" (agent/identity.py); None
     # from agents older than the field
     server: Optional[str] = None
     ppid: Optional[int] = None    # the parent's pid: a forked worker names its master
     kind = "hello"
+
+
+def per_start(server: str) -> Optional[tuple[str, str]]:
+    """(kind, the rest) of an automatic server name that changes with each start
+    (`pgid:7212/cuda:0` -> ("pgid", "cuda:0"), `dist:<addr>:<port>` -> ("dist", "")); None for
+    a name that stays (a systemd service's, an explicit one). A restarted server named anew
+    is known by it: the same kind and rest, under the same supervisor."""
+    head, _, rest = server.partition("/")
+    kind = head.partition(":")[0]
+    if kind in ("pgid", "pid"):
+        return "pgid", rest
+    if kind in ("dist", "torchrun"):
+        return "dist", rest
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""Which server a process belongs to: its systemd service from /proc/self/cgroup, else its
-process group; an explicit name is checked."""
+"""Which server a process belongs to: an explicit name (checked), a torch.distributed job,
+its systemd service from /proc/self/cgroup, else its process group, with its GPU set."""
 import pytest
 
-from torch_watchdog.agent.identity import check_name, server_name, unit_from_cgroup
+from torch_watchdog.agent.identity import check_name, server_name, unit_from_cgroup, warm_name
 
 CENTOS7_V1 = """11:cpuset:/
 10:memory:/system.slice/tritonserver.service
@@ -47,15 +47,48 @@ def test_the_innermost_systemd_service_names_the_server(text, unit):
     assert unit_from_cgroup(text) == unit
 
 
-def test_a_service_is_the_server_else_the_process_group():
-    def read(text):
-        return lambda: text
+def _read(text):
+    return lambda: text
 
-    assert server_name(None, read_cgroup=read("0::/system.slice/llm.service\n"),
-                       getpgid=lambda pid: 42) == "llm.service"
-    assert server_name(None, read_cgroup=read("0::/user.slice/user-1000.slice/session-3.scope"),
-                       getpgid=lambda pid: 42) == "pgid:42"
-    assert server_name("replica-3", read_cgroup=read("0::/system.slice/llm.service\n"),
+
+SERVICE = "0::/system.slice/llm.service\n"
+SESSION = "0::/user.slice/user-1000.slice/session-3.scope\n"
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "9f1c"}
+
+# (cgroup, environment, process group, the name): what a process says in its hello
+RULE = [
+    (SERVICE, {}, 42, "llm.service"),
+    (SESSION, {}, 42, "pgid:42"),
+    # replicas under one supervisor, one GPU each: one server per GPU set
+    (SESSION, {"CUDA_VISIBLE_DEVICES": "0"}, 42, "pgid:42/cuda:0"),
+    (SESSION, {"CUDA_VISIBLE_DEVICES": "2,3"}, 42, "pgid:42/cuda:2,3"),
+    (SESSION, {"CUDA_VISIBLE_DEVICES": " 1 "}, 42, "pgid:42/cuda:1"),
+    (SESSION, {"CUDA_VISIBLE_DEVICES": ""}, 42, "pgid:42"),
+    (SERVICE, {"CUDA_VISIBLE_DEVICES": "7"}, 42, "llm.service/cuda:7"),  # 8 in one unit
+    (SESSION, {"CUDA_VISIBLE_DEVICES": ",".join(f"GPU-{i:036d}" for i in range(8))}, 42,
+     "pgid:42/cuda:sha1-"),
+    # the ranks of a torch.distributed job: one server, whatever their sessions and GPUs
+    (SESSION, TORCHRUN, 20038, "dist:127.0.0.1:29500"),
+    (SESSION, dict(TORCHRUN, RANK="0", CUDA_VISIBLE_DEVICES="0"), 20039, "dist:127.0.0.1:29500"),
+    (SESSION, {"WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job-7"}, 5, "torchrun:job-7"),
+    (SERVICE, TORCHRUN, 20038, "llm.service"),  # the service: what a restart takes
+    # a world of one, or variables that name no job, are no job
+    (SESSION, dict(TORCHRUN, WORLD_SIZE="1"), 42, "pgid:42"),
+    (SESSION, dict(TORCHRUN, WORLD_SIZE="two"), 42, "pgid:42"),
+    (SESSION, {"WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}, 42, "pgid:42"),
+]
+
+
+@pytest.mark.parametrize("cgroup, env, pgid, name", RULE)
+def test_the_default_server_name(cgroup, env, pgid, name):
+    got = server_name(None, env=env, read_cgroup=_read(cgroup), getpgid=lambda pid: pgid)
+    assert got.startswith(name) if name.endswith("sha1-") else got == name
+    assert check_name(got) == got
+
+
+def test_an_explicit_name_wins():
+    assert server_name("replica-3", env=TORCHRUN, read_cgroup=_read(SERVICE),
                        getpgid=lambda pid: 42) == "replica-3"
 
 
@@ -63,7 +96,18 @@ def test_no_proc_falls_back_to_the_process_group():
     def missing():
         raise FileNotFoundError("/proc/self/cgroup")
 
-    assert server_name(None, read_cgroup=missing, getpgid=lambda pid: 7) == "pgid:7"
+    assert server_name(None, env={}, read_cgroup=missing, getpgid=lambda pid: 7) == "pgid:7"
+
+
+@pytest.mark.parametrize("server, explicit, name", [
+    ("llm-a", "llm-a", "llm-a"),
+    ("llm.service/cuda:3", None, "llm.service"),   # 8 replicas, one bundle
+    ("pgid:42/cuda:3", None, "server.py"),
+    ("dist:127.0.0.1:29500", None, "server.py"),
+])
+def test_the_warm_bundle_is_named_by_what_stays_across_starts_and_replicas(server, explicit,
+                                                                           name):
+    assert warm_name(server, explicit, "/srv/server.py") == name
 
 
 @pytest.mark.parametrize("name", ["llm-a", "vllm@3.service", "replica 3", "x" * 255, "lämma"])

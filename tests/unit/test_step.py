@@ -241,6 +241,26 @@ def test_a_server_restarted_under_a_new_process_group_keeps_its_reload_history()
     assert h.host.servers["pgid:505"].policy.reloads == []
 
 
+def test_a_replica_started_where_another_died_does_not_take_its_reload_history():
+    """Replicas under one supervisor (parent 50), one GPU each: the one on GPU 0 is reloaded
+    and never comes back; a new replica on GPU 1 of the same supervisor is not it, nor is a
+    named one, while the GPU 0 replica's next start under a new group is."""
+    h = Host2()
+    h.feed(dataclasses.replace(hello(h.t, 303, "pgid:50/cuda:0", [A]), ppid=50))
+    h.mine[303] = 2 * GB
+    h.poll()
+    h.host.servers["pgid:50/cuda:0"].policy.reloads.append(h.t)
+    h.feed(dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {}),
+                               processes=(ProcessSample(303, False, 0, {}),)))
+    h.feed(dataclasses.replace(hello(h.t + 2, 404, "pgid:50/cuda:1", [B]), ppid=50))
+    h.feed(dataclasses.replace(hello(h.t + 2, 405, "replica-c", [B]), ppid=50))
+    assert h.host.servers["pgid:50/cuda:1"].policy.reloads == []
+    assert h.host.servers["replica-c"].policy.reloads == []
+    h.feed(dataclasses.replace(hello(h.t + 3, 406, "pgid:60/cuda:0", [A]), ppid=50))
+    assert "pgid:50/cuda:0" not in h.host.servers
+    assert h.host.servers["pgid:60/cuda:0"].policy.reloads == [h.t]
+
+
 def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
     """Another local process says hello as the unit's server, then grows: the reload of that
     server still targets the unit's own pids only (it would have SIGTERMed both on main)."""

@@ -85,8 +85,7 @@ class Agent:
         cfg = self.config
         if not (cfg.warm and cfg.warm_dir and Warm.supported(torch)):
             return None
-        name = cfg.warm_name or (self.server if not self.server.startswith(("pgid:", "pid:"))
-                                 else os.path.basename(sys.argv[0] or "") or "python")
+        name = cfg.warm_name or identity.warm_name(self.server, cfg.server, sys.argv[0])
         return Warm(torch, cfg.warm_dir, name, self.emitter.emit, cfg.warm_save_quiet_s)
 
     def _compile_emit(self, event: events.Event) -> None:

@@ -1,19 +1,26 @@
 """Which server this process belongs to: the name put in every `hello` (`server`).
 
 A server is a group of processes reloaded together: 8 replicas are 8 servers; a tensor-parallel
-server on 8 GPUs, or a gunicorn master and its forked workers, is one. The sidecar groups
-processes by it. In order:
+job on 8 GPUs, or a gunicorn master and its workers, is one. The sidecar groups processes by
+it. In order:
 1. `install(server=...)` / `TORCH_WATCHDOG_SERVER` (checked by `check_name`);
-2. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`): what
-   `systemctl restart` reloads, shared by every process of the unit;
-3. `pgid:<process group>`: a master and the workers it forks share it (neither gunicorn nor
-   multiprocessing moves workers to a new group).
+2. a rank of a `torch.distributed` job (WORLD_SIZE > 1 in its environment, as torchrun,
+   `mp.spawn` launchers and Kubernetes' PyTorchJob set it): the systemd service it runs in,
+   else `dist:<MASTER_ADDR>:<MASTER_PORT>` (the job's store, one per job on a host), else
+   `torchrun:<TORCHELASTIC_RUN_ID>`. Every rank of the job, whatever its session (torchrun
+   starts each rank in a session of its own) and its GPUs: tensor parallel cannot lose a rank;
+3. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`), else
+   `pgid:<process group>`; then, when CUDA_VISIBLE_DEVICES is set, `/cuda:<its value>`
+   (`pgid:7212/cuda:0`). Replicas started by one supervisor with a GPU each are one server per
+   GPU set; a master's workers (forked, or spawned by multiprocessing as uvicorn does) inherit
+   its environment and its group, so they are its server.
 A forked child keeps its master's name (it is resolved once, at install). Stdlib only.
 """
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 MAX_NAME_CHARS = 255  # systemd's own bound for a unit name (UNIT_NAME_MAX - 1)
 CGROUP_FILE = "/proc/self/cgroup"
@@ -75,20 +82,76 @@ def _read_cgroup() -> str:
         return fh.read(64 * 1024)
 
 
+def _gpus(env: Mapping[str, str]) -> Optional[str]:
+    """CUDA_VISIBLE_DEVICES as a name's part, None when unset or empty. A long list of UUIDs
+    is hashed so that the name stays within MAX_NAME_CHARS."""
+    value = "".join(env.get("CUDA_VISIBLE_DEVICES", "").split())
+    if not value:
+        return None
+    if len(value) > 64 or not value.isprintable():
+        return "sha1-" + hashlib.sha1(value.encode("utf-8", "replace")).hexdigest()[:12]
+    return value
+
+
+def distributed_job(env: Mapping[str, str]) -> Optional[str]:
+    """The `torch.distributed` job a rank belongs to (`dist:<addr>:<port>`, else
+    `torchrun:<run id>`), or None for a process that is no rank of a job of several."""
+    try:
+        if int(env.get("WORLD_SIZE", "1")) <= 1:
+            return None
+    except ValueError:
+        return None
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if addr and port:
+        return _clip(f"dist:{addr}:{port}")
+    if run_id and run_id != "none":  # torchrun's default --rdzv-id is "none": no job's own
+        return _clip(f"torchrun:{run_id}")
+    return None
+
+
+def _clip(name: str) -> Optional[str]:
+    try:
+        return check_name(name[:MAX_NAME_CHARS])
+    except ValueError:
+        return None
+
+
 def server_name(explicit: Optional[str] = None, *,
+                env: Optional[Mapping[str, str]] = None,
                 read_cgroup: Callable[[], str] = _read_cgroup,
                 getpgid: Callable[[int], int] = os.getpgid) -> str:
-    """The explicit name, else the systemd service, else `pgid:<process group>`. Never raises
-    for the automatic part (no /proc, an odd cgroup file: the process group)."""
+    """The explicit name, else the rule of the module's docstring. Never raises for the
+    automatic part (no /proc, an odd cgroup file, odd variables: the process group)."""
     if explicit:
         return explicit
+    env = os.environ if env is None else env
     try:
         unit = unit_from_cgroup(read_cgroup())
-        if unit is not None:
-            return check_name(unit)
+        unit = check_name(unit) if unit is not None else None
     except (OSError, ValueError):
-        pass
-    try:
-        return f"pgid:{getpgid(0)}"
-    except OSError:
-        return f"pid:{os.getpid()}"
+        unit = None
+    job = distributed_job(env)
+    if job is not None:
+        return unit or job
+    if unit is not None:
+        scope = unit
+    else:
+        try:
+            scope = f"pgid:{getpgid(0)}"
+        except OSError:
+            scope = f"pid:{os.getpid()}"
+    gpus = _gpus(env)
+    return scope if gpus is None else _clip(f"{scope}/cuda:{gpus}") or scope
+
+
+def warm_name(server: str, explicit: Optional[str], argv0: str) -> str:
+    """The warm bundle's name: one per model, shared by its replicas and restarts: the explicit
+    server name, else the systemd service, else the program (`pgid:` and `dist:` names change
+    with every start, a GPU part with the replica)."""
+    if explicit:
+        return explicit
+    head = server.split("/", 1)[0]
+    if head.endswith(".service"):
+        return head
+    return os.path.basename(argv0 or "") or "python"

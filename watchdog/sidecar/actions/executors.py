@@ -32,7 +32,8 @@ import urllib.request
 from typing import Callable, Mapping, Optional
 
 import psutil
-from torch_watchdog.sidecar.actions.hellos import Hellos, master_and_workers
+from torch_watchdog import events
+from torch_watchdog.sidecar.actions.hellos import Heard, Hellos, master_and_workers
 from torch_watchdog.sidecar.actions.identity import parent_of, refusal
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 
@@ -244,9 +245,10 @@ def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos
                timeout_s: float) -> Callable[[set[int]], ReloadOutcome]:
     """`run`, then wait up to `timeout_s` for a new process of the server to say hello: its
     pid new, and its server name one the old processes' agents gave, or its parent one of the
-    old processes or their parent (a supervisor: systemd, a shell loop, a master). No hello in
-    time: the reload failed (the server did not come back). `hellos` None or `timeout_s` 0:
-    `run` alone."""
+    old processes or their parent (a supervisor: systemd, a shell loop, a master) and its name
+    one that changes with each start, of the same kind (`events.per_start`: a replica of the
+    same supervisor on other GPUs is not this server). No hello in time: the reload failed
+    (the server did not come back). `hellos` None or `timeout_s` 0: `run` alone."""
     if hellos is None or timeout_s <= 0:
         return run
 
@@ -259,9 +261,17 @@ def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos
         done = run(pids)
         if not done.ok:
             return done
-        new = hellos.wait_for(lambda h: h.pid not in pids and (h.server in names or
-                                                                h.ppid in near),
-                              mark, timeout_s)
+        kinds = {events.per_start(n) for n in names}
+
+        def ours(h: Heard) -> bool:
+            if h.pid in pids:
+                return False
+            if h.server in names:
+                return True
+            return h.ppid in near and (not names or (h.server is not None and
+                                                     events.per_start(h.server) in kinds - {None}))
+
+        new = hellos.wait_for(ours, mark, timeout_s)
         took = time.monotonic() - started
         if new is None:
             return ReloadOutcome(False, f"{done.detail}; no hello from a new process of the server "

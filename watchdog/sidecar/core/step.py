@@ -217,8 +217,10 @@ def _adopt(host: Host, e: events.Hello, name: str) -> None:
     """A hello naming a server not seen before may be one already known under another name:
     - a pid heard before its hello went to the default server: that state is its start;
     - a server restarted by the same supervisor (its parent, not init) whose processes are all
-      gone: a process-group name (`pgid:N`) changes with each start, and a new name must not
-      reset the reload history (the cooldown and the hourly maximum are the server's)."""
+      gone: a process-group or job name (`pgid:N`, `dist:<addr>:<port>`) changes with each
+      start, and a new name must not reset the reload history (the cooldown and the hourly
+      maximum are the server's). Only a name of the same kind and GPU set (`pgid:N/cuda:2` for
+      `pgid:M/cuda:2`): a replica that starts where another one died is not that one."""
     if name in host.servers:
         return
     old = host.servers.get(DEFAULT_SERVER)
@@ -227,8 +229,12 @@ def _adopt(host: Host, e: events.Hello, name: str) -> None:
         return
     if not isinstance(e.ppid, int) or e.ppid <= 1:
         return
+    kind = events.per_start(name)
+    if kind is None:
+        return
     for other in list(host.servers.values()):
-        if e.ppid in other.parents and (not other.pids or _all_gone(host, other)):
+        if e.ppid in other.parents and (not other.pids or _all_gone(host, other)) \
+                and events.per_start(other.name) == kind:
             _rename(host, other, name)
             return
 

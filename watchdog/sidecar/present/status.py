@@ -315,6 +315,15 @@ def _graph_line(g: dict[str, Any]) -> str:
             f"recompiles{per}")
 
 
+def _server_line(v: dict[str, Any]) -> str:
+    pids = v.get("pids") or []
+    gpus = v.get("gpus") or []
+    return (f"{v.get('server')}: pid{'s' if len(pids) > 1 else ''} "
+            f"{', '.join(map(str, pids)) or 'none alive'}"
+            + (f", GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}" if gpus else "")
+            + f"; {v.get('forecast_summary') or 'no forecast'}")
+
+
 def format_terminal(status: dict[str, Any], url: str, now: float, actions: int = 5) -> str:
     """A few aligned lines for a terminal."""
     if status.get("t") is None:
@@ -335,6 +344,10 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
     lines += [("padding  " if i == 0 else "         ") + row["summary"]
               for i, row in enumerate(padding)]
     lines.append(f"forecast {status.get('forecast_summary', '?')}")
+    servers = status.get("servers") or []
+    if len(servers) > 1:  # the lines above are the one nearest to OOM
+        lines += [("servers  " if i == 0 else "         ") + _server_line(v)
+                  for i, v in enumerate(servers)]
     sources = status.get("sources") or {}
     host_mode = host_memory_mode(status)
     lines.append("sources  " + ", ".join(
