@@ -17,9 +17,9 @@ import pytest
 from torch_watchdog import events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The agent keeps compile bundles in /var/cache/torch-watchdog and its restart request in /run
-# by default: not from the tests (nor the servers they start); the warm-restart tests turn
-# the bundle on, in a temporary directory of their own.
+# The agent keeps its restart request in /run by default, and compile bundles in
+# /var/cache/torch-watchdog when turned on: not from the tests (nor the servers they start);
+# the warm-restart tests turn the bundle on, in a temporary directory of their own.
 os.environ.setdefault("TORCH_WATCHDOG_WARM", "0")
 os.environ.setdefault("TORCH_WATCHDOG_RESTART_FILE",
                       os.path.join(tempfile.mkdtemp(prefix="tw-test-"), "restart-requested"))

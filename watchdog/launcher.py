@@ -3,7 +3,10 @@
 A light main process (it never imports torch) for systemd `ExecStart` or a container
 entrypoint. It runs the server as a child Python process and, at once, pre-spawns the next
 generation: a *standby* child that imports the preload list (torch, torch._dynamo, inductor's
-heavy modules, the agent, `--preload` extras) and then blocks on a pipe, never touching CUDA.
+heavy modules, the agent, `--preload` extras) and then waits on a pipe, never touching CUDA.
+While it waits it also imports what the serving generation had imported by its first answer
+(the agent records it: agent/imports.py; `transformers` for an HF server), so a release skips
+the server's own library imports too (`--no-recorded-preload`: the list alone).
 When the serving child exits with the drain code (75), the standby is released at once: it
 runs the script in the same interpreter (runpy, `__main__`, sys.argv as given), so the next
 generation skips the imports, seconds of a fresh server's start before any GPU work
@@ -20,8 +23,9 @@ Policy:
     on it).
   * a standby that fails a preload or finds CUDA initialised after preloading exits before
     running anything; the launcher logs it and falls back to plain starts (CUDA: for good,
-    since a standby must never hold GPU memory; failures: after 3 in a row). The launcher
-    itself must never be the outage.
+    since a standby must never hold GPU memory; failures: after 3 in a row). A recorded
+    module that fails to import is skipped; one that initialises CUDA ends that standby, and
+    the next ones skip it. The launcher itself must never be the outage.
   * children get PR_SET_PDEATHSIG (SIGTERM): no orphans if the launcher is killed. The
     launcher is its descendants' subreaper, and a reaper process beside it (its own session,
     deaf to the signals a terminal or a unit's stop sends) notes them every REAP_EVERY_S; when
@@ -35,9 +39,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Optional
 
@@ -61,6 +68,8 @@ REAP_GRACE_S = 10.0
 ENV_RELEASE_FD = "TORCH_WATCHDOG_STANDBY_FD"
 ENV_STATUS_FD = "TORCH_WATCHDOG_STANDBY_STATUS_FD"
 ENV_PRELOAD = "TORCH_WATCHDOG_PRELOAD"
+ENV_PRELOAD_SKIP = "TORCH_WATCHDOG_PRELOAD_SKIP"  # recorded modules a standby leaves alone
+ENV_IMPORTS = "TORCH_WATCHDOG_IMPORTS_FILE"       # agent/imports.py writes it, standbys read it
 # set in a released standby: when it was released (time.time()); benchmarks read it
 ENV_RELEASED_AT = "TORCH_WATCHDOG_RELEASED_AT"
 ENV_LAUNCHER_PID = "TORCH_WATCHDOG_LAUNCHER_PID"
@@ -203,9 +212,10 @@ def child_main(target: list[str]) -> int:
             _status(status, "cuda a preload initialised CUDA")
             return 4
         _status(status, "ready")
-        got = b""
-        with os.fdopen(int(release_fd), "rb", buffering=0) as fh:
-            got = fh.readline()
+        skip = [s for s in os.environ.pop(ENV_PRELOAD_SKIP, "").split(",") if s]
+        got = _wait_release(int(release_fd), os.environ.get(ENV_IMPORTS), skip, status)
+        if got is None:
+            return 4  # a recorded module initialised CUDA (said on status)
         if not got.startswith(b"go"):
             return 0  # the launcher closed the pipe: stop, nothing ran
         os.environ[ENV_RELEASED_AT] = got.split()[1].decode() if len(got.split()) > 1 else ""
@@ -222,6 +232,69 @@ def child_main(target: list[str]) -> int:
         sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
         runpy.run_path(target[0], run_name="__main__")
     return 0
+
+
+def _wait_release(fd: int, imports_file: Optional[str], skip: list[str],
+                  status: Optional[int]) -> Optional[bytes]:
+    """The release line ("go <t>"; b"" when the launcher closed the pipe). Meanwhile, each
+    time the serving generation's recorded imports change, import those not imported yet;
+    None once one of them initialised CUDA (a standby must never hold GPU memory)."""
+    stamp: Optional[tuple] = None
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                chunk = os.read(fd, 256)
+                if not chunk:
+                    break
+                buf += chunk
+                continue
+            now = _stamp(imports_file)
+            if now is not None and now != stamp:
+                stamp = now
+                if not _preload_recorded(imports_file or "", skip, status):
+                    return None
+    finally:
+        os.close(fd)
+    return buf
+
+
+def _stamp(path: Optional[str]) -> Optional[tuple]:
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _preload_recorded(path: str, skip: list[str], status: Optional[int]) -> bool:
+    """Import the recorded modules not imported yet (a failure skips that one); False, said on
+    status as `cuda-by <module>`, once one initialised CUDA."""
+    import importlib
+
+    from torch_watchdog.agent import imports
+
+    started, done, failed = time.monotonic(), 0, 0
+    for name in imports.read(path):
+        if name in sys.modules or any(name == s or name.startswith(s + ".") for s in skip):
+            continue
+        try:
+            importlib.import_module(name)
+            done += 1
+        except BaseException:  # noqa: BLE001 - a module that cannot load here: not preloaded
+            failed += 1
+        torch = sys.modules.get("torch")
+        try:
+            cuda_on = bool(torch is not None and torch.cuda.is_initialized())
+        except Exception:  # noqa: BLE001
+            cuda_on = False
+        if cuda_on:
+            _status(status, f"cuda-by {name}")
+            return False
+    if done or failed:
+        _status(status, f"recorded {done} {failed} {time.monotonic() - started:.3f}")
+    return True
 
 
 # ---------------------------------------------------------------- the launcher's side
@@ -259,8 +332,15 @@ class Gen:
 
 class Launcher:
     def __init__(self, python: str, target: list[str], preload: list[str], restart: str,
-                 min_interval_s: float, drain_code: int, standby: bool):
+                 min_interval_s: float, drain_code: int, standby: bool,
+                 recorded_preload: bool = True):
         self.python, self.target, self.preload = python, target, preload
+        # the serving generation's imports, for the standbys (a private directory)
+        self.imports_dir = tempfile.mkdtemp(prefix="torch-watchdog-run-") \
+            if recorded_preload and standby else None
+        # never the target's own package (`-m pkg.app`: its import may load the model)
+        self.skip = {target[1].split(".")[0]} if target[:1] == ["-m"] and len(target) > 1 \
+            else set()
         self.restart, self.min_interval_s, self.drain_code = restart, min_interval_s, drain_code
         self.standby_ok = standby
         self.failures = 0
@@ -276,12 +356,15 @@ class Launcher:
         status_r, status_w = os.pipe()
         os.set_blocking(status_r, False)
         env = dict(os.environ, **{ENV_STATUS_FD: str(status_w), ENV_LAUNCHER_PID: str(os.getpid())})
+        if self.imports_dir is not None:
+            env[ENV_IMPORTS] = os.path.join(self.imports_dir, "imports")
         fds = [status_w]
         release_r = release_w = None
         if standby:
             release_r, release_w = os.pipe()
             env[ENV_RELEASE_FD] = str(release_r)
             env[ENV_PRELOAD] = ",".join(self.preload)
+            env[ENV_PRELOAD_SKIP] = ",".join(sorted(self.skip))
             fds.append(release_r)
         popen = subprocess.Popen([self.python, "-m", "torch_watchdog.launcher", "--child", "--",
                                   *self.target], env=env, pass_fds=fds)
@@ -327,7 +410,11 @@ class Launcher:
                 os.close(sb.release_w)
                 sb.release_w = None
                 self.serving = sb
-                log(f"released standby pid {sb.popen.pid}")
+                recorded = [s.split() for s in sb.read_status() if s.startswith("recorded ")]
+                log(f"released standby pid {sb.popen.pid}" + (
+                    f" (it had imported {sum(int(r[1]) for r in recorded)} more modules the "
+                    f"server had, in {sum(float(r[3]) for r in recorded):.1f} s)"
+                    if recorded else ""))
             except OSError as err:
                 log(f"standby pid {sb.popen.pid} could not be released ({err}); cold start")
                 self._kill(sb)
@@ -356,6 +443,11 @@ class Launcher:
         why = next((s for s in said if s.startswith(("fail", "cuda"))), None)
         code = sb.popen.poll()
         sb.close()
+        if why and why.startswith("cuda-by "):
+            self.skip.add(why.split()[1])
+            log(f"standby pid {sb.popen.pid}: the recorded import {why.split()[1]} initialised "
+                "CUDA; the next standbys skip it")
+            return
         if why and why.startswith("cuda"):
             self.standby_ok = False
             log(f"standby pid {sb.popen.pid}: {why[5:]}; standby disabled, plain starts "
@@ -426,6 +518,13 @@ class Launcher:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans stay in the launcher's tree
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.imports_dir is not None:
+                shutil.rmtree(self.imports_dir, ignore_errors=True)
+
+    def _run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
         self._start_reaper()
@@ -497,6 +596,9 @@ def parse(argv: list[str]):
                    help="--restart always: at least this long between starts")
     p.add_argument("--drain-exit-code", type=int, default=DRAIN_EXIT_CODE)
     p.add_argument("--no-standby", action="store_true", help="plain starts only")
+    p.add_argument("--no-recorded-preload", action="store_true",
+                   help="the standby imports the preload list only, not what the serving "
+                   "generation had imported by its first answer")
     if "--" in argv:
         i = argv.index("--")
         opts, cmd = argv[:i], argv[i + 1:]
@@ -530,7 +632,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a, python, cmd, preload = parse(argv)
     return Launcher(python, cmd, preload, a.restart, a.min_interval_s, a.drain_exit_code,
-                    not a.no_standby).run()
+                    not a.no_standby, not a.no_recorded_preload).run()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ then), not_ready (work refused once). Reading ready() and taking a request happe
 lock the on_drain callback also takes, as a load balancer's health check and its dispatch:
 a request either began before the drain's callback or was refused.
 `--grow-mib-per-s`: host memory it keeps after the first answer (the sidecar's forecast).
+`--busy`: a queue worker that never reads ready(): calls back to back, and a call refused with
+`torch_watchdog.agent.Draining` is requeued (`refused {i}`, once) and retried.
 
     python tests/integration/drain_server.py --socket S --progress P --event-log L
         [--server NAME] [--backend eager|inductor] [--call-s 0.3] [--requests N]
@@ -52,6 +54,7 @@ def main() -> int:
     p.add_argument("--call-s", type=float, default=0.3)
     p.add_argument("--requests", type=int, default=0, help="0: until stopped")
     p.add_argument("--grow-mib-per-s", type=float, default=0.0)
+    p.add_argument("--busy", action="store_true")
     a = p.parse_args()
     fh = open(a.progress, "a")
     put(fh, "start", ppid=os.getppid())
@@ -80,6 +83,18 @@ def main() -> int:
         put(fh, "ready", seconds=time.monotonic() - started)
         hoard, i, refused = [], 0, False
         grow_from = time.monotonic()
+        while a.busy:
+            i += 1
+            put(fh, "begin", i=i)
+            try:
+                served(x)
+            except agent.Draining:
+                if not refused:
+                    put(fh, "refused", i=i)
+                    refused = True
+                time.sleep(0.01)
+                continue
+            put(fh, "end", i=i)
         while not a.requests or i < a.requests:
             with gate:
                 taken = agent.ready()  # the health endpoint says 503: no new work comes

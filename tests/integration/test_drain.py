@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -36,7 +37,7 @@ def start_server(tmp: str, gen: int, env: dict, *extra: str) -> subprocess.Popen
         [sys.executable, SERVER, "--socket", os.path.join(tmp, "ev.sock"),
          "--progress", os.path.join(tmp, f"progress{gen}"),
          "--event-log", os.path.join(tmp, f"events{gen}.jsonl"), *extra],
-        cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+        cwd=ROOT, env=env, stderr=None if os.environ.get("DRAIN_DEBUG") else subprocess.DEVNULL)
 
 
 def test_the_sidecar_drains_the_server_through_its_agent_and_it_comes_back(short_tmp):
@@ -111,6 +112,40 @@ reload: {{method: agent, grace_s: 10}}
     # the new process answered, and cleared the restart request the old one left
     assert second[0]["pid"] != first[0]["pid"] and "ready" in kinds(second)
     assert not os.path.exists(restart_file)
+
+
+def test_a_busy_server_drains_in_the_time_of_its_call_in_hand(short_tmp):
+    """A queue worker calling the model back to back, never reading ready(): the drain used
+    to wait for the whole grace period, a new call always in hand ("1 call(s) still in hand at
+    the grace deadline"). Now the call in hand finishes, the next one raises Draining at once,
+    and the process exits 75 within about one call (0.3 s) of the request."""
+    tmp = short_tmp
+    env = dict(os.environ, PYTHONPATH=with_root(),
+               TORCH_WATCHDOG_RESTART_FILE=os.path.join(tmp, "restart-requested"))
+    ctl = ControlServer(os.path.join(tmp, "ev.sock.ctl"))
+    server = start_server(tmp, 1, env, "--busy", "--call-s", "0.3")
+    try:
+        assert wait_for(lambda: server.pid in ctl.connected()
+                        and "end" in kinds(progress(f"{tmp}/progress1")), 120)
+        asked = time.monotonic()
+        outcome = ctl.drain({server.pid}, 30.0)
+        took = time.monotonic() - asked
+        server.wait(30)  # exited (its status went to the control end, which reaped its child)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        ctl.close()
+    assert outcome.ok, outcome.detail
+    assert outcome.detail.startswith("drained 1 of 1 process(es), exit code 75, calls in hand "
+                                      "finished"), outcome.detail
+    assert "refused (Draining)" in outcome.detail, outcome.detail
+    assert took < 5.0, f"the drain took {took:.1f} s of its 30 s grace"
+    seen = progress(f"{tmp}/progress1")
+    refused = [x for x in seen if x["kind"] == "refused"]
+    assert len(refused) == 1
+    # the call in hand when the drain came was answered; the one after it was refused
+    assert [x["i"] for x in seen if x["kind"] == "end"][-1] == refused[0]["i"] - 1
+    print(f"\nbusy drain: {took:.2f} s from the request to the reply ({outcome.detail})")
 
 
 def impostor(path: str, log: str) -> int:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from tests.conftest import ROOT, wait_for, with_root
 from torch_watchdog.sidecar.actions.control import ControlServer
@@ -56,13 +57,23 @@ def launch(tmp: str, *opts: str) -> tuple[subprocess.Popen, str, str]:
     return p, prog, err
 
 
+def recorded_file(pid: int) -> str:
+    """Where the launcher has its children record their imports (their environment)."""
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        env = dict(x.split(b"=", 1) for x in fh.read().split(b"\0") if b"=" in x)
+    return env[b"TORCH_WATCHDOG_IMPORTS_FILE"].decode()
+
+
 def drain_and_come_back(tmp: str, launcher: subprocess.Popen, prog: str) -> tuple[dict, dict]:
-    """First generation answers; a drain request; the next generation answers."""
+    """First generation answers (and recorded its imports, which the standby takes up within
+    a second: 3 s here); a drain request; the next generation answers."""
     control = ControlServer(os.path.join(tmp, "ev.sock.ctl"))
     try:
         assert wait_for(lambda: len(of(prog, "ready")) >= 1, 90), "first generation never answered"
         first = of(prog, "script")[0]
         assert wait_for(lambda: first["pid"] in control.connected(), 30)
+        assert wait_for(lambda: os.path.exists(recorded_file(first["pid"])), 30)
+        time.sleep(3)
         outcome = control.drain({first["pid"]}, 10.0)
         assert outcome.ok, outcome.detail
         assert wait_for(lambda: len(of(prog, "ready")) >= 2, 90), "no next generation"
@@ -87,8 +98,11 @@ def test_a_drain_hands_over_to_the_preimported_standby_and_sigterm_leaves_no_orp
     launcher, prog, err = launch(short_tmp)
     try:
         first, second = drain_and_come_back(short_tmp, launcher, prog)
-        # the first generation imported torch itself; the second found it already imported
+        # the first generation imported torch itself; the second found it already imported,
+        # and the library the first one imported too, not the script's own module
         assert first["preloaded"] is False and second["preloaded"] is True
+        assert first["recorded_preloaded"] is False and second["recorded_preloaded"] is True
+        assert second["own_module_preloaded"] is False
         assert second["name"] == "__main__" and second["pid"] != first["pid"]
         assert first["ppid"] == second["ppid"] == launcher.pid
         # a new standby is pre-spawned next to the serving child
@@ -102,6 +116,7 @@ def test_a_drain_hands_over_to_the_preimported_standby_and_sigterm_leaves_no_orp
         if launcher.poll() is None:
             launcher.kill()
     assert "released standby" in open(err).read()
+    assert "more modules the server had" in open(err).read(), open(err).read()
 
 
 def test_a_standby_that_initialises_cuda_is_refused_and_starts_are_plain(short_tmp):

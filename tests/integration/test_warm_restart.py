@@ -61,3 +61,28 @@ def test_the_next_process_loads_the_bundle_and_its_compile_hits_the_cache(short_
     assert loaded[0]["t"] < compiled2["t"]  # loaded at install, before the first compile
     print(f"compile: cold {compiled['seconds']:.1f} s, with the bundle "
           f"{compiled2['seconds']:.1f} s")
+
+
+def test_with_nothing_configured_the_agent_leaves_compiles_as_they_are(short_tmp):
+    """The bundle is opt-in: an agent installed with no warm setting loads and saves no
+    bundle and sets no job id (PGO state of an earlier run would make the first compile
+    dynamic), even with a writable warm_dir."""
+    warm = os.path.join(short_tmp, "warm")
+    os.makedirs(warm)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_WATCHDOG_WARM", "TORCH_COMPILE_JOB_ID")}
+    code = f"""
+import time, torch, torch_watchdog.agent as agent
+agent.install(socket_path=None, warm_dir={warm!r}, warm_save_quiet_s=0.1)
+f = agent.watch(torch.compile(lambda x: x.sin() + 1, backend="eager"), name="f")
+f(torch.ones(3)); f(torch.ones(5))
+time.sleep(1.0)
+import os
+print(os.environ.get("TORCH_COMPILE_JOB_ID"), torch.compiler.config.job_id,
+      agent.current().warm)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=with_root()),
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["None", "None", "None"], out.stdout
+    assert os.listdir(warm) == []

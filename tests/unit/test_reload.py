@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 import psutil
 import pytest
@@ -392,12 +393,17 @@ while True:
 
 
 class Announcer(threading.Thread):
-    """The master's children say hello (ppid: the master) as they appear, like agents."""
+    """The master's children say hello (ppid: the master) as they appear, like agents, and
+    report an answered watched call `serve_after_s` later (None: never, a worker still cold)."""
 
-    def __init__(self, master: int, board, server: str = "llm"):
+    def __init__(self, master: int, board, server: str = "llm",
+                 serve_after_s: Optional[float] = 0.3):
         super().__init__(daemon=True)
         self.master, self.board, self.server = master, board, server
+        self.serve_after_s = serve_after_s
         self.seen: set = set()
+        self.hello_at: dict = {}
+        self.served: set = set()
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -408,9 +414,17 @@ class Announcer(threading.Thread):
                         if c.status() != psutil.STATUS_ZOMBIE}
             except psutil.Error:
                 return
-            self.board.add(SimpleNamespace(pid=k, ppid=self.master, server=self.server)
-                           for k in kids - self.seen)
+            self.board.add(SimpleNamespace(kind="hello", pid=k, ppid=self.master,
+                                           server=self.server) for k in kids - self.seen)
+            now = time.monotonic()
+            for k in kids - self.seen:
+                self.hello_at[k] = now
             self.seen |= kids
+            if self.serve_after_s is not None:
+                warm = {k for k, t in self.hello_at.items()
+                        if k not in self.served and now - t >= self.serve_after_s}
+                self.board.add(SimpleNamespace(kind="calls", pid=k, calls=1) for k in warm)
+                self.served |= warm
             time.sleep(0.05)
 
 
@@ -427,10 +441,10 @@ def master(request):
     p.wait(5)
 
 
-def announced(master_pid: int):
+def announced(master_pid: int, serve_after_s: Optional[float] = 0.3):
     from torch_watchdog.sidecar.actions.hellos import Hellos
     board = Hellos()
-    ann = Announcer(master_pid, board)
+    ann = Announcer(master_pid, board, serve_after_s=serve_after_s)
     ann.start()
     deadline = time.monotonic() + 10
     while len(ann.seen) < 2 and time.monotonic() < deadline:
@@ -451,6 +465,34 @@ def test_rolling_replaces_the_workers_one_at_a_time_and_keeps_the_master(master)
         ann.stop.set()
 
 
+def test_rolling_waits_for_each_replacement_to_answer_before_the_next_worker(master):
+    """A replacement says hello at import, cold: the next worker is stopped only once it
+    answered a watched call (1.5 s after its hello here)."""
+    from torch_watchdog.sidecar.actions.executors import rolling
+    board, ann, old = announced(master.pid, serve_after_s=1.5)
+    try:
+        done = rolling(set(old), 5, 10, board)
+        assert done.ok, done.detail
+        (first, _), (second, _) = sorted((t, p) for p, t in ann.hello_at.items()
+                                         if p not in old)
+        assert second - first >= 1.5  # the second worker waited for the first one's answer
+        assert "ready in" in done.detail
+    finally:
+        ann.stop.set()
+
+
+def test_rolling_stops_at_a_replacement_that_never_answers(master):
+    from torch_watchdog.sidecar.actions.executors import rolling
+    board, ann, old = announced(master.pid, serve_after_s=None)
+    try:
+        done = rolling(set(old), 5, 1.0, board)
+        assert not done.ok and done.failed
+        assert "said hello but answered no watched call within 1 s" in done.detail
+        assert psutil.pid_exists(old[1])  # the next worker was left serving
+    finally:
+        ann.stop.set()
+
+
 @pytest.mark.parametrize("master", [False], indirect=True)
 def test_rolling_stops_at_a_worker_not_replaced_and_reports_failure(master):
     from torch_watchdog.sidecar.actions.executors import rolling
@@ -467,7 +509,8 @@ def test_rolling_stops_at_a_worker_not_replaced_and_reports_failure(master):
 def test_signal_leaves_the_master_of_the_workers_running(master):
     board, ann, old = announced(master.pid)
     try:
-        board.add([type("H", (), {"pid": master.pid, "ppid": os.getpid(), "server": "llm"})])
+        board.add([type("H", (), {"kind": "hello", "pid": master.pid, "ppid": os.getpid(),
+                                  "server": "llm"})])
         done = signal_processes({master.pid, *old}, 5, hellos=board)
         assert done.ok and f"master {master.pid} not signalled" in done.detail
         assert master.poll() is None
@@ -497,7 +540,7 @@ def test_a_single_server_with_children_without_agents_has_no_master():
     server = child(GRACEFUL)
     helper = subprocess.Popen(["sleep", "30"])
     board = Hellos()
-    board.add([SimpleNamespace(pid=server.pid, ppid=os.getpid(), server="llm")])
+    board.add([SimpleNamespace(kind="hello", pid=server.pid, ppid=os.getpid(), server="llm")])
     try:
         assert master_and_workers({server.pid, helper.pid}, board) == (None, [])
         done = rolling({server.pid}, 5, 1, board)

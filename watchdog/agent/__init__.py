@@ -26,14 +26,14 @@ import traceback
 from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent import drain, identity, settings
+from torch_watchdog.agent import drain, identity, imports, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
-from torch_watchdog.agent.drain import on_drain, ready
+from torch_watchdog.agent.drain import Draining, on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
 from torch_watchdog.agent.registry import watched
 from torch_watchdog.agent.wrapper import Watched, watch
 
-__all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Agent",
+__all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Draining", "Agent",
            "AgentConfig", "Watched"]
 
 log = logging.getLogger("torch_watchdog.agent")
@@ -61,6 +61,8 @@ class Agent:
         self._next_heartbeat = self._next_hello = 0.0
         self._calls_at = self.started
         self._devices: list[str] = []
+        # the launcher's: what this process imported by its first answer (agent/imports.py)
+        self._imports_file = os.environ.get(imports.ENV) or None
         self.emitter = Emitter(config.socket_path, config.event_log, queue_size=config.queue_size,
                                tick_s=config.tick_s, reconnect_s=config.reconnect_s,
                                log_max_bytes=config.event_log_max_bytes, on_tick=self.tick,
@@ -185,6 +187,11 @@ class Agent:
         window, self._calls_at = now - self._calls_at, now
         for w in list(watched):
             calls, total_ns, stall_calls, stall_ns, distinct = w.take_window()
+            if calls and self._imports_file is not None:
+                why, self._imports_file = imports.record(self._imports_file), None
+                if why is not None:
+                    log.info("torch-watchdog agent: the standby's preload list not written: "
+                             "%s", why)
             if calls:
                 self.emitter.emit(events.Calls(
                     t=time.time(), pid=os.getpid(), name=w.name, calls=calls,

@@ -46,8 +46,10 @@ class AgentConfig:
                                                   # this process's own
     drain_exit_code: int = 75                     # EX_TEMPFAIL: RestartForceExitStatus=75
     restart_file: Optional[str] = "/run/torch-watchdog/restart-requested"
-    # warm restart (warm.py): torch.compiler cache artifacts, one bundle per (name, torch, GPU)
-    warm: bool = True
+    # warm restart (warm.py): torch.compiler cache artifacts, one bundle per (name, torch, GPU).
+    # Opt-in: the bundle and the job id it sets (PGO state kept from an earlier run) change how
+    # the server compiles; with it off the agent leaves compiles exactly as they were
+    warm: bool = False
     warm_dir: Optional[str] = "/var/cache/torch-watchdog"
     warm_name: Optional[str] = None               # None: the server's name, else argv[0]
     warm_save_quiet_s: float = 10.0               # saved once calls ran this long compile-free

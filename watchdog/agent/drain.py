@@ -10,8 +10,10 @@ kubelet) starts the server again:
    path) that the socket was bound by root, this process's own uid, `control_uid`, or the
    owner of the socket's directory when only that owner may write there (`dir_owner`);
 2. on `{"v":1,"kind":"drain","grace_s":G}` a drain thread: `ready()` turns False (the
-   server's health endpoint reads it: the load balancer stops sending work), the `on_drain`
-   callbacks run, the watched calls in hand finish (at most G seconds in all), the compile
+   server's health endpoint reads it: the load balancer stops sending work), a watched call
+   begun from then on raises `Draining` at once (never waits, never delays the exit: a busy
+   server, whose loop always has a call in hand, drains in the time of the call in hand), the
+   `on_drain` callbacks run, the calls in hand finish (at most G seconds in all), the compile
    artifacts are saved (warm.py), `restart_file` is written (a Kubernetes exec liveness probe
    fails on it, a backstop should the exit hang), a `drain` event ("drained") goes to the
    sidecar and the reply to the control socket, the events are flushed, and the process
@@ -51,6 +53,32 @@ _ready = True
 _callbacks: list[Callable[[], Any]] = []
 
 
+class Draining(RuntimeError):
+    """Raised by a watched call begun after this process started draining for a reload (the
+    sidecar asked; `ready()` is False): the process exits once the calls in hand finish. Turn
+    it into a retryable answer: HTTP 503 with `Retry-After` (the load balancer sends the
+    request to another replica), a queue worker's nack or requeue."""
+
+
+_refused = 0  # watched calls refused since the drain began
+
+
+def _refuse(*args: Any, **kwargs: Any) -> Any:
+    global _refused
+    _refused += 1
+    raise Draining("torch-watchdog: this process is draining for a reload and exits once its "
+                   "calls in hand finish; retry on another replica")
+
+
+def refuse_new_calls() -> None:
+    """From now on every watched call raises Draining (Watched._refuse)."""
+    for w in list(registry.watched):
+        try:
+            w._refuse(_refuse)
+        except Exception:
+            pass
+
+
 def ready() -> bool:
     """False once a drain began: the server's health/readiness endpoint should report it."""
     return _ready
@@ -64,8 +92,9 @@ def on_drain(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _reset_after_fork() -> None:
-    global _ready
+    global _ready, _refused
     _ready = True  # a child forked by a draining master starts serving (its own agent)
+    _refused = 0
 
 
 _AFTER_FORK.append(_reset_after_fork)
@@ -303,6 +332,7 @@ class Drainer:
         if self.thread is not None:
             return False  # one drain per process; a repeated request changes nothing
         _ready = False
+        refuse_new_calls()
         self.thread = threading.Thread(target=self._run, args=(grace_s,),
                                        name="torch-watchdog-drain", daemon=True)
         self.thread.start()
@@ -320,6 +350,8 @@ class Drainer:
             if failed:
                 notes.append(failed)
             left = wait_idle(deadline)
+            if _refused:
+                notes.append(f"{_refused} call(s) begun during the drain refused (Draining)")
             if agent.warm is not None:
                 note = agent.warm.save("drain")
                 if note:

@@ -65,6 +65,12 @@ class Watched(functools.partial):
         # subtracts its previous reading (`_taken`) instead of resetting them
         self._taken = (0, 0, 0, 0)
 
+    def _refuse(self, refused: Callable) -> None:
+        """Every call from now on goes to `refused` (drain.py: it raises Draining); the calls
+        in hand finish on the hot path they entered. A forked child starts afresh
+        (`_forget`)."""
+        functools.partial.__setstate__(self, (refused, (), None, None))
+
     # the running totals of the hot path, the wrapped callable and the stall totals
     calls = property(lambda self: self._totals()[0])
     total_ns = property(lambda self: self._totals()[1])

@@ -7,9 +7,10 @@ returns a ReloadOutcome and never raises into the sidecar.
   workers and keeps the listening socket, and a master signalled with its workers stops for
   good (`gunicorn --preload`);
 - `rolling`: a master's workers one at a time: SIGTERM one, and the next only once its
-  replacement's agent said hello (`hello_timeout_s` each, else stop: a failed reload);
+  replacement is ready: its agent said hello and reported an answered watched call (a warm-up
+  at import, or a request), `hello_timeout_s` each, else stop: a failed reload;
 - `master-hup`: SIGHUP to the master (gunicorn and uvicorn --workers replace their workers),
-  then every old worker gone and as many new ones said hello;
+  then every old worker gone and as many new ones ready;
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
   model twice on the GPU (ops-anchors §4.1);
 - `http`: POST to the server's own drain/reload hook;
@@ -148,9 +149,12 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
             decided_t: Optional[float] = None,
             expected_start: Optional[Mapping[int, float]] = None) -> ReloadOutcome:
     """The master's workers one at a time: SIGTERM (SIGKILL after `grace_s`), the master forks
-    a replacement, and the next worker only once the replacement's agent said hello (its ppid
-    the master). No hello within `hello_timeout_s`: stop, the other workers still serving, and
-    report the reload failed."""
+    a replacement, and the next worker only once the replacement is ready: its agent said
+    hello (its ppid the master) and reported an answered watched call. A replacement that
+    said hello at import is still cold (its model not loaded, not compiled): stopping the next
+    worker then left requests waiting on compiles (26-59 % timed out at 10 requests/s). Not
+    ready within `hello_timeout_s`: stop, the other workers still serving, and report the
+    reload failed."""
     started = time.monotonic()
     master, workers = master_and_workers(pids, hellos)
     if master is None:
@@ -177,18 +181,27 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
             except psutil.Error:
                 pass
             _wait_gone(p, 5)
+        began = time.monotonic()
+        master_gone = lambda: not psutil.pid_exists(master)  # noqa: E731
         new = hellos.wait_for(lambda h: h.pid not in old and h.ppid == master, mark,
-                              hello_timeout_s, give_up=lambda: not psutil.pid_exists(master))
-        if new is None:
-            gone = "the master exited" if not psutil.pid_exists(master) else \
-                f"no hello from its replacement within {hello_timeout_s:g} s"
+                              hello_timeout_s, give_up=master_gone)
+        ready = new is not None and hellos.wait_served(
+            new.pid, hello_timeout_s - (time.monotonic() - began),
+            give_up=lambda: master_gone() or not psutil.pid_exists(new.pid))
+        if not ready:
+            gone = "the master exited" if master_gone() else \
+                f"no hello from its replacement within {hello_timeout_s:g} s" if new is None else \
+                f"its replacement {new.pid} exited" if not psutil.pid_exists(new.pid) else \
+                (f"its replacement {new.pid} said hello but answered no watched call within "
+                 f"{hello_timeout_s:g} s (warm the model up at import)")
             return ReloadOutcome(False, f"{where} stopped{killed}, {gone}; the next workers were "
                                   f"left running", time.monotonic() - started, failed=True)
+        assert new is not None
         old.add(new.pid)
-        done.append(f"{pid}->{new.pid}{killed}")
+        done.append(f"{pid}->{new.pid} ready in {time.monotonic() - began:.1f} s{killed}")
     return ReloadOutcome(True, f"rolling: {len(workers)} workers of master {master} replaced one "
-                               f"at a time, each replacement said hello ({', '.join(done)})",
-                         time.monotonic() - started)
+                               f"at a time, each replacement ready before the next "
+                               f"({', '.join(done)})", time.monotonic() - started)
 
 
 def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hellos,
@@ -198,7 +211,8 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
     and stops the old at once; uvicorn >= 0.54: one at a time, each replacement ready before
     the old one stops). Done when every old worker has exited and as many new children of the
     master are alive and said hello; failed when that makes no progress (a hello or an exit)
-    for `hello_timeout_s` + `grace_s`. Stragglers are the master's to stop: not killed."""
+    for `hello_timeout_s` + `grace_s`. New workers count once ready (said hello and answered
+    a watched call). Stragglers are the master's to stop: not killed."""
     started = time.monotonic()
     master, workers = master_and_workers(pids, hellos)
     if master is None:
@@ -218,18 +232,20 @@ def master_hup(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: H
     while True:
         new = sorted({h.pid for h in hellos.since(mark)
                       if h.pid not in old and h.ppid == master and psutil.pid_exists(h.pid)})
+        ready = [p for p in new if hellos.served(p)]
         left = [p.pid for p in procs if not _gone(p)]
-        if len(new) >= len(workers) and not left:
+        if len(ready) >= len(workers) and not left:
             return ReloadOutcome(True, f"master-hup: master {master} replaced its {len(workers)} "
-                                 f"workers {workers} by {new}, each said hello",
+                                 f"workers {workers} by {ready}, each ready",
                                  time.monotonic() - started)
-        if (len(new), len(left)) != progress:
-            progress, deadline = (len(new), len(left)), time.monotonic() + stall
+        if (len(new), len(ready), len(left)) != progress:
+            progress, deadline = (len(new), len(ready), len(left)), time.monotonic() + stall
         if time.monotonic() >= deadline or not psutil.pid_exists(master):
             what = "the master exited" if not psutil.pid_exists(master) else \
                 f"no progress for {stall:g} s"
             return ReloadOutcome(False, f"master-hup: {what}: {len(new)} of {len(workers)} new "
-                                  f"workers said hello, old workers {left} still running",
+                                  f"workers said hello, {len(ready)} answered a watched call, "
+                                  f"old workers {left} still running",
                                  time.monotonic() - started, failed=True)
         hellos.wait_for(lambda h: False, hellos.mark(), 0.2)  # wakes early on a hello
 

@@ -1,5 +1,6 @@
 """The agents' hellos, as a reload's thread sees them: masters and their workers, and the
-replacements a reload waits for. The daemon's loop adds them; reload threads read and wait.
+replacements a reload waits for (said hello, then answered a watched call: ready to serve).
+The daemon's loop adds them; reload threads read and wait.
 """
 from __future__ import annotations
 
@@ -34,12 +35,25 @@ class Hellos:
         self._keep = keep
         self._recent: collections.deque = collections.deque(maxlen=keep)
         self._last: dict[int, Heard] = {}
+        self._served: dict[int, None] = {}  # pids whose agents reported an answered call
 
-    def add(self, hellos: Iterable) -> None:
-        hellos = list(hellos)
-        if not hellos:
+    def add(self, received: Iterable) -> None:
+        """The hellos among `received` (agent events), and who answered a watched call (a
+        `calls` event with calls > 0)."""
+        hellos, served = [], []
+        for e in received:
+            if e.kind == "hello":
+                hellos.append(e)
+            elif e.kind == "calls" and isinstance(e.calls, int) and e.calls > 0 \
+                    and e.pid not in self._served:
+                served.append(e.pid)
+        if not hellos and not served:
             return
         with self._cond:
+            for pid in served:
+                self._served[pid] = None
+                if len(self._served) > self._keep:
+                    del self._served[next(iter(self._served))]
             for h in hellos:
                 self._seq += 1
                 heard = Heard(self._seq, h.pid, h.ppid if isinstance(h.ppid, int) else None,
@@ -50,6 +64,23 @@ class Hellos:
                 if len(self._last) > self._keep:
                     del self._last[next(iter(self._last))]
             self._cond.notify_all()
+
+    def served(self, pid: int) -> bool:
+        """Whether `pid`'s agent reported an answered watched call."""
+        with self._cond:
+            return pid in self._served
+
+    def wait_served(self, pid: int, timeout: float,
+                    give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Until `pid` answered a watched call (True), `timeout` seconds or `give_up()`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while pid not in self._served:
+                left = deadline - time.monotonic()
+                if left <= 0 or give_up():
+                    return False
+                self._cond.wait(min(left, 0.2))
+            return True
 
     def mark(self) -> int:
         with self._cond:

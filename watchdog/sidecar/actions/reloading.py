@@ -67,9 +67,9 @@ class Reloads:
 
     def outcomes(self, now: float, received: Iterable[Any] = ()) -> list[ReloadOutcome]:
         """Reloads that finished since the last poll, as observations for the step; the
-        hellos among `received` go to the reloads' threads first."""
+        hellos and answered calls among `received` go to the reloads' threads first."""
         if received:
-            self.hellos.add(e for e in received if isinstance(e, events.Hello))
+            self.hellos.add(e for e in received if isinstance(e, (events.Hello, events.Calls)))
         out = []
         for server, (reloader, action) in list(self._running.items()):
             result = reloader.poll()
