@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from torch_watchdog.procfs import start_ticks
 
@@ -253,7 +253,8 @@ def _wait_release(fd: int, imports_file: Optional[str], skip: list[str],
             now = _stamp(imports_file)
             if now is not None and now != stamp:
                 stamp = now
-                if not _preload_recorded(imports_file or "", skip, status):
+                if not _preload_recorded(imports_file or "", skip, status,
+                                         lambda: bool(select.select([fd], [], [], 0)[0])):
                     return None
     finally:
         os.close(fd)
@@ -268,9 +269,11 @@ def _stamp(path: Optional[str]) -> Optional[tuple]:
     return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _preload_recorded(path: str, skip: list[str], status: Optional[int]) -> bool:
-    """Import the recorded modules not imported yet (a failure skips that one); False, said on
-    status as `cuda-by <module>`, once one initialised CUDA."""
+def _preload_recorded(path: str, skip: list[str], status: Optional[int],
+                      released: Callable[[], bool]) -> bool:
+    """Import the recorded modules not imported yet (a failure skips that one), until
+    `released()` (the script imports the rest itself); False, said on status as
+    `cuda-by <module>`, once one initialised CUDA."""
     import importlib
 
     from torch_watchdog.agent import imports
@@ -279,6 +282,8 @@ def _preload_recorded(path: str, skip: list[str], status: Optional[int]) -> bool
     for name in imports.read(path):
         if name in sys.modules or any(name == s or name.startswith(s + ".") for s in skip):
             continue
+        if released():
+            break
         try:
             importlib.import_module(name)
             done += 1
