@@ -56,6 +56,9 @@ class Hello(Event):
     # from agents older than the field
     server: Optional[str] = None
     ppid: Optional[int] = None    # the parent's pid: a forked worker names its master
+    # the sender's uid, as the kernel told the sidecar's receiver (which also puts the
+    # kernel's ppid in place of the agent's): set by the sidecar, never believed from an agent
+    uid: Optional[int] = None
     kind = "hello"
 
 
@@ -79,6 +82,10 @@ class Heartbeat(Event):
     uptime_s: float
     queue_depth: int
     errors: int                   # internal agent errors so far (each was swallowed)
+    # events this agent lost so far, every reason (drop reports that were lost themselves not
+    # counted): cumulative in every heartbeat, so a lost drop report is told by the next
+    # heartbeat even once nothing is dropped any more; None from agents older than the field
+    lost: Optional[int] = None
     kind = "heartbeat"
 
 

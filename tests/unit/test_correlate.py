@@ -185,3 +185,20 @@ def test_agent_losses_are_counted_from_the_reports_totals_so_a_lost_report_is_no
              dropped(3.0, 8, "queue_full", 4, 4), dropped(3.5, 7, "socket", 2, 2),
              dropped(4.0, 7, "queue_full", 0, 30)])  # a repeat of a total adds nothing
     assert s.agent_dropped == 36
+
+
+def test_a_heartbeat_tells_every_loss_even_once_the_drop_reports_stopped():
+    """The last drop reports were lost (or dropped by an overloaded sidecar) and nothing is
+    dropped any more, so no report comes again: every heartbeat carries the agent's whole
+    count (`lost`), and a process's part is the larger of that and its reports' sum."""
+    def beat(t, pid, lost):
+        return events.Heartbeat(t=t, pid=pid, seq=1, uptime_s=t, queue_depth=0, errors=0,
+                                lost=lost)
+
+    s = run([events.Dropped(t=1.0, pid=7, reason="queue_full", count=10, total=10),
+             beat(2.0, 7, 150),            # 140 more lost, told by no report that arrived
+             events.Dropped(t=3.0, pid=7, reason="socket", count=60, total=60),  # 10 + 60
+             beat(3.0, 8, 5),
+             beat(4.0, 7, None),           # an older agent's heartbeat: no count
+             beat(5.0, 7, 170)])
+    assert s.agent_dropped == 170 + 5

@@ -30,6 +30,7 @@ SAMPLES = [
     events.Oom(t=2.0, pid=7, source="allocator", device=0, requested_bytes=1 << 30,
                limit_bytes=1 << 37, free_bytes=1 << 20, message=None),
     events.Dropped(t=2.0, pid=7, reason="socket", count=3, total=10),
+    events.Heartbeat(t=2.0, pid=7, seq=3, uptime_s=4.0, queue_depth=0, errors=0, lost=12),
     events.Mitigation(t=2.0, pid=7, name="graph_budget", action="engaged", detail="64 sizes"),
     events.Mitigation(t=2.0, pid=7, name="padding", action="refused", detail="off for llm",
                       model="llm", error=0.25, buckets=[64, 128]),

@@ -42,8 +42,8 @@ def test_a_recording_is_read_back_and_garbage_in_it_is_left_out(tmp_path):
     path = str(tmp_path / "run" / "imports")
     assert imports.record(path) is None
     names = imports.read(path)
-    assert "json" in names and names == imports.preloadable(sys.modules,
-                                                            imports.library_roots())[:len(names)]
+    assert "json" in names and "pytest" in names
+    assert set(names) <= set(imports.preloadable(sys.modules, imports.library_roots()))
     with open(path, "w") as fh:
         fh.write("json\nos; import evil\n../x\n\nxml.dom\n")
     assert imports.read(path) == ["json", "xml.dom"]

@@ -261,6 +261,32 @@ def test_a_replica_started_where_another_died_does_not_take_its_reload_history()
     assert h.host.servers["pgid:60/cuda:0"].policy.reloads == [h.t]
 
 
+def test_a_process_of_another_user_naming_a_server_is_a_server_of_its_own():
+    """Issue 28, item 4: another user's process says hello as the victim's server, then grows:
+    the reload targets it alone (under `<name>@uid:<uid>`). The server's root master's workers
+    under another user, and root, still join it."""
+    h = Host2()
+    h.host.servers["replica-a"].uid = 1000
+    h.feed(dataclasses.replace(hello(h.t, 666, "replica-a", [A]), uid=1001, ppid=1),
+           compile_event(h.t - 30, 666))
+    assert h.host.owner[666] == "replica-a@uid:1001"
+    assert h.host.servers["replica-a"].pids.keys() == {101}
+    h.feed(dataclasses.replace(hello(h.t, 102, "replica-a", [A]), uid=33, ppid=101))  # worker
+    h.feed(dataclasses.replace(hello(h.t, 103, "replica-a", [A]), uid=0, ppid=1))     # root
+    assert h.host.owner[102] == h.host.owner[103] == "replica-a"
+    h.mine[666] = 2 * GB
+    for _ in range(600):
+        h.t += 0.25
+        h.mine[666] += 8 * MB
+        h.feed(sample(h.t, {A: (h.mine[101] + h.mine[666] + GB, 10 * GB),
+                            B: (h.mine[202] + GB, 10 * GB)},
+                      {101: {A: h.mine[101]}, 202: {B: h.mine[202]}, 666: {A: h.mine[666]},
+                       102: {}, 103: {}}))
+    decided = h.of("reload")
+    assert decided and {a.server for a in decided} == {"replica-a@uid:1001"}
+    assert decided[0].pids == (666,)
+
+
 def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
     """Another local process says hello as the unit's server, then grows: the reload of that
     server still targets the unit's own pids only (it would have SIGTERMed both on main)."""

@@ -179,7 +179,7 @@ class Agent:
             self._seq += 1
             self.emitter.emit(events.Heartbeat(
                 t=time.time(), pid=os.getpid(), seq=self._seq, uptime_s=now - self.started,
-                queue_depth=self.emitter.depth(), errors=self.errors))
+                queue_depth=self.emitter.depth(), errors=self.errors, lost=self.emitter.lost()))
             self._emit_calls()
 
     def _emit_calls(self) -> None:

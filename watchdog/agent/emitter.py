@@ -81,6 +81,7 @@ class Emitter:
         self._parked: Optional[bytes] = None  # a datagram the receiver had no room for
         self._parked_at = 0.0
         self._parked_n = 0
+        self._parked_logged = False  # its events were counted in `sent` by the log
         self._stuck = False
         self._thread: Optional[threading.Thread] = None
 
@@ -106,6 +107,11 @@ class Emitter:
             self.dropped["queue_full"] += 1
             return
         queue.append(item)
+
+    def lost(self) -> int:
+        """Events lost so far, every reason, less the drop reports that were lost (the
+        heartbeat's `lost`; each `dropped` report's `total` per reason)."""
+        return sum(self.dropped[r] - self._lost_reports[r] for r in DROP_REASONS)
 
     def depth(self) -> int:
         """Events not yet sent: queued, plus those in a parked datagram."""
@@ -219,6 +225,7 @@ class Emitter:
         result = self._socket.send(payload)
         if result == FULL and not self._stuck:
             self._parked, self._parked_n, self._parked_at = payload, n, time.monotonic()
+            self._parked_logged = logged
             self.sent += n if logged else 0
             return False
         self._stuck = self._stuck and result != SENT
@@ -235,6 +242,8 @@ class Emitter:
         if result != SENT:  # a receiver that stopped reading: drop at once until it reads again
             self.dropped["socket"] += self._parked_n
             self._stuck = True
+        elif not self._parked_logged:  # sent at last: its events count as sent now
+            self.sent += self._parked_n
         self._parked = None
         return True
 

@@ -107,8 +107,9 @@ class State:
     graph_breaks: int = 0
     ooms: int = 0
     agent_dropped: int = 0
-    # (pid, reason) -> the highest `total` an agent's drop reports gave
-    dropped_totals: dict[tuple[int, str], int] = field(default_factory=dict)
+    # pid -> reason -> the highest `total` its agent's drop reports gave, and "" -> the
+    # highest `lost` its heartbeats gave (every reason at once)
+    dropped_totals: dict[int, dict[str, int]] = field(default_factory=dict)
     distinct_shapes: int = 0
     # unique shapes per watched callable over all processes: name -> set of shape keys (at
     # most MAX_SHAPE_KEYS in all, then counted), and the most any one process reported
@@ -412,11 +413,29 @@ def _count(attr: str) -> Callable[[State, Any, CorrelateConfig], None]:
 def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
     # a report's `total` counts every loss since its agent started: a report lost on the way
     # is counted by the next one (summing `count` would lose it for good)
-    key = (e.pid, e.reason)
-    seen = state.dropped_totals.get(key, 0)
-    if e.total > seen:
-        state.agent_dropped += e.total - seen
-        state.dropped_totals[key] = e.total
+    _told_lost(state, e.pid, e.reason, e.total)
+
+
+def _on_heartbeat(state: State, e: events.Heartbeat, cfg: CorrelateConfig) -> None:
+    # every heartbeat's `lost` is the agent's whole count: exact once one heartbeat arrives
+    # after the drops, whatever became of the drop reports
+    if isinstance(e.lost, int):
+        _told_lost(state, e.pid, "", e.lost)
+
+
+def _told_lost(state: State, pid: int, reason: str, total: int) -> None:
+    """An agent's loss count, per reason (a drop report) or all at once (reason "", a
+    heartbeat): the agent's part of agent_dropped is the larger of the two readings."""
+    totals = state.dropped_totals.setdefault(pid, {})
+    if total <= totals.get(reason, 0):
+        return
+    before = _lost_of(totals)
+    totals[reason] = total
+    state.agent_dropped += _lost_of(totals) - before
+
+
+def _lost_of(totals: dict[str, int]) -> int:
+    return max(totals.get("", 0), sum(v for r, v in totals.items() if r))
 
 
 def _padding(state: State, model: str) -> dict[str, Any]:
@@ -462,6 +481,7 @@ _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
     "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
     "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
     "stall": _on_stall, "calls": _on_calls, "oom": _count("ooms"), "dropped": _on_dropped,
+    "heartbeat": _on_heartbeat,
     "graph_break": _count("graph_breaks"), "padding": _on_padding,
     "mitigation": _on_mitigation,
 }

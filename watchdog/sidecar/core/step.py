@@ -55,6 +55,7 @@ class Server:
     # alert cause -> detail, as of the last poll
     firing: dict[str, dict[str, Any]] = field(default_factory=dict)
     parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
+    uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
     failed: Optional[dict[str, Any]] = None        # the last reload did not bring it back: the
     # `reload_failed` alert's detail, until a new process of it says hello
 
@@ -191,6 +192,8 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
                                {"old_pids": sorted(server.pids), "new_pid": e.pid}))
         _reset(host, server)
     server.gpus.update(e.devices)
+    if server.uid is None or server.uid == 0 or len(server.pids) == 0:
+        server.uid = e.uid
     if server.failed is not None and e.pid not in server.failed["old_pids"]:
         server.failed = None  # back after all
     if isinstance(e.ppid, int):
@@ -201,16 +204,33 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
 def owner_of(host: Host, e: events.Event) -> str:
     """A configured server owns its pids; else the server the agent named in its hello (never
     a configured one: its processes are found by the config alone); else its master's (a
-    forked worker); else the default."""
+    forked worker); else the default. A process joins a server only if it could signal that
+    server's processes anyway (`_may_join`): else its hello's name, for its uid alone."""
     if e.pid in host.configured:
         return host.configured[e.pid]
     if e.kind == "hello":
         e = cast(events.Hello, e)  # the one kind named "hello"
         if isinstance(e.server, str) and e.server and e.server not in host.configured.values():
-            return e.server
-        if e.ppid in host.owner:
-            return host.owner[e.ppid]
+            name = e.server
+        elif e.ppid in host.owner:
+            name = host.owner[e.ppid]
+        else:
+            name = host.owner.get(e.pid, DEFAULT_SERVER)
+        return name if _may_join(host, host.servers.get(name), e) else f"{name}@uid:{e.uid}"
     return host.owner.get(e.pid, DEFAULT_SERVER)
+
+
+def _may_join(host: Host, server: Optional[Server], e: events.Hello) -> bool:
+    """Whether the sender of hello `e` may be one of `server`'s processes, on the kernel's word
+    (the receiver's uid and ppid): the same uid as the server's, root, or a child of one of
+    its processes (a root master's workers under another user). Why: a reload (signal, or a
+    drain over the control channel) goes to every process of a server, and a hello naming a
+    server is anyone's to send; a process of another user naming it, then growing, had that
+    user's server drained. A process that could signal the server itself gains nothing; a
+    server whose processes are all gone takes its next start's (another user's, too)."""
+    if server is None or server.uid is None or e.uid is None or e.uid in (0, server.uid):
+        return True
+    return e.ppid in server.pids or not server.pids or _all_gone(host, server)
 
 
 def _adopt(host: Host, e: events.Hello, name: str) -> None:

@@ -130,6 +130,10 @@ class Receiver:
                     if event is None:
                         self.dropped["spoofed"] += 1
                         continue
+                elif event.kind == "hello":
+                    event = replace(event, ppid=_parent_of(sender, event.ppid))
+                if event.kind == "hello":  # who may join a server is judged on the kernel's word
+                    event = replace(event, uid=cred[1])
                 good.append((event, sender))
         self.received += len(good)
         return good
@@ -171,6 +175,16 @@ class Receiver:
 
 
 MAX_NS_SENDERS = 4096
+
+
+def _parent_of(pid: int, told: Optional[int]) -> Optional[int]:
+    """The kernel's parent of `pid` (hellos are rare: one /proc read each), else what the agent
+    told when the process is already gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read(4096).rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return told
 
 
 def namespace_ids(pid: int) -> Optional[tuple[int, int]]:
@@ -215,8 +229,8 @@ def _decode_packed(data: bytes) -> Optional[list[events.Event]]:
         for line in lines:
             obj = loads(line)
             event = builders[obj["kind"]](obj)  # not a dict, no kind, another kind: raises
-            if event is None:
-                return None
+            if event is None:  # a field missing (an agent older than it), or a bad value:
+                event = events.from_dict(obj)  # checked in full; EventDecodeError raises
             out.append(event)
     except Exception:  # orjson's error, a lookup's, or a bug: the line path decides
         return None
