@@ -261,6 +261,19 @@ def test_a_replica_started_where_another_died_does_not_take_its_reload_history()
     assert h.host.servers["pgid:60/cuda:0"].policy.reloads == [h.t]
 
 
+def test_a_pid_heard_before_its_hello_leaves_the_default_server_when_it_names_its_own():
+    """Two processes heard before their hellos (a hello lost: the sidecar was restarting) go
+    to the default server; once one names its server it is that server's only, so the
+    default server's own policy cannot reload it (the phantom `default` of issue 26)."""
+    h = Host2()
+    for pid in (303, 304):
+        h.feed(calls(h.t, pid, 5, 1))
+    assert set(h.host.servers["default"].pids) == {303, 304}
+    h.feed(hello(h.t + 1, 303, "llm", [A]))
+    assert set(h.host.servers["default"].pids) == {304}
+    assert set(h.host.servers["llm"].pids) == {303} and h.host.owner[303] == "llm"
+
+
 def test_a_process_of_another_user_naming_a_server_is_a_server_of_its_own():
     """Issue 28, item 4: another user's process says hello as the victim's server, then grows:
     the reload targets it alone (under `<name>@uid:<uid>`). The server's root master's workers

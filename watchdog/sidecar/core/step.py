@@ -172,6 +172,11 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
     # agent naming it cannot add a pid it would be reloaded (signalled) through
     if pid in host.configured or (cfg.server.trust_agent_pids and
                                   server.name not in host.configured.values()):
+        before = host.owner.get(pid)
+        if before not in (None, server.name) and before in host.servers:
+            # heard before its hello (the default server), or named anew: one server's only;
+            # left in the other, that server's own policy could reload it (a phantom server)
+            host.servers[before].pids.pop(pid, None)
         server.pids[pid] = last.t  # a pid the server may be reloaded through
         host.owner[pid] = server.name
     correlate.fold_events(server.state, run, cfg.correlate)

@@ -270,7 +270,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("torch_watchdog_events_dropped_total", COUNTER, ("reason",),
          "Datagrams dropped by the receiver, by reason.", _by_label("events_dropped_total"), True),
     Spec("torch_watchdog_agent_events_lost_total", COUNTER, (),
-         "Events the agents reported losing (their queue was full).",
+         "Events the agents reported losing (their queue full, the socket's, the log's): "
+         "each agent's whole count is in every heartbeat, so the counter is exact once a "
+         "heartbeat passes after the losses, whatever became of the drop reports.",
          _one(lambda s: s.agent_events_lost_total), True),
     Spec("torch_watchdog_alerts_sent_total", COUNTER, ("url",),
          "Alerts accepted by each configured Alertmanager.", _by_label("alerts_sent_total"), True),
