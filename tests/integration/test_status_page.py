@@ -278,3 +278,38 @@ def test_chromium_screenshot_shows_the_page_and_the_memory_line(sidecar):
     # the memory line spans the chart's plot area (900 px less 90 px of margins), from the
     # first poll to the last
     assert widest_stroke(rows, bpp, LINE_RGB) > 600
+
+
+def test_before_any_agent_the_page_and_status_say_waiting_and_how_to_connect(short_tmp):
+    """A fresh sidecar on this GPU-less host, no agent yet: one state ("waiting for a
+    server", the socket to set), no green "no OOM forecast" beside "memory not known", and
+    NVML not reported down in red (there is no GPU here)."""
+    port, sock = free_port(), os.path.join(short_tmp, "events.sock")
+    cfg = os.path.join(short_tmp, "watchdog.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}\nagent:\n  socket_path: {sock}\n")
+    env = dict(os.environ, PYTHONPATH=with_root())
+    env.pop("NOTIFY_SOCKET", None)
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--config",
+                             cfg], env=env, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        assert wait_for(lambda: status(port)["t"] is not None)
+        out = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "status", "--url",
+                              f"http://127.0.0.1:{port}"], env=env, capture_output=True,
+                             text=True, timeout=60).stdout
+        page = get(port, "/")[2].decode()
+        done = run_chromium(short_tmp, "--dump-dom", f"http://127.0.0.1:{port}/") \
+            if shutil.which("chromium") else None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert f"waiting  no server yet: no agent has said hello on {sock}" in out, out
+    assert f"TORCH_WATCHDOG_SOCKET={sock}" in out
+    assert "forecast" not in out and "no forecast" not in out
+    nvml_down_expected = "nvml not used (no GPU: host-memory mode)" in out
+    assert nvml_down_expected or "nvml up" in out, out  # a GPU host: NVML is up
+    assert 'id="waiting"' in page and "Waiting for a server" in page
+    assert "no OOM forecast" not in page and "memory not known" not in page
+    assert '<span class="bad">down</span>' not in page
+    if done is not None:
+        assert done.returncode == 0 and "Waiting for a server" in done.stdout

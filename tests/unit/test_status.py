@@ -52,8 +52,9 @@ def a_view(**snap_kw):
 def test_status_has_every_section_and_is_strict_json():
     status = build_status(a_view(), T + 2)
     assert set(status) == {"t", "age_s", "sidecar", "memory", "graphs", "causes", "forecast",
-                           "forecast_summary", "actions", "actions_total", "sources", "events",
-                           "history", "servers", "scope", "padding"}
+                           "forecast_summary", "actions", "actions_total", "sources",
+                           "source_errors", "events", "history", "servers", "scope",
+                           "padding"}
     assert status["age_s"] == 2.0
     assert status["memory"]["source"] == "process" and status["memory"]["level_bytes"] == 5 * GIB
     assert status["memory"]["devices"] == [{"uuid": "GPU-a", "used_bytes": 13 * GIB,

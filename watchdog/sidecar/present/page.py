@@ -12,7 +12,8 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.present import plot
 from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
-                                     fmt_duration, host_memory_mode, over_budget, scope_text)
+                                     fmt_duration, host_memory_mode, over_budget, scope_text,
+                                     waiting, waiting_lines)
 
 REFRESH_S = 5
 OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
@@ -231,12 +232,21 @@ def _sources(status: dict[str, Any]) -> str:
     rows = [(name, '<span class="ok">up</span>' if up else
              '<span class="none">not used: no GPU here (host-memory mode: the server\'s RSS '
              "against the machine's RAM)</span>" if name == "nvml" and host_mode else
+             '<span class="none">no server yet</span>' if name in ("agent", "process")
+             and waiting(status) else
              '<span class="bad">down</span>')
             for name, up in sorted(sources.items())]
     dropped = sum((ev.get("dropped_total") or {}).values())
     rows.append(("agent events", _e(f"{ev.get('received_total', 0):,} received, {dropped:,} "
                                     f"dropped, {ev.get('agent_lost_total', 0):,} lost by agents")))
     return f'<section id="sources"><h2>Sources</h2>{_table(rows)}</section>'
+
+
+def _waiting(status: dict[str, Any]) -> str:
+    """Before any server: one state, and how to connect one (no forecast, no chart)."""
+    head, how = waiting_lines(status)
+    return (f'<section id="waiting"><h2>Waiting for a server</h2><p>{_e(head)}</p>'
+            f"<p>{_e(how)}</p></section>")
 
 
 def render_page(status: dict[str, Any], now: float) -> str:
@@ -257,7 +267,8 @@ def render_page(status: dict[str, Any], now: float) -> str:
         f"<h1>torch-watchdog</h1><p class=\"sub\">{_e(sub)} · version "
         f"{_e(side.get('version', __version__))} · <a href=\"status.json\">status.json</a> · "
         '<a href="metrics">metrics</a></p>'
-        + _servers(status) + _causes(status) + _forecast(status) + _chart(status)
-        + _memory(status)
-        + _graphs(status) + _padding(status) + _actions(status) + _sources(status)
+        + (_waiting(status) if waiting(status) else
+           _servers(status) + _causes(status) + _forecast(status) + _chart(status)
+           + _memory(status) + _graphs(status) + _padding(status))
+        + _actions(status) + _sources(status)
         + "</body></html>\n")

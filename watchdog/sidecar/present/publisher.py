@@ -67,6 +67,7 @@ class Publisher:
             servers=poll.views, focus=poll.focus,
             sources_up={"nvml": sample.nvml_up, "process": any_alive,
                         "agent": poll.agents_alive},
+            nvml_error=None if sample.nvml_up else sample.nvml_error,
             nvml_query_seconds=sample.query_s, events_skewed_total=poll.skewed_events,
             agent_events_lost_total=poll.agent_events_lost, **counts))
         self.collector.update(snap)

@@ -27,6 +27,7 @@ class Snapshot:
     focus: Optional[str] = None                    # the server the fields above are about
     actions_total: dict[str, int] = field(default_factory=dict)   # by action ("alert", …)
     sources_up: dict[str, bool] = field(default_factory=dict)     # "nvml", "process", "agent"
+    nvml_error: Optional[str] = None               # why NVML is down (no driver: no GPU here)
     poll_seconds: Optional[float] = None           # the last tick's duration
     nvml_query_seconds: Optional[float] = None
     events_received_total: int = 0

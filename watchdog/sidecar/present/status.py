@@ -211,6 +211,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                      "memory_bytes": v.get("estimates", {}).get("memory_bytes")}
                     for name, v in sorted(s.servers.items())],
         "actions_total": dict(s.actions_total), "sources": dict(s.sources_up),
+        "source_errors": {"nvml": s.nvml_error} if s.nvml_error else {},
         "events": {"received_total": s.events_received_total,
                    "dropped_total": dict(s.events_dropped_total),
                    "agent_lost_total": s.agent_events_lost_total},
@@ -252,7 +253,38 @@ def attribution_note(source: Optional[str], setting: Optional[str]) -> Optional[
 def host_memory_mode(status: dict[str, Any]) -> bool:
     """No GPU here: the server's RSS against the machine's RAM (NVML down is expected)."""
     mem = status.get("memory") or {}
-    return mem.get("source") == "rss" and not mem.get("devices")
+    return (mem.get("source") == "rss" and not mem.get("devices")) or no_gpu(status)
+
+
+# NVML's own words for a host without the NVIDIA driver (or without nvidia-ml-py)
+NO_GPU_ERRORS = ("LibraryNotFound", "DriverNotLoaded", "No module named")
+
+
+def no_gpu(status: dict[str, Any]) -> bool:
+    """NVML is down because this host has no NVIDIA driver: nothing is wrong."""
+    why = (status.get("source_errors") or {}).get("nvml") or ""
+    return not (status.get("memory") or {}).get("devices") and \
+        any(e in why for e in NO_GPU_ERRORS)
+
+
+def waiting(status: dict[str, Any]) -> bool:
+    """Polling, but no server yet: no agent said hello and no configured server was found."""
+    graphs = status.get("graphs") or {}
+    return status.get("t") is not None and not status.get("servers") and \
+        not (status.get("scope") or {}).get("pids") and \
+        ((status.get("memory") or {}).get("server") or {}).get("alive") is None and \
+        not any(graphs.get(k) for k in ("recordings", "compiles", "requests", "distinct_shapes")) \
+        and not (status.get("history") or {}).get("marks")
+
+
+def waiting_lines(status: dict[str, Any]) -> list[str]:
+    """What the sidecar waits for, and how to connect a server (the page's and `status`'s)."""
+    sock = (status.get("sidecar") or {}).get("socket") or "the sidecar's agent.socket_path"
+    return [f"no server yet: no agent has said hello on {sock}, and no configured server "
+            "(server.unit, server.pidfile, servers) was found.",
+            f"Connect one: start the server with TORCH_WATCHDOG_SOCKET={sock} in its "
+            "environment and `import torch_watchdog.agent.auto` as its first import "
+            "(docs/agent.md, \"Run it, step by step\")."]
 
 
 def chart_budget(status: dict[str, Any]) -> Optional[float]:
@@ -333,17 +365,21 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
     lines = [f"sidecar  {url}, last poll {fmt_duration(max(0.0, now - status['t']))} ago"
              + (f", watching for {fmt_duration(now - since)}" if since else "")
              + (f", reloads: {side['reload_method']}" if side.get("reload_method") else "")]
-    lines += _memory_lines(status.get("memory") or {})
-    lines.append(_graph_line(status.get("graphs") or {}))
-    lines.append("         " + scope_text(status.get("scope") or {}))
-    causes = status.get("causes") or []
-    lines.append("causes   " + ("none" if not causes else
-                                f"{causes[0]['cause']}: {causes[0]['summary']}"))
-    lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
-    padding = status.get("padding") or []
-    lines += [("padding  " if i == 0 else "         ") + row["summary"]
-              for i, row in enumerate(padding)]
-    lines.append(f"forecast {status.get('forecast_summary', '?')}")
+    if waiting(status):
+        lines += [("waiting  " if i == 0 else "         ") + line
+                  for i, line in enumerate(waiting_lines(status))]
+    else:
+        lines += _memory_lines(status.get("memory") or {})
+        lines.append(_graph_line(status.get("graphs") or {}))
+        lines.append("         " + scope_text(status.get("scope") or {}))
+        causes = status.get("causes") or []
+        lines.append("causes   " + ("none" if not causes else
+                                    f"{causes[0]['cause']}: {causes[0]['summary']}"))
+        lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
+        padding = status.get("padding") or []
+        lines += [("padding  " if i == 0 else "         ") + row["summary"]
+                  for i, row in enumerate(padding)]
+        lines.append(f"forecast {status.get('forecast_summary', '?')}")
     servers = status.get("servers") or []
     if len(servers) > 1:  # the lines above are the one nearest to OOM
         lines += [("servers  " if i == 0 else "         ") + _server_line(v)
