@@ -205,6 +205,10 @@ SPECS: tuple[Spec, ...] = (
          _fc("plateau_bytes")),
     Spec("torch_watchdog_memory_budget_bytes", GAUGE, _S,
          "The memory budget the forecast measures against.", _fc("budget_bytes")),
+    Spec("torch_watchdog_memory_level_bytes", GAUGE, _S,
+         "The memory the forecast measures against the budget now (the server's GPU, or in "
+         "host-memory mode the host's, as used by everyone; absent when unknown).",
+         _fc("level_bytes")),
     Spec("torch_watchdog_shape_space_estimate", GAUGE, _S,
          "Estimated number of distinct input shapes the traffic draws from.",
          _fc("shape_space_estimate")),
