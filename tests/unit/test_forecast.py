@@ -155,6 +155,31 @@ def test_each_process_against_a_per_process_budget():
     assert forecast(s, ForecastConfig(per_process_budget_bytes=1_000 * MB)).seconds == FOREVER
 
 
+def test_host_memory_mode_forecasts_the_server_not_the_machine():
+    """Issue 26: a flat 762 MiB FastAPI server showed "time to OOM ~5.1 h", moving 12 min ->
+    5.1 h as other jobs ran: the machine's used memory was the level. Now the server's own
+    PSS is, against its cgroup's limit where set, else the machine's available memory on top
+    of the server's own."""
+    from torch_watchdog.sidecar.config import CorrelateConfig
+    from torch_watchdog.sidecar.core.correlate import fold
+    from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
+
+    def run(limit=None, grow=0):
+        obs = [Sample(t=100.0 + i, processes=(ProcessSample(
+                   11, True, 762 * MB + grow * i, pss_bytes=762 * MB + grow * i,
+                   mem_limit_bytes=limit),),
+                   host_total_bytes=16_000 * MB,  # other jobs come and go: 2 GB to 12 GB used
+                   host_available_bytes=(14_000 - 10_000 * (i % 2)) * MB) for i in range(120)]
+        return forecast(fold(State(), obs, CorrelateConfig()), ForecastConfig(headroom_bytes=0))
+
+    flat = run()
+    assert flat.seconds == FOREVER and flat.level_bytes == 762 * MB
+    assert flat.budget_bytes == 762 * MB + 4_000 * MB  # the last sample: 4 GB available
+    limited = run(limit=2_000 * MB, grow=10 * MB)
+    assert limited.budget_bytes == 2_000 * MB and limited.level_bytes == 762 * MB + 1190 * MB
+    assert limited.seconds < 10  # 48 MB left at 10 MB/s
+
+
 def _request_rate_scan(state, window_s):
     """The request rate as computed before it was kept between polls: a scan every time."""
     recent = []

@@ -119,6 +119,27 @@ def test_a_units_processes_are_its_cgroups(tmp_path):
         assert unit_pids("inference.service", run=run, roots=(str(tmp_path),)) is None
 
 
+def test_a_cgroup_memory_limit_is_the_lowest_of_its_and_its_ancestors(tmp_path):
+    from torch_watchdog.sidecar.sources.process import read_cgroup_limit
+    with open("/proc/self/cgroup") as fh:
+        fields = [ln.split(":", 2) for ln in fh.read().splitlines() if ln.count(":") >= 2]
+    v1 = next((f[2] for f in fields if "memory" in f[1].split(",")), None)
+    path, name, base = (v1, "memory.limit_in_bytes", tmp_path / "memory") if v1 is not None \
+        else (next(f[2] for f in fields if f[0] == "0"), "memory.max", tmp_path)
+    unlimited = "9223372036854771712" if v1 is not None else "max"
+    here = base.joinpath(*[p for p in path.split("/") if p])
+    here.mkdir(parents=True, exist_ok=True)
+    assert read_cgroup_limit(os.getpid(), str(tmp_path)) is None  # no file: no limit
+    (here / name).write_text(unlimited + "\n")
+    assert read_cgroup_limit(os.getpid(), str(tmp_path)) is None
+    if here != base:  # an ancestor's limit holds the process too (a container's)
+        (base / name).write_text(f"{3 << 30}\n")
+        assert read_cgroup_limit(os.getpid(), str(tmp_path)) == 3 << 30
+    (here / name).write_text(f"{1 << 30}\n")
+    assert read_cgroup_limit(os.getpid(), str(tmp_path)) == 1 << 30
+    assert read_cgroup_limit(2 ** 22 + 12345, str(tmp_path)) is None  # no such process
+
+
 def test_pss_is_read_now_and_then_and_carried_by_rss():
     from torch_watchdog.sidecar.sources.process import PssMeter, read_pss
     from torch_watchdog.sidecar.core.observations import ProcessSample

@@ -23,7 +23,9 @@ def sample_to_dict(s: Sample) -> dict[str, Any]:
                          "free": d.free_bytes} for d in s.devices],
             "processes": [{"pid": p.pid, "alive": p.alive, "rss": p.rss_bytes,
                            "gpu": p.gpu_bytes, **({"pss": p.pss_bytes} if p.pss_bytes
-                                                  is not None else {})}
+                                                  is not None else {}),
+                           **({"limit": p.mem_limit_bytes} if p.mem_limit_bytes
+                              is not None else {})}
                           for p in s.processes],
             "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
     if s.servers:
@@ -45,7 +47,7 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                                    opt_int(x.get("free"))) for x in d["devices"]),
         processes=tuple(ProcessSample(int(x["pid"]), bool(x["alive"]), opt_int(x.get("rss")),
                                       {str(k): opt_int(v) for k, v in x["gpu"].items()},
-                                      opt_int(x.get("pss")))
+                                      opt_int(x.get("pss")), opt_int(x.get("limit")))
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
         host_available_bytes=opt_int(d.get("host_available")),

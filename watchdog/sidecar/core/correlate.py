@@ -138,6 +138,9 @@ class State:
     device_usable: Optional[int] = None  # used + free: total less what the driver reserves
     host_used: Optional[int] = None
     host_total: Optional[int] = None
+    host_available: Optional[int] = None
+    # host-memory mode: the server's cgroup memory limit (the lowest of its processes')
+    mem_limit: Optional[int] = None
     # per GPU of this server: uuid -> (device used, usable = used + free, this server's bytes
     # there or None): each GPU is forecast against its own budget (FACTS #18: summing two GPUs
     # into one budget let a replica crash with no forecast)
@@ -532,7 +535,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
                 usable_sum + usable
         state.gpus, state.device_used = gpus, used_sum
         state.device_total, state.device_usable = total_sum, usable_sum
-    _host(state, s)
+    _host(state, s, watched)
     mem, source = _server_memory(s, watched, attribution)
     if mem is None:
         return
@@ -542,10 +545,14 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
 
 
 
-def _host(state: State, s: Sample) -> None:
+def _host(state: State, s: Sample, watched: Optional[set[int]]) -> None:
     if s.host_total_bytes is not None and s.host_available_bytes is not None:
         state.host_used = s.host_total_bytes - s.host_available_bytes
         state.host_total = s.host_total_bytes
+        state.host_available = s.host_available_bytes
+        limits = [p.mem_limit_bytes for p in s.processes if p.alive and
+                  p.mem_limit_bytes is not None and (watched is None or p.pid in watched)]
+        state.mem_limit = min(limits) if limits else None
 
 
 def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:

@@ -204,8 +204,14 @@ def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int],
     capacity = state.device_usable if state.device_usable is not None else state.device_total
     if state.device_used is not None and capacity is not None:
         return state.device_used, capacity - cfg.headroom_bytes
-    if state.host_used is not None and state.host_total is not None:  # host-memory mode
-        return state.host_used, state.host_total - cfg.headroom_bytes
+    if state.mem_source == "rss" and state.mem_bytes is not None:  # host-memory mode
+        # the server's own memory against what it may use: its cgroup's limit, else what the
+        # machine has available on top of what the server holds (the machine's other jobs
+        # are not the server's growth)
+        if state.mem_limit is not None:
+            return state.mem_bytes, state.mem_limit - cfg.headroom_bytes
+        if state.host_available is not None:
+            return state.mem_bytes, state.mem_bytes + state.host_available - cfg.headroom_bytes
     return None, None
 
 

@@ -29,6 +29,9 @@ class ProcessSample:
     # host-memory mode: its proportional set size (shared pages split among their sharers, so
     # forked workers are not each counted with the master's pages); None where not read
     pss_bytes: Optional[int] = None
+    # host-memory mode: the memory limit of its cgroup (memory.max, the lowest of its
+    # ancestors'), None where there is none or it is not read
+    mem_limit_bytes: Optional[int] = None
 
     @property
     def host_bytes(self) -> Optional[int]:

@@ -339,6 +339,34 @@ def read_pss(pid: int) -> Optional[int]:
         return None
 
 
+def read_cgroup_limit(pid: int, root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """The memory limit of the process's cgroup and its ancestors (cgroup v2 `memory.max`,
+    v1 `memory.limit_in_bytes`), the lowest; None when unlimited or unreadable."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as fh:
+            lines = fh.read(65536).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+    v1 = next((ln.split(":", 2)[2] for ln in lines
+               if len(ln.split(":", 2)) == 3 and "memory" in ln.split(":", 2)[1].split(",")),
+              None)
+    base, path, name = (os.path.join(root, "memory"), v1, "memory.limit_in_bytes") \
+        if v1 is not None else (root, v2, "memory.max")
+    if path is None:
+        return None
+    limits, parts = [], [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):
+        try:
+            with open(os.path.join(base, *parts[:depth], name), "rb") as fh:
+                text = fh.read(64).strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1's "unlimited" is ~2^63
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
 class PssMeter:
     """PSS for host-memory mode, without paying smaps_rollup every poll: each process's PSS is
     read every `every_s` and carried between reads by its RSS change (the pages it adds or
@@ -347,9 +375,11 @@ class PssMeter:
 
     def __init__(self, every_s: float = PSS_EVERY_S,
                  read: Callable[[int], Optional[int]] = read_pss,
-                 clock: Callable[[], float] = time.monotonic):
-        self.every_s, self.read, self.clock = every_s, read, clock
-        self.last: dict[int, tuple[float, int, int]] = {}  # pid -> (read at, pss, rss then)
+                 clock: Callable[[], float] = time.monotonic,
+                 limit: Callable[[int], Optional[int]] = read_cgroup_limit):
+        self.every_s, self.read, self.clock, self.limit = every_s, read, clock, limit
+        # pid -> (read at, pss, rss then, its cgroup's memory limit): all read every `every_s`
+        self.last: dict[int, tuple[float, int, int, Optional[int]]] = {}
         # the last call's processes, its answer, and its oldest PSS read (None: a read failed,
         # so the next call reads again)
         self._kept: Optional[tuple] = None
@@ -376,11 +406,12 @@ class PssMeter:
                     out.append(p)
                     oldest = None
                     continue
-                entry = self.last[p.pid] = (now, pss, p.rss_bytes)
-            read_at, pss, rss_then = entry
+                entry = self.last[p.pid] = (now, pss, p.rss_bytes, self.limit(p.pid))
+            read_at, pss, rss_then, limit = entry
             if oldest is not None and read_at < oldest:
                 oldest = read_at
-            out.append(dataclasses.replace(p, pss_bytes=max(0, pss + p.rss_bytes - rss_then)))
+            out.append(dataclasses.replace(p, pss_bytes=max(0, pss + p.rss_bytes - rss_then),
+                                           mem_limit_bytes=limit))
         for pid in self.last.keys() - seen:
             del self.last[pid]
         out = tuple(out)
