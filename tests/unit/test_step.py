@@ -261,6 +261,23 @@ def test_a_replica_started_where_another_died_does_not_take_its_reload_history()
     assert h.host.servers["pgid:60/cuda:0"].policy.reloads == [h.t]
 
 
+def test_a_server_whose_processes_are_gone_leaves_the_page():
+    """Issue 26: after a server died the page still listed it ("379 MiB over budget") and
+    plotted its last memory flat. Once its processes are forgotten it is left out of the
+    views (its reload history stays for its next start)."""
+    h = Host2()
+    for _ in range(4):
+        h.poll()
+    h.host.servers["replica-b"].policy.reloads.append(h.t)
+    t = h.t
+    for dt in (1, 40):  # dead at the next sample, forgotten once silent for AGENT_SILENT_S
+        s = sample(t + dt, {A: (3 * GB, 10 * GB), B: (GB, 10 * GB)}, {101: {A: 2 * GB}})
+        result = step(h.host, dataclasses.replace(s, processes=s.processes + (
+            ProcessSample(202, False, None, {}),)), CFG)
+    assert set(result.poll.views) == {"replica-a"} and result.poll.focus == "replica-a"
+    assert h.host.servers["replica-b"].policy.reloads  # kept for its next start
+
+
 def test_a_pid_heard_before_its_hello_leaves_the_default_server_when_it_names_its_own():
     """Two processes heard before their hellos (a hello lost: the sidecar was restarting) go
     to the default server; once one names its server it is that server's only, so the

@@ -87,14 +87,16 @@ class Host:
         return s
 
     def focus(self) -> Server:
-        """The server nearest to OOM (the one a single-server view shows); before any server
-        is known, an empty one that is not kept (a server exists only with a process)."""
+        """The server nearest to OOM (the one a single-server view shows), among those with a
+        process if any has one (a server that is gone is not the page's subject); before any
+        server is known, an empty one that is not kept (a server exists only with a
+        process)."""
         if not self.servers:
             if self._none is None:  # one, kept: not a new Server each idle poll
                 self._none = Server(DEFAULT_SERVER)
             return self._none
-        return min(self.servers.values(), key=lambda s: (s.forecast.seconds,
-                                                         s.name != DEFAULT_SERVER, s.name))
+        live = [s for s in self.servers.values() if s.pids] or list(self.servers.values())
+        return min(live, key=lambda s: (s.forecast.seconds, s.name != DEFAULT_SERVER, s.name))
 
     def pids(self) -> set[int]:
         return set(self.owner)
@@ -494,8 +496,11 @@ def estimates(server: Server, cfg: Config) -> dict[str, Any]:
 
 def _poll_result(host: Host, cfg: Config) -> PollResult:
     """What fires and what every server shows, after a sample."""
-    views = {name: server_view(s, cfg) for name, s in host.servers.items()}
     focus = host.focus()
+    # a server whose processes are all gone leaves the page (its state and reload history
+    # stay, for its next start)
+    views = {name: server_view(s, cfg) for name, s in host.servers.items()
+             if s.pids or s is focus}
     known = host.servers.get(focus.name) is focus
     unreadable = host.record_unreadable
     return PollResult(
