@@ -203,12 +203,7 @@ def child_main(target: list[str]) -> int:
             except BaseException as err:  # noqa: BLE001 - any failure: no standby, say why
                 _status(status, f"fail preload {mod}: {type(err).__name__}: {err}")
                 return 3
-        torch = sys.modules.get("torch")
-        try:
-            cuda_on = bool(torch is not None and torch.cuda.is_initialized())
-        except Exception:  # noqa: BLE001
-            cuda_on = False
-        if cuda_on:
+        if _cuda_on():
             _status(status, "cuda a preload initialised CUDA")
             return 4
         _status(status, "ready")
@@ -232,6 +227,15 @@ def child_main(target: list[str]) -> int:
         sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
         runpy.run_path(target[0], run_name="__main__")
     return 0
+
+
+def _cuda_on() -> bool:
+    """Whether this process has initialised CUDA (a standby must never hold GPU memory)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _wait_release(fd: int, imports_file: Optional[str], skip: list[str],
@@ -289,12 +293,7 @@ def _preload_recorded(path: str, skip: list[str], status: Optional[int],
             done += 1
         except BaseException:  # noqa: BLE001 - a module that cannot load here: not preloaded
             failed += 1
-        torch = sys.modules.get("torch")
-        try:
-            cuda_on = bool(torch is not None and torch.cuda.is_initialized())
-        except Exception:  # noqa: BLE001
-            cuda_on = False
-        if cuda_on:
+        if _cuda_on():
             _status(status, f"cuda-by {name}")
             return False
     if done or failed:
