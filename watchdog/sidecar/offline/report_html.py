@@ -324,6 +324,11 @@ def _label(key: str) -> str:
 
 
 def _numbers(d: dict, skip: tuple) -> str:
+    """The mapping's numbers in words; the linear trend's OOM only where it is not the OOM
+    already said ("OOM in 57.9 s, linear trend: OOM in 57.9 s")."""
+    if d.get("seconds_to_oom_linear") is not None and \
+            d.get("seconds_to_oom_linear") == d.get("seconds_to_oom"):
+        skip = skip + ("seconds_to_oom_linear",)
     return ", ".join(f"{_label(k)} {human_value(k, v)}" for k, v in d.items()
                      if k not in skip and v is not None and v != [] and v is not False)
 
@@ -341,7 +346,7 @@ def _shapes_html(sh: dict, level: int) -> str:
     head = (f"<{h}>Input shapes</{h}><p>{counted}; sizes along dimension {sh['dimension']} "
             f"(of {sh['rank']}).</p>")
     hist = plot.histogram(dict(sh["counts"]), boundaries=best["boundaries"], unit=sh["basis"],
-                          title=f"{sh['basis']} per size, {best['max_buckets']} suggested "
+                          title=f"{sh['basis']} per size, {len(best['boundaries'])} suggested "
                                 "buckets")
     return head + hist + _advisor_html(sh, best, level)
 
@@ -350,7 +355,7 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
     rows, limit = sh["advisor"], sh.get("recompile_limit")
     known = any(r["memory_saved_bytes"] is not None for r in rows)
     cells = "".join(
-        f"<tr><td class=num>{r['max_buckets']}</td><td>{_e(_list(r['boundaries']))}</td>"
+        f"<tr><td class=num>{len(r['boundaries'])}</td><td>{_e(_list(r['boundaries']))}</td>"
         f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
         f"{r['graphs_before']:,} → {r['graphs_after']:,}</td>"
         + (f"<td class=num>{human_bytes(r['memory_saved_bytes'])}</td>" if known else "")
@@ -371,7 +376,7 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
             "<th>buckets</th><th>boundaries</th><th>padding overhead</th>"
             f"<th>graphs / compiles</th>{saved_head}</tr>{cells}</table>"
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
-            + f"<p>Suggested: {best['max_buckets']} buckets.</p>"
+            + f"<p>Suggested: {len(best['boundaries'])} buckets.</p>"
             f"<pre>{_e(apply_code(best['boundaries'], limit))}</pre>")
 
 
