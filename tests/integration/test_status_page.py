@@ -140,9 +140,9 @@ def test_status_command_against_the_running_sidecar(sidecar):
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert out.startswith(f"sidecar  {url}, last poll ")
-    assert "server   " in out and "(server PSS, else RSS (host-memory mode))" in out
+    assert "server   " in out and "(the server's own memory, PSS (host-memory mode))" in out
     assert (f"graphs   {RECORDINGS} recorded, 0 distinct shapes, 1 compiles, 4 recompiles, "
-            "MB/graph: not enough recordings yet") in out
+            "memory per graph: not enough recordings yet") in out
     assert "recompile_storm: 4 recompiles within 300 s" in out
     assert f"recompile_limit_eager_fallback: recompile limit 8 reached in {FUNCTION}" in out
     # a CPU-only host: NVML is not used there, not "DOWN"

@@ -54,7 +54,7 @@ def test_status_has_every_section_and_is_strict_json():
     assert set(status) == {"t", "age_s", "sidecar", "memory", "graphs", "causes", "forecast",
                            "forecast_summary", "actions", "actions_total", "sources",
                            "source_errors", "events", "history", "servers", "scope",
-                           "padding"}
+                           "padding", "stopped"}
     assert status["age_s"] == 2.0
     assert status["memory"]["source"] == "process" and status["memory"]["level_bytes"] == 5 * GIB
     assert status["memory"]["devices"] == [{"uuid": "GPU-a", "used_bytes": 13 * GIB,
@@ -83,8 +83,8 @@ def test_actions_newest_first_with_a_readable_summary():
 def test_cause_summary_uses_current_numbers_not_those_at_detection():
     cause = build_status(a_view(), T)["causes"][0]
     assert cause["cause"] == "cudagraph_per_shape" and cause["since_t"] == T - 30
-    assert cause["summary"] == ("1,983 CUDA graphs for 1,990 distinct shapes, 0.47 MB each, "
-                                "932 MB so far")
+    assert cause["summary"] == ("1,983 CUDA graphs for 1,990 distinct shapes, 459 KiB each, "
+                                "889 MiB so far")  # kept in MB (0.47), shown in MiB
     assert cause["detail"]["recordings"] == 20  # the finding itself is kept as it was
 
 
@@ -94,7 +94,7 @@ def test_cause_summary_uses_current_numbers_not_those_at_detection():
     ("recompile_limit_eager_fallback", {"source": "agent", "function": "forward", "limit": 8},
      "recompile limit 8 reached in forward (reported by the agent): new shapes run eager"),
     ("memory_growth_unexplained", {"unexplained_mb": 412.3, "growth_mb": 900.0},
-     "412 MB of 900 MB growth explained by no recording or compile"),
+     "393 MiB of 858 MiB growth explained by no recording or compile"),
 ])
 def test_cause_summaries(cause, detail, expected):
     assert cause_summary(cause, detail, {"compile_seconds": 14.6}) == expected
@@ -133,7 +133,7 @@ def test_terminal_summary_lines_are_aligned():
     assert "last poll 1.0 s ago" in lines[0]
     assert "5 GiB (server process GPU memory (NVML)), RSS 3 GiB, up" in text
     assert "GPU-a: 13 GiB used of 80 GiB" in text
-    assert "1,983 recorded, 1,990 distinct shapes, 1 compiles, 2 recompiles, 0.47 MB/graph" in text
+    assert "1,983 recorded, 1,990 distinct shapes, 1 compiles, 2 recompiles, 459 KiB/graph" in text
     assert "causes   cudagraph_per_shape: 1,983 CUDA graphs" in text
     assert ("forecast OOM in ~40 min (discovery model); plateau 90 GiB, above the budget: it "
             "will run out; budget 79 GiB") in text

@@ -278,6 +278,24 @@ def test_a_server_whose_processes_are_gone_leaves_the_page():
     assert h.host.servers["replica-b"].policy.reloads  # kept for its next start
 
 
+def test_once_every_server_is_gone_the_views_wait_and_name_them():
+    """The last server stopped: the page plotted its last memory flat and forecast against
+    it. It leaves the views, which name it as stopped (the page's waiting state)."""
+    h = Host2()
+    for _ in range(4):
+        h.poll()
+    t = h.t
+    dead = (ProcessSample(101, False, None, {}), ProcessSample(202, False, None, {}))
+    for dt in (1, 40):  # both dead at the next sample, forgotten once silent
+        s = sample(t + dt, {A: (GB, 10 * GB), B: (GB, 10 * GB)}, {})
+        result = step(h.host, dataclasses.replace(s, processes=dead), CFG)
+    poll = result.poll
+    assert poll.views == {} and poll.focus is None
+    assert poll.stopped == ("replica-a", "replica-b")
+    assert poll.focus_view["estimates"]["memory_bytes"] is None
+    assert set(h.host.servers) == {"replica-a", "replica-b"}  # kept for their next start
+
+
 def test_a_pid_heard_before_its_hello_leaves_the_default_server_when_it_names_its_own():
     """Two processes heard before their hellos (a hello lost: the sidecar was restarting) go
     to the default server; once one names its server it is that server's only, so the

@@ -52,7 +52,7 @@ class Sample:
     nvml_up: bool = True
     nvml_error: Optional[str] = None
     query_s: Optional[float] = None  # how long the NVML queries took (FACTS #11: p99 ~100 ms)
-    # host memory, for host-memory mode (no GPU: the server's RSS against the machine's RAM)
+    # host memory, for host-memory mode (no GPU: the server's PSS against its cgroup's limit)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None
     # configured servers (a systemd unit, a pidfile): name -> the pids that belong to it

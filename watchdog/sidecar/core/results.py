@@ -119,6 +119,9 @@ class PollResult:
     agents_alive: bool            # a process that sent events is alive
     skewed_events: int            # event times moved onto the sidecar's clock, so far
     agent_events_lost: int        # events the agents said they dropped, so far
+    # the servers known while none has a process left: they left the views (the page waits
+    # for a server again and names them); their state and reload history stay
+    stopped: tuple[str, ...] = ()
 
 
 @dataclass

@@ -92,11 +92,16 @@ class Host:
         server is known, an empty one that is not kept (a server exists only with a
         process)."""
         if not self.servers:
-            if self._none is None:  # one, kept: not a new Server each idle poll
-                self._none = Server(DEFAULT_SERVER)
-            return self._none
+            return self.nobody()
         live = [s for s in self.servers.values() if s.pids] or list(self.servers.values())
         return min(live, key=lambda s: (s.forecast.seconds, s.name != DEFAULT_SERVER, s.name))
+
+    def nobody(self) -> Server:
+        """An empty server, not kept among the servers: the views' subject while there is no
+        server (one, kept: not a new Server each idle poll)."""
+        if self._none is None:
+            self._none = Server(DEFAULT_SERVER)
+        return self._none
 
     def pids(self) -> set[int]:
         return set(self.owner)
@@ -498,9 +503,11 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
     """What fires and what every server shows, after a sample."""
     focus = host.focus()
     # a server whose processes are all gone leaves the page (its state and reload history
-    # stay, for its next start)
-    views = {name: server_view(s, cfg) for name, s in host.servers.items()
-             if s.pids or s is focus}
+    # stay, for its next start); once every one has, the page waits for a server again
+    stopped: tuple[str, ...] = ()
+    if host.servers and not focus.pids:
+        stopped, focus = tuple(sorted(host.servers)), host.nobody()
+    views = {name: server_view(s, cfg) for name, s in host.servers.items() if s.pids}
     known = host.servers.get(focus.name) is focus
     unreadable = host.record_unreadable
     return PollResult(
@@ -510,7 +517,8 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
         focus_view=views[focus.name] if known else server_view(focus, cfg),
         focus_causes=[f.as_dict() for f in focus.state.active.values()],
         agents_alive=host.agents_alive(), skewed_events=host.skewed_events,
-        agent_events_lost=sum(s.state.agent_dropped for s in host.servers.values()))
+        agent_events_lost=sum(s.state.agent_dropped for s in host.servers.values()),
+        stopped=stopped)
 
 
 def server_view(server: Server, cfg: Config) -> ServerView:

@@ -161,8 +161,9 @@ def _summary_html(s: dict) -> str:
         ("requests", f"{s['requests']:,}"), ("distinct shapes", f"{s['distinct_shapes']:,}"),
         ("stalls", f"{s['stalls']:,} ({human_duration(s['stall_seconds'])})"),
         ("out-of-memory events", s["ooms"]),
-        ("MB per graph", "— (not measured: too few recordings)" if s["mb_per_graph"] is None
-         else f"{s['mb_per_graph']:.3f} MB (confidence {s['mb_per_graph_confidence']:.2f})"),
+        ("memory per graph", "— (not measured: too few recordings)" if s["mb_per_graph"] is None
+         else f"{human_bytes(s['mb_per_graph'] * 1e6)} (confidence "
+              f"{s['mb_per_graph_confidence']:.2f})"),
     ]
     if procs > 1:
         cells.append(("server processes", f"{procs} (counts cover all of them)"))
@@ -302,7 +303,7 @@ def human_value(key: str, value: Any) -> str:
     if key.startswith("seconds_") or key.endswith(("_seconds", "_s")):
         return human_duration(value)
     if key.endswith("_mb") or key == "mb_so_far":
-        return f"{value:,.1f} MB"
+        return human_bytes(value * 1e6)
     if isinstance(value, float):
         return f"{value:.3g}"
     return f"{value:,}"
@@ -311,7 +312,7 @@ def human_value(key: str, value: Any) -> str:
 LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_linear": "linear trend: OOM in",
           "seconds_to_oom_discovery": "discovery model: OOM in",
           "seconds_to_oom_unexplained": "unexplained growth: OOM in", "decided_t": "decided at",
-          "reached_at": "reached at", "mb_per_graph": "MB per graph", "dry_run": "dry run"}
+          "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run"}
 
 
 def _label(key: str) -> str:
@@ -363,10 +364,11 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
     saved_head = "<th>memory saved</th>" if known else ""
     notes = []
     if known:
-        notes.append(f"Memory saved: graphs saved × {sh['mb_per_graph']:.3f} MB per graph, as "
-                     "measured in this run.")
+        notes.append(f"Memory saved: graphs saved × {human_bytes(sh['mb_per_graph'] * 1e6)} "
+                     "per graph, as measured in this run.")
     else:
-        notes.append("Memory saved: not known (no MB per CUDA graph was measured in this run).")
+        notes.append("Memory saved: not known (no memory per CUDA graph was measured in this "
+                     "run).")
     if limit is not None:
         notes.append(f"The server compiles per size (dynamic=False) and hit its recompile limit "
                      f"of {limit}: no more than {limit} buckets, or the sizes past the limit "

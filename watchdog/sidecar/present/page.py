@@ -12,8 +12,8 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.present import plot
 from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
-                                     fmt_duration, host_memory_mode, over_budget, scope_text,
-                                     waiting, waiting_lines)
+                                     fmt_duration, fmt_mb, host_memory_mode, over_budget,
+                                     scope_text, waiting, waiting_lines)
 
 REFRESH_S = 5
 OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
@@ -120,8 +120,8 @@ def _graphs(status: dict[str, Any]) -> str:
             ("recompile-limit hits", g.get("recompile_limit_hits", 0)),
             ("compile time", fmt_duration(g.get("compile_seconds") or 0.0)),
             ("stalls", f"{g.get('stalls', 0)} ({fmt_duration(g.get('stall_seconds') or 0.0)})"),
-            ("MB per graph", "not enough recordings yet" if mb is None else
-             f"{mb:.3f} MB (confidence {g.get('mb_per_graph_confidence') or 0:.2f})")]
+            ("memory per graph", "not enough recordings yet" if mb is None else
+             f"{fmt_mb(mb)} (confidence {g.get('mb_per_graph_confidence') or 0:.2f})")]
     if g.get("fx_cache_hits") or g.get("fx_cache_misses"):
         rows.append(("FX cache hits / misses", f"{g['fx_cache_hits']} / {g['fx_cache_misses']}"))
     body = _table((k, _e(v)) for k, v in rows)
@@ -230,8 +230,9 @@ def _sources(status: dict[str, Any]) -> str:
     ev = status.get("events") or {}
     host_mode = host_memory_mode(status)
     rows = [(name, '<span class="ok">up</span>' if up else
-             '<span class="none">not used: no GPU here (host-memory mode: the server\'s RSS '
-             "against the machine's RAM)</span>" if name == "nvml" and host_mode else
+             '<span class="none">not used: no GPU here (host-memory mode: the server\'s own '
+             "memory, PSS, against its cgroup's limit or what the machine has)</span>"
+             if name == "nvml" and host_mode else
              '<span class="none">no server yet</span>' if name in ("agent", "process")
              and waiting(status) else
              '<span class="bad">down</span>')

@@ -64,7 +64,7 @@ class Publisher:
             server_alive=any_alive if sample.processes else None,
             estimates={**focus["estimates"], **focus["forecast"]}, forecast=focus["forecast"],
             active_causes=focus["active_causes"], actions_total=self._actions_kept,
-            servers=poll.views, focus=poll.focus,
+            servers=poll.views, focus=poll.focus, stopped=poll.stopped,
             sources_up={"nvml": sample.nvml_up, "process": any_alive,
                         "agent": poll.agents_alive},
             nvml_error=None if sample.nvml_up else sample.nvml_error,

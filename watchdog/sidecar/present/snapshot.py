@@ -25,6 +25,7 @@ class Snapshot:
     # fields above are the server nearest to OOM (the status page's focus)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     focus: Optional[str] = None                    # the server the fields above are about
+    stopped: tuple[str, ...] = ()                  # servers gone while none is left (PollResult)
     actions_total: dict[str, int] = field(default_factory=dict)   # by action ("alert", …)
     sources_up: dict[str, bool] = field(default_factory=dict)     # "nvml", "process", "agent"
     nvml_error: Optional[str] = None               # why NVML is down (no driver: no GPU here)

@@ -1,8 +1,8 @@
 """The sidecar's status as one JSON-able dict (served as /status.json, drawn by page.py), and
 its terminal summary (`torch-watchdog status`). Pure: built from a published `StatusView`.
 
-Memory is shown in binary units (MiB, GiB, like the chart and nvidia-smi); MB per graph stays
-the decimal MB the estimate is defined in.
+Memory is shown in binary units (MiB, GiB, like the chart and nvidia-smi), the memory per CUDA
+graph too (the estimate is kept in decimal MB, `mb_per_graph`, as its metric is named).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_disc
                  "unexplained_bytes_per_s", "driver", "gpu_uuid")
 SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
                 "device": "device used memory (NVML)",
-                "rss": "server PSS, else RSS (host-memory mode)"}
+                "rss": "the server's own memory, PSS (host-memory mode)"}
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -33,6 +33,11 @@ def fmt_bytes(n: Optional[float]) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g} {name}" if abs(n) / div < 1000 else f"{n / div:,.0f} {name}"
     return f"{n:.0f} B"
+
+
+def fmt_mb(mb: Optional[float]) -> str:
+    """A size the core keeps in decimal MB (per graph, the causes' details), as shown: MiB."""
+    return fmt_bytes(None if mb is None else mb * 1e6)
 
 
 def fmt_duration(s: Optional[float]) -> str:
@@ -69,7 +74,7 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
         rec, mb = graphs.get("recordings") or detail.get("recordings", 0), \
             graphs.get("mb_per_graph") or detail.get("mb_per_graph")
         text = f"{rec:,} CUDA graphs for {graphs.get('distinct_shapes', 0):,} distinct shapes"
-        return text + (f", {mb:.2f} MB each, {mb * rec:,.0f} MB so far" if mb else "")
+        return text + (f", {fmt_mb(mb)} each, {fmt_mb(mb * rec)} so far" if mb else "")
     if cause == "recompile_storm":
         return (f"{detail.get('recompiles_in_window', '?')} recompiles within "
                 f"{detail.get('window_s', 0):.0f} s, {graphs.get('compile_seconds', 0):.0f} s "
@@ -80,8 +85,9 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
         return f"recompile limit {detail.get('limit', '?')} reached{where} ({how}): " \
                "new shapes run eager"
     if cause == "memory_growth_unexplained":
-        return (f"{detail.get('unexplained_mb', 0):,.0f} MB of {detail.get('growth_mb', 0):,.0f}"
-                " MB growth explained by no recording or compile")
+        return (f"{fmt_mb(detail.get('unexplained_mb', 0))} of "
+                f"{fmt_mb(detail.get('growth_mb', 0))} growth explained by no recording or "
+                "compile")
     return ", ".join(f"{k}={v}" for k, v in list(detail.items())[:4])
 
 
@@ -174,7 +180,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
         return {"t": None, "age_s": None, "sidecar": {}, "memory": {"source": None,
                 "level_bytes": None, "devices": [], "server": {}}, "graphs": {}, "causes": [],
                 "forecast": {}, "forecast_summary": "no poll yet", "actions": [], "servers": [],
-                "padding": [],
+                "padding": [], "stopped": [],
                 "actions_total": {}, "sources": {}, "events": {},
                 "history": {"points": [], "marks": [], "marks_total": {}}}
     s = view.snapshot
@@ -210,6 +216,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                      "recordings": v.get("estimates", {}).get("recordings"),
                      "memory_bytes": v.get("estimates", {}).get("memory_bytes")}
                     for name, v in sorted(s.servers.items())],
+        "stopped": list(s.stopped),
         "actions_total": dict(s.actions_total), "sources": dict(s.sources_up),
         "source_errors": {"nvml": s.nvml_error} if s.nvml_error else {},
         "events": {"received_total": s.events_received_total,
@@ -251,7 +258,8 @@ def attribution_note(source: Optional[str], setting: Optional[str]) -> Optional[
 
 
 def host_memory_mode(status: dict[str, Any]) -> bool:
-    """No GPU here: the server's RSS against the machine's RAM (NVML down is expected)."""
+    """No GPU here: the server's own memory against its cgroup's limit or the machine's
+    (NVML down is expected)."""
     mem = status.get("memory") or {}
     return (mem.get("source") == "rss" and not mem.get("devices")) or no_gpu(status)
 
@@ -268,8 +276,11 @@ def no_gpu(status: dict[str, Any]) -> bool:
 
 
 def waiting(status: dict[str, Any]) -> bool:
-    """Polling, but no server yet: no agent said hello and no configured server was found."""
+    """Polling, but no server: none yet (no agent said hello and no configured server was
+    found), or every one known has stopped."""
     graphs = status.get("graphs") or {}
+    if status.get("t") is not None and status.get("stopped") and not status.get("servers"):
+        return True
     return status.get("t") is not None and not status.get("servers") and \
         not (status.get("scope") or {}).get("pids") and \
         ((status.get("memory") or {}).get("server") or {}).get("alive") is None and \
@@ -280,8 +291,14 @@ def waiting(status: dict[str, Any]) -> bool:
 def waiting_lines(status: dict[str, Any]) -> list[str]:
     """What the sidecar waits for, and how to connect a server (the page's and `status`'s)."""
     sock = (status.get("sidecar") or {}).get("socket") or "the sidecar's agent.socket_path"
-    return [f"no server yet: no agent has said hello on {sock}, and no configured server "
-            "(server.unit, server.pidfile, servers) was found.",
+    stopped = status.get("stopped") or []
+    head = (f"no server now: {', '.join(stopped)} stopped (no process of "
+            f"{'it' if len(stopped) == 1 else 'them'} is left); the sidecar waits for "
+            f"{'it' if len(stopped) == 1 else 'one'} to start again, or for another. What it did "
+            "until then: `torch-watchdog report` over the sample log." if stopped else
+            f"no server yet: no agent has said hello on {sock}, and no configured server "
+            "(server.unit, server.pidfile, servers) was found.")
+    return [head,
             f"Connect one: start the server with TORCH_WATCHDOG_SOCKET={sock} in its "
             "environment and `import torch_watchdog.agent.auto` as its first import "
             "(docs/agent.md, \"Run it, step by step\")."]
@@ -340,8 +357,8 @@ def scope_text(scope: dict[str, Any]) -> str:
 
 def _graph_line(g: dict[str, Any]) -> str:
     mb = g.get("mb_per_graph")
-    per = f", {mb:.2f} MB/graph (confidence {g.get('mb_per_graph_confidence') or 0:.2f})" \
-        if mb is not None else ", MB/graph: not enough recordings yet"
+    per = f", {fmt_mb(mb)}/graph (confidence {g.get('mb_per_graph_confidence') or 0:.2f})" \
+        if mb is not None else ", memory per graph: not enough recordings yet"
     return (f"graphs   {g.get('recordings', 0):,} recorded, {g.get('distinct_shapes', 0):,} "
             f"distinct shapes, {g.get('compiles', 0)} compiles, {g.get('recompiles', 0)} "
             f"recompiles{per}")
