@@ -8,6 +8,8 @@ naming it, no traceback), 141 stdout closed early (`| head`: quiet, as SIGPIPE),
     torch-watchdog report FILE... -o report.html [--config FILE] [--json]   HTML post-mortem
     torch-watchdog check-config FILE                  exit 0, or 2 listing every problem
     torch-watchdog sidecar [--config FILE]            the daemon (run it under systemd)
+    torch-watchdog sidecar --dev [DIR]                the daemon in DIR, no root; prints the
+                                                      server's environment (DIR/env)
     torch-watchdog status [--url URL] [--config FILE] [--json]   ask a running sidecar
     torch-watchdog demo [--short] [--workdir DIR] [--keep] [--port N]  the whole thing
 """
@@ -26,6 +28,7 @@ from typing import Any, Optional, TextIO
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import InputError, problem, read_lines
 from torch_watchdog.sidecar.config import AgentSocketConfig
+from torch_watchdog.sidecar.dev import DEFAULT_DIR as DEV_DIR
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
 
@@ -133,11 +136,11 @@ def check_config(path: str, out: TextIO) -> int:
     return 0
 
 
-def run_sidecar(config_path: Optional[str]) -> int:
+def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> int:
     """Exit codes: 0 stopped by a signal, 1 could not start (socket, port), 2 bad config."""
     import structlog
 
-    from torch_watchdog.sidecar import config
+    from torch_watchdog.sidecar import config, dev
     from torch_watchdog.sidecar.daemon import Daemon
 
     structlog.configure(processors=[structlog.processors.add_log_level,
@@ -145,8 +148,18 @@ def run_sidecar(config_path: Optional[str]) -> int:
                                     structlog.processors.JSONRenderer()],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger("torch-watchdog")
+    setup = None
+    if dev_dir is not None:
+        try:
+            setup = dev.prepare(dev_dir)
+        except OSError as e:
+            print(f"torch-watchdog sidecar: --dev {dev_dir}: {e}", file=sys.stderr)
+            return 2
+        config_path = setup.config_path
     cfg, problems = config.check(config_path) if config_path else (
         config.Config(), config.host_problems(config.Config()))
+    if setup is not None and not problems:
+        problems = [p for p in [dev.socket_problem(cfg.agent.socket_path)] if p]
     if problems:
         log.error("bad config", path=config_path, problems=problems)
         return 2
@@ -158,6 +171,12 @@ def run_sidecar(config_path: Optional[str]) -> int:
                   metrics_port=cfg.metrics_port)
         daemon.halt()
         return 1
+    if setup is not None:
+        # once the socket is bound and the port taken: what it prints is then true
+        from torch_watchdog.sidecar.present.web import local_url
+        lines = dev.write_env(setup, cfg.agent.socket_path)
+        print(dev.banner(setup, lines, local_url(cfg.metrics_address, cfg.metrics_port)),
+              flush=True)
     return daemon.run()
 
 
@@ -292,6 +311,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     cp.add_argument("file")
     sp = sub.add_parser("sidecar", help="run the daemon")
     sp.add_argument("--config", help="YAML config (config/watchdog.yaml documents every key)")
+    sp.add_argument("--dev", nargs="?", const=DEV_DIR, metavar="DIR",
+                    help="no root: state, socket and sample log in DIR (default "
+                    "./.torch-watchdog, its watchdog.yaml written the first time); prints the "
+                    "server's environment and saves it in DIR/env")
     stp = sub.add_parser("status", help="summarise a running sidecar (its /status.json)")
     stp.add_argument("--url", help="the sidecar's HTTP address, e.g. http://127.0.0.1:9464 "
                      "(default: metrics_address and metrics_port of --config, or defaults)")
@@ -343,7 +366,11 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "check-config":
             return check_config(args.file, sys.stdout)
         if args.command == "sidecar":
-            return run_sidecar(args.config)
+            if args.dev is not None and args.config:
+                print("torch-watchdog sidecar: --dev uses DIR/watchdog.yaml; give --dev or "
+                      "--config, not both", file=sys.stderr)
+                return 2
+            return run_sidecar(args.config, args.dev)
         if args.command == "status":
             return run_status(args.url, args.config, args.json, sys.stdout)
         if args.command == "demo":

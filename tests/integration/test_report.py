@@ -409,3 +409,27 @@ def test_a_chart_without_breaks_is_one_line_and_breaks_cut_it():
     cut = with_class(ET.fromstring(plot.memory_chart(points, breaks=[3.5, 7.0, 100.0])),
                      "memory-line")
     assert [len(line.get("points").split()) for line in cut] == [4, 3, 3]
+
+
+def test_a_server_has_its_own_span():
+    """The sidecar watched 100 s; the server lived from +20 s to +80 s, growing 2 GiB in its
+    first 20 s then flat. The report gave the server the whole log's span ("trace span")."""
+    from torch_watchdog import events as ev
+    from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
+    t0, gib = 1.8e9, 2 ** 30
+    obs: list = [Sample(t=t0 + i, host_total_bytes=8 * gib, host_available_bytes=4 * gib)
+                 for i in range(20)]
+    obs.append(ev.Hello(t=t0 + 20, pid=7, torch="2.13", agent="x", devices=[], config={},
+                        capabilities={}, watched=["m"], argv=""))
+    obs.append(ev.Compile(t=t0 + 21, pid=7, compile_id="0/0", function="forward", seconds=1.0))
+    for i in range(20, 100):
+        alive = i < 80
+        rss = int(min(i - 20, 20) / 20 * 2 * gib + gib)
+        obs.append(Sample(t=t0 + i, processes=(ProcessSample(7, alive, rss if alive else None),),
+                          host_total_bytes=8 * gib, host_available_bytes=6 * gib - rss))
+    rep = report.build_report(obs, Config())
+    s = rep["summary"]
+    assert s["span_s"] == pytest.approx(59, abs=1.5) and s["seen_from_s"] == pytest.approx(20)
+    assert rep["input"]["span_s"] == pytest.approx(99)
+    page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
+    assert "server seen for 59 s (from +20 s)" in page and "over 1.65 min" in page

@@ -25,7 +25,7 @@ from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.present.history import Thinned, higher
 from torch_watchdog.sidecar.present.plot import human_duration
 from torch_watchdog.sidecar.present.status import padding_rows
-from torch_watchdog.sidecar.core import step
+from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar.core.forecast import FOREVER
 from torch_watchdog.sidecar.core.results import ActionKind
 from torch_watchdog.sidecar.core.step import Host
@@ -128,6 +128,7 @@ class _ServerLog:
         self.new_shapes: Counter = Counter()   # shape -> 1 (agent's new_shape events)
         self.graph_sizes: Counter = Counter()  # CUDA-graph shape or key -> 1 (warm-ups)
         self.nearest: Optional[tuple[float, dict]] = None  # (t, forecast) nearest to OOM
+        self.seen: Optional[tuple[float, float]] = None    # first and last it was alive
         self.pids: set = set()
         self.gpus: set = set()
         self.agent_limit = False
@@ -142,7 +143,12 @@ class _ServerLog:
         self.pids |= set(s.pids)
         self.gpus |= set(s.state.gpus or s.gpus)
 
-    def sample(self, t: float) -> None:
+    def saw(self, t: float) -> None:
+        """A sample with a live process of the server's, or an event of its, at `t` seconds
+        from the start of its time base."""
+        self.seen = (self.seen or (t, t))[0], t
+
+    def sample(self, t: float, config: Config) -> None:
         s = self.server
         state, fc = s.state, s.forecast
         if state.mem_source is None or state.mem_bytes is None or not s.pids:
@@ -160,8 +166,12 @@ class _ServerLog:
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
             other = 0 if fc.level_bytes is None else fc.level_bytes - state.mem_bytes
             self.budget.setdefault(state.mem_source, _Steps()).add(t, fc.budget_bytes - other)
+        # the nearest forecast the policy would have acted on: during a process's warm-up
+        # only one due by its end plus the lead (a fresh process's start-up is not growth)
         if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
-                "seconds_to_oom"]):
+                "seconds_to_oom"]) and (not policy.warming_up(state, config.policy)
+                                        or fc.seconds <= policy.reload_lead(state,
+                                                                            config.policy)):
             self.nearest = (t, fc.as_dict())
 
 
@@ -198,17 +208,21 @@ class _Collector:
             log = self.logs[id(server)] = _ServerLog(server)
         return log
 
-    def observe(self, host: Host, obs: Any, decided: list) -> None:
+    def observe(self, host: Host, obs: Any, decided: list, config: Config) -> None:
         for server in host.servers.values():
             self.log(server).track(obs.t)
         if isinstance(obs, Sample):
             for server in host.servers.values():
-                self.log(server).sample(obs.t)
+                log = self.log(server)
+                log.sample(obs.t, config)
+                if any(host.alive.get(pid) for pid in server.pids):
+                    log.saw(self.rel(obs.t))
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
             server = host.servers.get(step.owner_of(host, obs))
             if server is not None:
                 self._event(self.log(server), obs)
+                self.log(server).saw(self.rel(obs.t))
         for a in decided:
             if a.kind is ActionKind.RELOAD and a.server in host.servers:
                 self.log(host.servers[a.server]).marks.append((a.t, "reload"))
@@ -241,7 +255,7 @@ def _run(col: _Collector, observations: Iterable[Any], config: Config,
             continue
         decided = step.step(host, obs, config).actions
         actions.extend(decided)
-        col.observe(host, obs, decided)
+        col.observe(host, obs, decided, config)
     return host, actions, n, config
 
 
@@ -271,7 +285,7 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     servers.sort(key=lambda s: s["name"])
     focus = min(servers, key=_nearness)
     return {
-        "input": {"files": list(files), "observations": n,
+        "input": {"files": list(files), "observations": n, "span_s": round(col.span, 3),
                   "mixed_time_bases": len(col.spans) > 1},
         "summary": focus["summary"], "chart": focus["chart"], "shapes": focus["shapes"],
         "causes": causes, "actions": acts, "estimates": focus["estimates"],
@@ -318,7 +332,10 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
     total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
     counted = shapes["basis"] in ("requests", "distinct shapes") and shapes["distinct"]
     summary = {
-        "span_s": round(col.span, 3),
+        # the server's own span (from its first to its last sample with a process of its
+        # own), not the whole log's: a sample log holds the sidecar's time before and after
+        "span_s": round(log.seen[1] - log.seen[0], 3) if log.seen else 0.0,
+        "seen_from_s": log.seen[0] if log.seen else None,
         "memory_start_bytes": series.first if series else None,
         "memory_peak_bytes": series.peak if series else None,
         # the charted meter's last point (the last state may have switched meters)
@@ -529,10 +546,9 @@ def main(paths: list[str], out: str, cfg: Config, as_json: bool, stdout: TextIO,
     if as_json:
         json.dump(numbers(report), stdout, indent=1)
         stdout.write("\n")
-    s = report["summary"]
     servers = len(report["servers"])
     print(f"wrote {out} in {time.perf_counter() - started:.1f} s: "
-          f"{human_duration(s['span_s'])}"
+          f"{human_duration(report['input']['span_s'])}"
           + (f", {servers} servers" if servers > 1 else "") + ", "
           f"{sum(x['summary']['recordings'] for x in report['servers'])} recordings, "
           f"{len(report['causes'])} cause(s), {len(report['actions'])} action(s)",

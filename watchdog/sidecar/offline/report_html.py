@@ -31,7 +31,8 @@ def render_html(report: dict) -> str:
     servers = report.get("servers") or []
     inp = report["input"]
     body = [f"<h1>torch-watchdog report</h1><p class=note>{_e(', '.join(inp['files']))}"
-            f" — {inp['observations']:,} observations, "
+            f" — {inp['observations']:,} observations"
+            + (f" over {human_duration(inp['span_s'])}" if inp.get("span_s") else "") + ", "
             f"{inp.get('bad_lines', 0)} unreadable line(s)"
             f"{_e(f', {len(servers)} servers') if len(servers) > 1 else ''}</p>"]
     if len(servers) > 1:
@@ -152,7 +153,8 @@ def _e(value: Any) -> str:
 def _summary_html(s: dict) -> str:
     procs = s.get("processes", 1)
     cells = [
-        ("trace span", human_duration(s["span_s"])),
+        ("server seen for", human_duration(s["span_s"])
+         + (f" (from +{human_duration(s['seen_from_s'])})" if s.get("seen_from_s") else "")),
         ("memory start → peak → end", f"{human_bytes(s['memory_start_bytes'])} → "
                                       f"{human_bytes(s['memory_peak_bytes'])} → "
                                       f"{human_bytes(s['memory_end_bytes'])}"),

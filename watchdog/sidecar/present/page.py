@@ -233,7 +233,8 @@ def _sources(status: dict[str, Any]) -> str:
              '<span class="none">not used: no GPU here (host-memory mode: the server\'s own '
              "memory, PSS, against its cgroup's limit or what the machine has)</span>"
              if name == "nvml" and host_mode else
-             '<span class="none">no server yet</span>' if name in ("agent", "process")
+             f'<span class="none">no server {"now" if status.get("stopped") else "yet"}</span>'
+             if name in ("agent", "process")
              and waiting(status) else
              '<span class="bad">down</span>')
             for name, up in sorted(sources.items())]

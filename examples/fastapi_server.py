@@ -1,0 +1,44 @@
+"""The README's example server: docs/agent.md's FastAPI app ("In a FastAPI server").
+
+    . .torch-watchdog/env     # the environment `torch-watchdog sidecar --dev` printed
+    .venv/bin/uvicorn examples.fastapi_server:app --port 8000 --workers 2
+
+It runs as is on a CPU (a tiny stand-in model; `backend="eager"` keeps the compile short).
+"""
+import torch_watchdog.agent.auto          # first, before the model is compiled
+import torch
+from fastapi import FastAPI, Response
+import torch_watchdog.agent
+
+app = FastAPI()
+# yours; on a GPU: .cuda() and torch.compile(model, mode="reduce-overhead")
+model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64)).eval()
+llm = torch_watchdog.agent.watch(torch.compile(model, backend="eager"), name="llm")
+
+
+def tokenize(text: str) -> torch.Tensor:  # yours: a (1, seq_len) tensor of token ids
+    return torch.tensor([[ord(c) % 64 for c in text]])
+
+
+# Warm up before the worker accepts requests (uvicorn and gunicorn import the app first):
+# compile the sizes you serve now, not in a user's request. A rolling reload stops the next
+# old worker only once this one answered a watched call, so a cold worker never holds traffic.
+with torch.inference_mode():
+    for n in (1, 16):
+        llm(torch.zeros(1, n, dtype=torch.long))
+
+
+@app.exception_handler(torch_watchdog.agent.Draining)  # a call begun once a drain began
+async def draining(request, exc):
+    return Response(status_code=503, headers={"Retry-After": "1"})  # retried elsewhere
+
+
+@app.post("/generate")
+async def generate(req: dict):
+    with torch.inference_mode():
+        return {"tokens": llm(tokenize(req["text"])).argmax(-1).tolist()}
+
+
+@app.get("/healthz")                      # readiness: 503 once a drain began
+async def healthz():
+    return Response(status_code=200 if torch_watchdog.agent.ready() else 503)
