@@ -1,0 +1,40 @@
+"""`torch-watchdog sidecar --dev`: its directory, its config kept from run to run, the env file."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+from torch_watchdog.sidecar import config, dev
+
+
+def test_the_dev_directory_is_private_and_its_config_valid_and_kept(tmp_path):
+    root = tmp_path / "twd"
+    setup = dev.prepare(str(root))
+    assert setup.created and stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    cfg, problems = config.check(setup.config_path)
+    assert not problems
+    assert cfg.state_dir == f"{root}/state" and cfg.agent.socket_path == f"{root}/run/events.sock"
+    with open(setup.config_path, "a") as f:
+        f.write("poll_interval_s: 0.5\n")  # the user's edit
+    again = dev.prepare(str(root))
+    assert not again.created and config.check(again.config_path)[0].poll_interval_s == 0.5
+    lines = dev.write_env(again, cfg.agent.socket_path)
+    env = subprocess.run(["bash", "-c", f". {again.env_path} && env"], capture_output=True,
+                         text=True).stdout
+    assert f"TORCH_WATCHDOG_SOCKET={root}/run/events.sock" in env.splitlines()
+    assert len(lines) == 3 and all(line.startswith("export TORCH_WATCHDOG_") for line in lines)
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_with_what_to_do():
+    assert dev.socket_problem("/tmp/" + "x" * 120 + "/run/events.sock").endswith(
+        "give --dev a shorter directory (e.g. --dev /tmp/twd)")
+    assert dev.socket_problem("/tmp/twd/run/events.sock") is None
+
+
+def test_dev_and_config_together_are_refused(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--dev",
+                           str(tmp_path), "--config", str(tmp_path / "x.yaml")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "give --dev or --config, not both" in done.stderr
