@@ -45,13 +45,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def launch(tmp: str, *opts: str) -> tuple[subprocess.Popen, str, str]:
+def launch(tmp: str, *opts: str, server_args: tuple = ()) -> tuple[subprocess.Popen, str, str]:
     prog, err = os.path.join(tmp, "progress"), os.path.join(tmp, "launcher.err")
     # HERE: where the fault case's preload module lives
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([with_root(), HERE]))
     cmd = [sys.executable, "-m", "torch_watchdog.cli", "run", *opts, "--",
            "python", SERVER, "--socket", os.path.join(tmp, "ev.sock"), "--progress", prog,
-           "--event-log", os.path.join(tmp, "events.jsonl"), "--call-s", "0.05"]
+           "--event-log", os.path.join(tmp, "events.jsonl"), "--call-s", "0.05", *server_args]
     with open(err, "w") as fh:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=fh, stdout=subprocess.DEVNULL)
     return p, prog, err
@@ -145,3 +145,64 @@ def test_a_preload_that_fails_falls_back_to_plain_starts(short_tmp):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_after_the_sidecar_drains_a_launched_server_it_sees_one_server_and_stays_in_cooldown(
+        short_tmp):
+    """The real sidecar (`reload.method: agent`) drains a growing server run by the launcher;
+    the released standby serves next. Once in two runs here a server named `default` took
+    over the released standby's pid ~10 s later and its own policy decided a second drain,
+    outside the real server's 600 s cooldown. Now: one server, `drain-test`, before and after
+    (its new pid among its own), one reload decided, and the next generation's growth meets
+    the cooldown (no second reload) for the 25 s watched."""
+    import urllib.request
+
+    from tests.conftest import free_port
+    port = free_port()
+    sock = os.path.join(short_tmp, "ev.sock")
+    cfg = os.path.join(short_tmp, "w.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(f"""metrics_port: {port}
+state_dir: {short_tmp}/state
+agent: {{socket_path: {sock}}}
+forecast: {{process_budget_bytes: 600000000, window_s: 3}}
+policy: {{reload_lead_s: 8, alert_lead_s: 30, hold_polls: 3, warmup_s: 1}}
+reload: {{method: agent, grace_s: 10, hello_timeout_s: 60}}
+""")
+    env = dict(os.environ, PYTHONPATH=with_root())
+    with open(os.path.join(short_tmp, "sidecar.err"), "w") as side_err:
+        sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
+                                    "--config", cfg], cwd=ROOT, env=env, stderr=side_err)
+    launcher = None
+
+    def status() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=5) as r:
+            return json.load(r)
+
+    try:
+        assert wait_for(lambda: os.path.exists(sock), 30), "the sidecar never bound its socket"
+        # the server grows once it answers (20 MiB/s): the forecast meets the budget soon
+        launcher, prog, err = launch(short_tmp, server_args=("--grow-mib-per-s", "20"))
+        assert wait_for(lambda: len(of(prog, "ready")) >= 2, 120), open(err).read()[-3000:]
+        second = of(prog, "script")[1]
+        assert second["preloaded"] is True  # the released standby
+        names: set = set()
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            names |= {s["server"] for s in status()["servers"]}
+            time.sleep(0.5)
+        final = status()
+        assert names == {"drain-test"}, names
+        assert second["pid"] in final["servers"][0]["pids"]
+        decided = [a for a in final["actions"] if a["action"] == "reload"]
+        outcomes = [a["action"] for a in final["actions"] if a["action"].startswith("reload_")]
+        assert len(decided) == 1 and outcomes == ["reload_ok"], final["actions"]
+        # newest first: the next generation's growth was forecast too, and alerted only
+        since = final["actions"][:[a["action"] for a in final["actions"]].index("reload_ok")]
+        assert any(a["action"] == "alert" for a in since), final["actions"]
+    finally:
+        if launcher is not None:
+            stop(launcher)
+        sidecar.send_signal(signal.SIGTERM)
+        sidecar.wait(30)
+
