@@ -7,7 +7,7 @@ server stopped (Ctrl-C), the sidecar stopped, and `report` over its sample log.
 Checked, as the README says them: `status` names the server `pgid:<uvicorn's pid>` with both
 workers' pids, their compiles and distinct shapes, `agent up` and (without a GPU)
 `nvml not used (no GPU: host-memory mode)`; once the server stops, `status` says so and waits;
-the report writes its page and counts what `status` counted. `WATCHDOG_SCREENSHOTS=DIR` also
+the report writes its page, and it and `replay --json` count what `status` counted. `WATCHDOG_SCREENSHOTS=DIR` also
 saves headless-Chromium screenshots of the status page before an agent, with the server, after
 it stopped, and of the report (the issue's closing-note pictures).
 """
@@ -166,8 +166,15 @@ def test_the_readme_commands_work_as_written(short_tmp):
         assert done.returncode == 0, done.stderr
         numbers = json.loads(done.stdout)["summary"]
         assert os.path.getsize(os.path.join(home, "report.html")) > 10_000
+        replayed = subprocess.run([".venv/bin/torch-watchdog", "replay",
+                                   ".torch-watchdog/samples.jsonl", "--json"], cwd=home,
+                                  env=env, capture_output=True, text=True, timeout=120)
+        assert replayed.returncode == 0, replayed.stderr
+        again = json.loads(replayed.stdout)["estimates"]
         for key in ("compiles", "recompiles", "distinct_shapes", "requests", "stalls"):
-            assert numbers[key] == seen[key], (key, numbers[key], seen[key])
+            # one source for each count: what status said live, the report and replay after
+            assert numbers[key] == again[key] == seen[key], (key, numbers[key], again[key],
+                                                             seen[key])
         shoot("file://" + os.path.join(home, "report.html"), "4-the-report.png", 2400)
     finally:
         for p in procs:
