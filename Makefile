@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
 
 install: $(VENV)/.installed
 
-# torch-watchdog demo: the server, the agent and the real sidecar, end to end (~1 min on CPU)
+# torch-watchdog demo: the server, the agent and the real sidecar, end to end (on CPU: timings
+# with their date and machine in benchmarks/results/demo.md)
 demo: install
 	$(PY) -m torch_watchdog.cli demo
 
