@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -78,10 +79,11 @@ def shoot(url: str, name: str, height: int = 1100) -> None:
     if not where or not browser:
         return
     os.makedirs(where, exist_ok=True)
-    profile = os.path.join(where, ".profile")
+    profile = tempfile.mkdtemp(prefix="chromium-")
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
                     f"--user-data-dir={profile}", f"--screenshot={os.path.join(where, name)}",
                     f"--window-size=1280,{height}", url], capture_output=True, timeout=60)
+    shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_the_readme_commands_work_as_written(short_tmp):

@@ -413,7 +413,8 @@ def test_a_chart_without_breaks_is_one_line_and_breaks_cut_it():
 
 def test_a_server_has_its_own_span():
     """The sidecar watched 100 s; the server lived from +20 s to +80 s, growing 2 GiB in its
-    first 20 s then flat. The report gave the server the whole log's span ("trace span")."""
+    first 20 s then flat. The report gave the server the whole log's span ("trace span") and
+    drew its last reading on, flat, after it died."""
     from torch_watchdog import events as ev
     from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
     t0, gib = 1.8e9, 2 ** 30
@@ -431,5 +432,6 @@ def test_a_server_has_its_own_span():
     s = rep["summary"]
     assert s["span_s"] == pytest.approx(59, abs=1.5) and s["seen_from_s"] == pytest.approx(20)
     assert rep["input"]["span_s"] == pytest.approx(99)
+    assert rep["chart"]["points"][-1][0] == 79  # the line stops where it died, not flat to 99
     page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
     assert "server seen for 59 s (from +20 s)" in page and "over 1.65 min" in page

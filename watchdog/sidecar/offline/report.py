@@ -148,12 +148,13 @@ class _ServerLog:
         from the start of its time base."""
         self.seen = (self.seen or (t, t))[0], t
 
-    def sample(self, t: float, config: Config) -> None:
+    def sample(self, t: float, config: Config, alive: bool = True) -> None:
         s = self.server
         state, fc = s.state, s.forecast
-        if state.mem_source is None or state.mem_bytes is None or not s.pids:
+        if state.mem_source is None or state.mem_bytes is None or not s.pids or not alive:
             # no process of its own (after a reload, before the new one is known): the step
-            # then folds every process's memory, which is not this server's
+            # then folds every process's memory, which is not this server's; none alive: its
+            # last reading is no longer its memory (the chart stops where it died)
             self.gap = self.sampled is not None
             return
         series = self.series.setdefault(state.mem_source, _Series())
@@ -214,8 +215,9 @@ class _Collector:
         if isinstance(obs, Sample):
             for server in host.servers.values():
                 log = self.log(server)
-                log.sample(obs.t, config)
-                if any(host.alive.get(pid) for pid in server.pids):
+                alive = any(host.alive.get(pid) is not False for pid in server.pids)
+                log.sample(obs.t, config, alive)
+                if alive:
                     log.saw(self.rel(obs.t))
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
@@ -484,8 +486,12 @@ def _shapes(requests: Counter, log: _ServerLog, per_graph: Optional[tuple],
     bytes_per_graph = None if per_graph is None else per_graph[0] * 1e6
     choices = BUCKET_CHOICES if limit is None else \
         sorted({k for k in BUCKET_CHOICES if k < limit} | {limit})
-    rows = [{"max_buckets": k, **advise(counts, k, bytes_per_graph).as_dict()}
-            for k in choices] if counts else []
+    rows: list[dict[str, Any]] = []
+    for k in choices if counts else ():
+        row = {"max_buckets": k, **advise(counts, k, bytes_per_graph).as_dict()}
+        # 3 sizes: every choice is the same 3 boundaries, shown once
+        if not rows or row["boundaries"] != rows[-1]["boundaries"]:
+            rows.append(row)
     return {"basis": basis, "dimension": dim, "rank": rank, "distinct": len(flat),
             "total": sum(flat.values()), "counts": sorted(counts.items()),
             "advisor": rows, "recommended": recommended(rows), "recompile_limit": limit,
