@@ -7,9 +7,9 @@ server stopped (Ctrl-C), the sidecar stopped, and `report` over its sample log.
 Checked, as the README says them: `status` names the server `pgid:<uvicorn's pid>` with both
 workers' pids, their compiles and distinct shapes, `agent up` and (without a GPU)
 `nvml not used (no GPU: host-memory mode)`; once the server stops, `status` says so and waits;
-the report writes its page, and it and `replay --json` count what `status` counted. `WATCHDOG_SCREENSHOTS=DIR` also
-saves headless-Chromium screenshots of the status page before an agent, with the server, after
-it stopped, and of the report (the issue's closing-note pictures).
+the report writes its page, and it and `replay --json` count what `status` counted.
+`WATCHDOG_SCREENSHOTS=DIR` also saves headless-Chromium screenshots of the status page before
+an agent, with the server, after it stopped, and of the report (docs/screenshots/).
 """
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.present.history import History, Thinned, memory_level
 from torch_watchdog.sidecar.core.results import Action, ActionKind
 from torch_watchdog.sidecar.core.observations import DeviceSample
+from torch_watchdog.sidecar.present.page import render_page
 from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.status import build_status
 
 GIB = 1 << 30
 
@@ -64,6 +66,22 @@ def test_unknown_memory_adds_no_point():
     view = h.view(snap(2.0))
     assert view.points == ((2.0, GIB),) and view.memory_source == "rss"
     assert view.first_t == 1.0
+
+
+def test_polls_without_a_reading_break_the_line():
+    """A reload's gap (no process of the server's for 25 s): the page drew a diagonal across
+    it. The first point after the gap starts a new stretch; no break before any point."""
+    h = History()
+    h.update(snap(1.0), [], [])
+    for t in (2.0, 3.0):
+        h.update(snap(t, server_rss_bytes=GIB), [], [])
+    for t in (4.0, 29.0):
+        h.update(snap(t), [], [])
+    h.update(snap(30.0, server_rss_bytes=2 * GIB), [], [])
+    view = h.view(snap(30.0, servers={"llm": {"pids": [7]}}, focus="llm"))
+    assert view.breaks == (30.0,)
+    page = render_page(build_status(view, 30.0), 30.0)
+    assert page.count('class="memory-line"') == 2
 
 
 def _record(t: float, phase: str = "record") -> events.CudagraphRecord:

@@ -94,6 +94,7 @@ class StatusView:
     causes: tuple = ()                 # active findings: {"cause", "t", **detail}
     first_t: Optional[float] = None    # the first tick
     marks_total: dict = field(default_factory=dict)   # kind -> marks ever made (before thinning)
+    breaks: tuple = ()                 # times the line starts again after polls with no reading
     info: dict = field(default_factory=dict)   # about the sidecar itself (version, uptime …)
 
 
@@ -109,6 +110,10 @@ class History:
         self.memory_source: Optional[str] = None
         self.first_t: Optional[float] = None   # the first tick: "watching since"
         self._marks_view: Optional[tuple] = None   # sorted, rebuilt only after a new mark
+        # polls without a reading (no process of the server's: a reload's gap, a server that
+        # stopped): the next point starts a new stretch, not a line across the gap
+        self.breaks: collections.deque = collections.deque(maxlen=max_marks)
+        self._gap = False
 
     def mark(self, t: float, kind: str) -> None:
         if kind not in self.marks:
@@ -142,7 +147,12 @@ class History:
         if self.first_t is None:
             self.first_t = snap.t
         level, source = memory_level(snap)
-        if level is not None:
+        if level is None:
+            self._gap = self.memory_source is not None  # after a first point
+        else:
+            if self._gap:
+                self.breaks.append(snap.t)
+                self._gap = False
             self.points.add((snap.t, level))
             self.memory_source = source
         self.observe(observations)
@@ -161,5 +171,6 @@ class History:
                           memory_source=self.memory_source, marks=self._marks_view,
                           first_t=self.first_t,
                           marks_total={k: m.added for k, m in self.marks.items()},
+                          breaks=tuple(self.breaks),
                           actions=tuple(self.actions), causes=tuple(dict(c) for c in causes),
                           info=dict(info or {}))

@@ -75,7 +75,8 @@ def _chart(status: dict[str, Any]) -> str:
     source = SOURCE_NAMES.get((status.get("memory") or {}).get("source"), "memory")
     budget, notes = _chart_budget(status, points)
     try:
-        svg = plot.memory_chart(points, marks, budget=budget, title=f"{source} over time")
+        svg = plot.memory_chart(points, marks, budget=budget, title=f"{source} over time",
+                                breaks=[float(t) for t in hist.get("breaks") or []])
     except Exception as exc:  # a chart bug must not take the rest of the page with it
         svg = f'<p class="bad">chart unavailable: {_e(repr(exc))}</p>'
     notes = _thinned_notes(status, marks) + notes

@@ -182,7 +182,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                 "forecast": {}, "forecast_summary": "no poll yet", "actions": [], "servers": [],
                 "padding": [], "stopped": [],
                 "actions_total": {}, "sources": {}, "events": {},
-                "history": {"points": [], "marks": [], "marks_total": {}}}
+                "history": {"points": [], "marks": [], "marks_total": {}, "breaks": []}}
     s = view.snapshot
     graphs = {k: s.estimates.get(k) for k in GRAPH_KEYS if k in s.estimates}
     fc = {k: s.forecast.get(k) for k in FORECAST_KEYS if k in s.forecast}
@@ -224,7 +224,8 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                    "agent_lost_total": s.agent_events_lost_total},
         "history": {"points": [list(p) for p in view.points],
                     "marks": [list(m) for m in view.marks],
-                    "marks_total": dict(view.marks_total)},
+                    "marks_total": dict(view.marks_total),
+                    "breaks": list(view.breaks)},
     })
 
 
