@@ -270,7 +270,9 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     host, actions, n, config = _run(col, observations, config, follow_config)
     if n == 0:
         raise ReportError("no events, samples or trace lines could be used")
-    logs = [log for log in col.logs.values() if log.states]
+    # a server that never had a process of its own (renamed by its restart: the new name
+    # took its history) is not a server of the report
+    logs = [log for log in col.logs.values() if log.states and log.pids]
     if not logs:  # samples of no server: nothing to attribute, still a page
         logs = [_ServerLog(step.Server(step.DEFAULT_SERVER))]
         logs[0].track(0.0)
