@@ -49,8 +49,12 @@ class Discovery:
         return {p: t for p in pids if (t := self.started.get(p)) is not None}
 
     def unit_of(self, server: Optional[str]) -> Optional[str]:
+        return self.configured_unit(server) or self.cfg.server.unit
+
+    def configured_unit(self, server: Optional[str]) -> Optional[str]:
+        """The unit of a server configured by its unit; None for any other server."""
         return next((unit for name, unit, _ in config_mod.server_sources(self.cfg)
-                     if name == server and unit), self.cfg.server.unit)
+                     if name == server and unit), None)
 
 
 def _lookup(unit: Optional[str], pidfile: Optional[str]) -> tuple[int, ...]:
