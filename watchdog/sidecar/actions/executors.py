@@ -66,6 +66,9 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
             p = psutil.Process(pid)
             p.send_signal(signal.SIGTERM)
             procs.append(p)
+        except psutil.AccessDenied:  # another user's process, and no CAP_KILL
+            refused.append(f"pid {pid}: not permitted (another user's: the sidecar needs "
+                           f"CAP_KILL)")
         except psutil.Error:
             continue
     skipped = kept + (f"; refused {'; '.join(refused)}" if refused else "")
