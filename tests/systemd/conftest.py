@@ -6,12 +6,13 @@ the journal. TORCH_WATCHDOG_NSPAWN=0 skips the suite on purpose.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -57,11 +58,17 @@ def machine():
     reason = machine_mod.why_not_capable()
     if reason:
         pytest.skip(reason)
+    with booted() as box:
+        yield box
+
+
+@contextlib.contextmanager
+def booted() -> Iterator["Box"]:
+    """The container, booted with the sidecar and the server unit enabled."""
     os.makedirs(machine_mod.CACHE, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=machine_mod.CACHE, prefix="wheels-") as wheels:
         wheel = machine_mod.build_wheels(wheels)
-        base = machine_mod.cached_root(wheels)
-        m = Machine(base, wheels, wheel)
+        m = Machine(machine_mod.cached_root(wheels), wheels, wheel)
         try:
             m.install({
                 # as shipped: the units, the drop-in and the polkit rule, unmodified
