@@ -82,6 +82,7 @@ def booted() -> Iterator["Box"]:
                 CONFIG: (BASE_CONFIG, 0o644),
                 "/opt/llm/server.py": (_here("server.py"), 0o644),
                 "/opt/tw-test/impostor.py": (_here("impostor.py"), 0o644),
+                "/opt/tw-test/probe.py": (_here("probe.py"), 0o644),
                 "/opt/tw-fault/sitecustomize.py": (_here("fault_sitecustomize.py"), 0o644),
             }, SETUP.format(wheel=os.path.basename(wheel)))
             m.boot()

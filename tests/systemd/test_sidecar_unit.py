@@ -96,39 +96,16 @@ def test_systemctl_reload_takes_a_good_config_and_keeps_the_old_one_for_a_broken
         machine.sh(f"systemctl restart {SIDECAR}")
 
 
-PROBE = r"""
-import errno, os, sys
-server = sys.argv[1]
-def attempt(what, f):
-    try:
-        f()
-        print(what, "ok")
-    except OSError as e:
-        print(what, errno.errorcode[e.errno])
-def write(path):
-    return lambda: open(path, "w").write("x")
-attempt("proc", lambda: open(f"/proc/{server}/status").read() and open(f"/proc/{server}/cgroup").read())
-attempt("run", write("/run/torch-watchdog/probe"))
-attempt("state", write("/var/lib/torch-watchdog/probe"))
-attempt("owned", write("/srv/tw-owned/probe"))
-attempt("etc", write("/etc/probe"))
-attempt("var_tmp", write("/var/tmp/tw-probe"))
-attempt("home", lambda: os.listdir("/home"))
-attempt("tmp", write("/tmp/tw-probe"))
-"""
-
-
 def test_hardening_leaves_proc_socket_and_state_dirs_and_nothing_more(machine):
     machine.sh(f"systemctl restart {SIDECAR}")
     server = machine.main_pid(SERVER)
-    # what the sidecar itself did: found the server's processes (/proc, the cgroup tree),
-    # bound its socket in the runtime directory, wrote its state directory
+    # what the sidecar itself did: found the server's processes (the cgroup tree), read their
+    # memory (/proc), bound its socket in its runtime directory
     machine.wait(lambda: server in machine.status()["scope"]["pids"], 15, "the server watched")
     assert machine.status()["memory"]["server"]["rss_bytes"] > 0
     machine.sh("test -S /run/torch-watchdog/events.sock")
     # a directory the sidecar's user owns outside its own: writable but for the hardening
     machine.sh("mkdir -p /srv/tw-owned && chown torch-watchdog: /srv/tw-owned /home")
-    machine.write("/opt/tw-test/probe.py", PROBE)
     pid = machine.main_pid(SIDECAR)
     # in the sidecar's own mount namespace (ProtectSystem=, PrivateTmp=, ProtectHome= are
     # mounts), as its user
