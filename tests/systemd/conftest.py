@@ -41,13 +41,8 @@ systemctl enable torch-watchdog.service llm.service
 """
 
 
-def shipped(*path: str) -> str:
-    with open(os.path.join(ROOT, "systemd", *path)) as fh:
-        return fh.read()
-
-
-def _here(name: str) -> str:
-    with open(os.path.join(HERE, name)) as fh:
+def _read(*path: str) -> str:
+    with open(os.path.join(ROOT, *path)) as fh:
         return fh.read()
 
 
@@ -68,22 +63,22 @@ def booted() -> Iterator["Box"]:
     os.makedirs(machine_mod.CACHE, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=machine_mod.CACHE, prefix="wheels-") as wheels:
         wheel = machine_mod.build_wheels(wheels)
-        m = Machine(machine_mod.cached_root(wheels), wheels, wheel)
+        m = Machine(machine_mod.cached_root(wheels), wheels)
         try:
             m.install({
                 # as shipped: the units, the drop-in and the polkit rule, unmodified
-                "/etc/systemd/system/torch-watchdog.service": (shipped("torch-watchdog.service"),
-                                                               0o644),
-                "/etc/systemd/system/llm.service.d/torch-watchdog.conf": (
-                    shipped("inference-server.service.d", "torch-watchdog.conf"), 0o644),
-                "/etc/polkit-1/rules.d/50-torch-watchdog.rules": (
-                    shipped("polkit", "50-torch-watchdog.rules"), 0o644),
-                "/etc/systemd/system/llm.service": (SERVER_UNIT, 0o644),
-                CONFIG: (BASE_CONFIG, 0o644),
-                "/opt/llm/server.py": (_here("server.py"), 0o644),
-                "/opt/tw-test/impostor.py": (_here("impostor.py"), 0o644),
-                "/opt/tw-test/probe.py": (_here("probe.py"), 0o644),
-                "/opt/tw-fault/sitecustomize.py": (_here("fault_sitecustomize.py"), 0o644),
+                "/etc/systemd/system/torch-watchdog.service":
+                    _read("systemd", "torch-watchdog.service"),
+                "/etc/systemd/system/llm.service.d/torch-watchdog.conf":
+                    _read("systemd", "inference-server.service.d", "torch-watchdog.conf"),
+                "/etc/polkit-1/rules.d/50-torch-watchdog.rules":
+                    _read("systemd", "polkit", "50-torch-watchdog.rules"),
+                "/etc/systemd/system/llm.service": SERVER_UNIT,
+                CONFIG: BASE_CONFIG,
+                "/opt/llm/server.py": _read(HERE, "server.py"),
+                "/opt/tw-test/impostor.py": _read(HERE, "impostor.py"),
+                "/opt/tw-test/probe.py": _read(HERE, "probe.py"),
+                "/opt/tw-fault/sitecustomize.py": _read(HERE, "fault_sitecustomize.py"),
             }, SETUP.format(wheel=os.path.basename(wheel)))
             m.boot()
             yield Box(m)

@@ -42,10 +42,6 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NSPAWN = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet"]
 
 
-class Unavailable(Exception):
-    """This machine cannot run the suite (the reason is the message): the tests skip."""
-
-
 def why_not_capable() -> Optional[str]:
     """None where the suite can run: root, debootstrap, systemd-nspawn, nsenter, overlayfs."""
     if os.geteuid() != 0:
@@ -72,7 +68,7 @@ def apt_mirror() -> str:
                 parts = line.split()
                 if parts[:1] == ["deb"] and "security" not in line:
                     return next(p for p in parts[1:] if "://" in p)
-    raise Unavailable("no Debian mirror in apt's configuration (/etc/apt/sources.list*)")
+    raise RuntimeError("no Debian mirror in apt's configuration (/etc/apt/sources.list*)")
 
 
 def run(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
@@ -137,7 +133,7 @@ def nspawn_sh(root: str, script: str, timeout: float, binds: Optional[dict] = No
 class Machine:
     """A booted container: `sh()` runs a command inside, as root, in all its namespaces."""
 
-    def __init__(self, base: str, wheels: str, wheel: str):
+    def __init__(self, base: str, wheels: str):
         self.session = tempfile.mkdtemp(prefix="session-", dir=CACHE)
         self.root = os.path.join(self.session, "merged")
         for d in ("upper", "work", "merged"):
@@ -148,18 +144,17 @@ class Machine:
         self.console_path = os.path.join(self.session, "console.log")
         self.proc: Optional[subprocess.Popen] = None
         self.leader: Optional[int] = None
-        self.wheel = wheel
         self.wheels = wheels
 
-    def install(self, files: dict[str, tuple[str, int]], script: str) -> None:
-        """Before boot: files (container path -> (text, mode)), then a setup script run inside
-        with the wheels at /wheels."""
-        for path, (text, mode) in files.items():
+    def install(self, files: dict[str, str], script: str) -> None:
+        """Before boot: files (container path -> text, mode 0644), then a setup script run
+        inside with the wheels at /wheels."""
+        for path, text in files.items():
             dest = os.path.join(self.root, path.lstrip("/"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "w") as fh:
                 fh.write(text)
-            os.chmod(dest, mode)
+            os.chmod(dest, 0o644)
         nspawn_sh(self.root, script, timeout=300, binds={self.wheels: "/wheels"})
 
     def boot(self, timeout: float = 90) -> None:
