@@ -1,4 +1,4 @@
-"""The session's container (machine.py): booted once, the sidecar and a server unit running.
+"""The suite's container (machine.py): booted once, the sidecar and a server unit running.
 
 Skipped, with the reason, where the machine cannot run it (not root, no debootstrap or
 systemd-nspawn); where it can, a container that does not build or boot is a failure that shows
@@ -46,7 +46,7 @@ def _read(*path: str) -> str:
         return fh.read()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # powered off once its tests are done, not at make test's end
 def machine():
     if os.environ.get("TORCH_WATCHDOG_NSPAWN") == "0":
         pytest.skip("TORCH_WATCHDOG_NSPAWN=0")

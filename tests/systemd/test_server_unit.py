@@ -12,8 +12,8 @@ from tests.systemd.conftest import BASE_CONFIG, CONFIG, SERVER, SIDECAR
 
 SOCKET = "/run/torch-watchdog/events.sock"
 IMPOSTOR = "tw-impostor.service"
-# the budget for the server's memory: 50 MB, and the toy server (torch imported) is over it:
-# an OOM now, reloaded at once
+# reload_now() sets the server's memory budget at 1 TB, then at 50 MB: under the toy server's
+# (torch imported), an OOM now
 RELOADING = BASE_CONFIG + """forecast: {{process_budget_bytes: {budget}}}
 policy: {{warmup_s: 0}}
 reload: {{method: {method}, grace_s: 10, hello_timeout_s: {hello_timeout_s}}}
@@ -33,7 +33,7 @@ def server_view(machine) -> dict:
 
 
 def serving(machine) -> int:
-    """The server's main pid once its agent said hello and it answers requests."""
+    """The server's main pid, once that process answers requests."""
     pid = machine.wait(lambda: machine.main_pid(SERVER), 20, "the server running", SERVER)
     machine.wait(lambda: machine.served_by() == pid, 60, "the server answering", SERVER)
     return pid
@@ -49,7 +49,7 @@ def start_impostor(machine) -> int:
 
 @pytest.fixture
 def server(machine):
-    """The server running and its agent heard; afterwards, the session's state back."""
+    """The server running and answering; afterwards, the suite's state back."""
     machine.sh(f"systemctl start {SERVER}")
     yield serving(machine)
     machine.sh(f"systemctl stop {IMPOSTOR} 2>/dev/null; rm -f /etc/systemd/system/{SERVER}.d/"
