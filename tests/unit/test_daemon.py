@@ -558,3 +558,22 @@ def test_the_socket_is_read_between_polls_only_once_a_poll_found_it_busy(rig):
     beat(8)
     d._wait(0.05)
     assert d.intake.pending == []
+
+
+def test_a_hello_the_unit_lookup_does_not_place_looks_the_unit_up_again_sooner(monkeypatch):
+    """A restarted server's new process says hello before the 5 s lookup sees it in its
+    unit: taken meanwhile for a server of its own, it got an OOM alert and a reload of its
+    own (a second restart, under systemd). Its hello brings the lookup forward (1 s)."""
+    from torch_watchdog.sidecar import config as config_mod
+    from torch_watchdog.sidecar import discovery as discovery_mod
+    now, looked = [100.0], []
+    monkeypatch.setattr(discovery_mod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(discovery_mod, "_lookup",
+                        lambda unit, pidfile: looked.append(now[0]) or (7,))
+    cfg = config_mod.from_mapping({"server": {"unit": "llm.service"}})
+    d = discovery_mod.Discovery(cfg)
+    for t, unplaced in ((100.0, False), (100.5, True), (101.0, False), (101.2, True),
+                        (104.0, False), (105.0, False)):
+        now[0] = t
+        assert d.configured_pids(unplaced) == {"llm.service": (7,)}
+    assert looked == [100.0, 101.2]

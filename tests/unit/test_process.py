@@ -326,3 +326,16 @@ def test_a_gpu_metered_process_has_its_rss_read_now_and_then_and_its_death_at_on
         reader.close()
         child.stdin.close()
         child.wait(10)
+
+
+def test_a_process_is_in_a_cgroup_by_the_kernels_word(tmp_path):
+    from torch_watchdog.sidecar.sources.process import in_cgroup
+    for pid, text in ((10, "0::/system.slice/llm.service\n"),  # cgroup v2
+                      (11, "1:name=systemd:/system.slice/llm.service/worker\n0::/\n"),  # v1
+                      (12, "0::/system.slice/llm.service-other.service\n"),
+                      (13, "0::/system.slice/tw-impostor.service\n")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    found = [pid for pid in (10, 11, 12, 13, 14)
+             if in_cgroup(pid, "/system.slice/llm.service", proc=str(tmp_path))]
+    assert found == [10, 11]  # 14: gone

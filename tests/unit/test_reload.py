@@ -548,3 +548,34 @@ def test_a_single_server_with_children_without_agents_has_no_master():
     finally:
         server.kill()
         helper.kill()
+
+
+@pytest.mark.parametrize("heard, back", [((50,), None), ((50, 77), 77)])
+def test_a_unit_server_is_back_only_when_a_process_of_its_cgroup_says_hello(monkeypatch, heard,
+                                                                            back):
+    """A hello naming the server is anyone's to send: for a server configured by its unit,
+    only a new process in the unit's cgroup (pid 77 here; 50 is outside) brings it back."""
+    from torch_watchdog import events
+    from torch_watchdog.sidecar.actions import executors
+    from torch_watchdog.sidecar.actions.hellos import Hellos
+    from torch_watchdog.sidecar.core.observations import ReloadOutcome
+    monkeypatch.setattr(executors, "unit_cgroup", lambda unit: f"/system.slice/{unit}")
+    monkeypatch.setattr(executors, "in_cgroup",
+                        lambda pid, group: pid == 77 and group == "/system.slice/llm.service")
+    board = Hellos()
+
+    def hello(pid: int) -> events.Hello:
+        return events.Hello(t=time.time(), pid=pid, torch="", agent="", devices=[], config={},
+                            capabilities={}, watched=[], argv="", server="llm.service", ppid=1)
+
+    board.add([hello(40)])  # the old process
+
+    def restart(pids):
+        board.add([hello(pid) for pid in heard])
+        return ReloadOutcome(True, "exit 0", 0.0)
+
+    done = executors.back_after(restart, board, 1.0, unit="llm.service")({40})
+    if back is None:
+        assert not done.ok and done.failed, done.detail
+    else:
+        assert done.ok and done.detail == f"exit 0; back: pid {back} said hello", done.detail

@@ -238,9 +238,10 @@ class Daemon:
 
     def _sample(self, now: float, received: list) -> Sample:
         """Every source, read for the pids the step may ask about."""
-        configured = self.discovery.configured_pids()
-        pids = {p for ps in configured.values() for p in ps}
         heard = set(map(_PID, received))
+        configured = self.discovery.configured_pids(unplaced=any(
+            e.kind == "hello" and e.pid not in self.host.configured for e in received))
+        pids = {p for ps in configured.values() for p in ps}
         if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
             pids |= self.host.pids() | heard
         pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that

@@ -2,8 +2,9 @@
 
 A configured server's pids are its systemd unit's cgroup (else its MainPID), or its pidfile's
 pid, with their children; systemctl and /proc walks are not free, so they are looked up every
-UNIT_LOOKUP_S. A pid's start time is read once, when it is first seen: a reload signals a pid
-only while it is still that process (no pid reuse).
+UNIT_LOOKUP_S (every NEW_AGENT_LOOKUP_S while agents they do not hold say hello). A pid's
+start time is read once, when it is first seen: a reload signals a pid only while it is still
+that process (no pid reuse).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from torch_watchdog.sidecar.sources.process import children_of, read_pidfile, un
     unit_pids
 
 UNIT_LOOKUP_S = 5.0
+# ... and at most this often when an agent the lookup does not place said hello: the new
+# process a restart brings is found at once, not taken for another server for up to 5 s
+NEW_AGENT_LOOKUP_S = 1.0
 
 
 class Discovery:
@@ -24,13 +28,15 @@ class Discovery:
         self._looked_up: dict = {}   # (unit, pidfile) -> (when looked up, pids)
         self.started: dict[int, Optional[float]] = {}  # pid -> its start time when first seen
 
-    def configured_pids(self) -> dict[str, tuple[int, ...]]:
-        """Each configured server's pids (servers without a live process left out)."""
+    def configured_pids(self, unplaced: bool = False) -> dict[str, tuple[int, ...]]:
+        """Each configured server's pids (servers without a live process left out);
+        `unplaced`: an agent outside them said hello (looked up again sooner)."""
         out = {}
+        every_s = NEW_AGENT_LOOKUP_S if unplaced else UNIT_LOOKUP_S
         for name, unit, pidfile in config_mod.server_sources(self.cfg):
             key = (unit, pidfile)
             checked, pids = self._looked_up.get(key, (-1e18, ()))
-            if time.monotonic() - checked >= UNIT_LOOKUP_S:
+            if time.monotonic() - checked >= every_s:
                 pids = _lookup(unit, pidfile)
                 self._looked_up[key] = (time.monotonic(), pids)
             if pids:
@@ -49,8 +55,12 @@ class Discovery:
         return {p: t for p in pids if (t := self.started.get(p)) is not None}
 
     def unit_of(self, server: Optional[str]) -> Optional[str]:
+        return self.configured_unit(server) or self.cfg.server.unit
+
+    def configured_unit(self, server: Optional[str]) -> Optional[str]:
+        """The unit of a server configured by its unit; None for any other server."""
         return next((unit for name, unit, _ in config_mod.server_sources(self.cfg)
-                     if name == server and unit), self.cfg.server.unit)
+                     if name == server and unit), None)
 
 
 def _lookup(unit: Optional[str], pidfile: Optional[str]) -> tuple[int, ...]:

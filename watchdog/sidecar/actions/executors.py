@@ -37,6 +37,7 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.actions.hellos import Heard, Hellos, master_and_workers
 from torch_watchdog.sidecar.actions.identity import parent_of, refusal
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
+from torch_watchdog.sidecar.sources.process import in_cgroup, unit_cgroup
 
 
 def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] = None,
@@ -65,6 +66,9 @@ def signal_processes(pids: set[int], grace_s: float, decided_t: Optional[float] 
             p = psutil.Process(pid)
             p.send_signal(signal.SIGTERM)
             procs.append(p)
+        except psutil.AccessDenied:  # another user's process, and no CAP_KILL
+            refused.append(f"pid {pid}: not permitted (another user's: the sidecar needs "
+                           f"CAP_KILL)")
         except psutil.Error:
             continue
     skipped = kept + (f"; refused {'; '.join(refused)}" if refused else "")
@@ -258,19 +262,23 @@ def _try_process(pid: int) -> Optional[psutil.Process]:
 
 
 def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos],
-               timeout_s: float) -> Callable[[set[int]], ReloadOutcome]:
+               timeout_s: float, unit: Optional[str] = None,
+               ) -> Callable[[set[int]], ReloadOutcome]:
     """`run`, then wait up to `timeout_s` for a new process of the server to say hello: its
-    pid new, and its server name one the old processes' agents gave, or its parent one of the
-    old processes or their parent (a supervisor: systemd, a shell loop, a master) and its name
-    one that changes with each start, of the same kind (`events.per_start`: a replica of the
-    same supervisor on other GPUs is not this server). No hello in time: the reload failed
-    (the server did not come back). `hellos` None or `timeout_s` 0: `run` alone."""
+    pid new, and, for a server configured by its systemd `unit`, in that unit's cgroup (a
+    hello's name is anyone's to give); else its server name one the old processes' agents
+    gave, or its parent one of the old processes or their parent (a supervisor: systemd, a
+    shell loop, a master) and its name one that changes with each start, of the same kind
+    (`events.per_start`: a replica of the same supervisor on other GPUs is not this server).
+    No hello in time: the reload failed (the server did not come back). `hellos` None or
+    `timeout_s` 0: `run` alone."""
     if hellos is None or timeout_s <= 0:
         return run
 
     def reload_and_wait(pids: set[int]) -> ReloadOutcome:
         started = time.monotonic()
         mark = hellos.mark()
+        group = unit_cgroup(unit) if unit else None
         names = {h.server for h in map(hellos.heard, pids) if h is not None and h.server}
         near = set(pids) | {pp for pp in map(parent_of, pids) if pp is not None and pp > 1}
         near.discard(os.getpid())
@@ -282,6 +290,8 @@ def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos
         def ours(h: Heard) -> bool:
             if h.pid in pids:
                 return False
+            if group is not None:
+                return in_cgroup(h.pid, group)
             if h.server in names:
                 return True
             return h.ppid in near and (not names or (h.server is not None and
@@ -299,11 +309,12 @@ def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos
 
 def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
              expected_start: Optional[Mapping[int, float]] = None,
-             hellos: Optional[Hellos] = None, control=None,
+             hellos: Optional[Hellos] = None, control=None, own_unit: Optional[str] = None,
              ) -> Optional[Callable[[set[int]], ReloadOutcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
     `decided_t` and `expected_start`: see `signal_processes`; `hellos`: the agents' hellos,
-    for masters and workers and for the server coming back (`back_after`); `control`: the
+    for masters and workers and for the server coming back (`back_after`, which takes only a
+    process of `own_unit`, the server's configured unit, for it); `control`: the
     ControlServer (method agent)."""
     wait = getattr(cfg, "hello_timeout_s", 0.0)
     if cfg.method in ("rolling", "master-hup"):
@@ -315,7 +326,7 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
         if control is None:
             return lambda pids: ReloadOutcome(False, "the control socket is not open", 0.0)
         return back_after(lambda pids: control.drain(pids, cfg.grace_s, decided_t), hellos,
-                          wait)
+                          wait, own_unit)
     if cfg.method == "signal":
         run = lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start,
                                             hellos)
@@ -332,7 +343,7 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
         return evict.executor(cfg.timeout_s)
     else:
         return None
-    return back_after(run, hellos, wait)
+    return back_after(run, hellos, wait, own_unit)
 
 
 DEFAULT_HELLO_TIMEOUT_S = 120.0

@@ -55,7 +55,8 @@ class Reloads:
         run = executors.executor(self.cfg.reload, self.discovery.unit_of(action.server),
                               decided_t=self._decided_wall.pop(action.server, None),
                               expected_start=self.discovery.expected_start(action.pids),
-                              hellos=self.hellos, control=self.control)
+                              hellos=self.hellos, control=self.control,
+                              own_unit=self.discovery.configured_unit(action.server))
         if run is None:
             return
         self.record.executing(action.decided_t, action.server)

@@ -299,14 +299,9 @@ def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = sub
     cannot be read here (no systemd, a container without the cgroup tree): the caller falls
     back to the MainPID and its children. A process that merely claims the unit (an agent's
     hello) is not in it, and a worker that double-forked away from the MainPID still is."""
-    try:
-        result = run(["systemctl", "show", "-p", "ControlGroup", "--value", unit],
-                     capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
+    group = unit_cgroup(unit, run)
+    if group is None:
         return None
-    group = (result.stdout or "").strip() if result.returncode == 0 else ""
-    if not group.startswith("/") or ".." in group.split("/"):
-        return None  # inactive (empty), or not a cgroup path
     for root in roots:
         top = os.path.join(root, group.lstrip("/"))
         if not os.path.isfile(os.path.join(top, "cgroup.procs")):
@@ -324,6 +319,32 @@ def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = sub
                 return None
         return tuple(sorted(p for p in pids if p > 0))
     return None
+
+
+def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+                ) -> Optional[str]:
+    """The unit's cgroup path (`/system.slice/llm.service`); None when it is inactive or
+    systemctl cannot tell."""
+    try:
+        result = run(["systemctl", "show", "-p", "ControlGroup", "--value", unit],
+                     capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    group = (result.stdout or "").strip() if result.returncode == 0 else ""
+    if not group.startswith("/") or ".." in group.split("/"):
+        return None  # inactive (empty), or not a cgroup path
+    return group
+
+
+def in_cgroup(pid: int, group: str, proc: str = "/proc") -> bool:
+    """Whether the process is in cgroup `group` or below it, as the kernel says
+    (/proc/<pid>/cgroup: the unified hierarchy's line, or v1's named systemd one)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            paths = [line.rstrip("\n").split(":", 2)[2] for line in fh if line.count(":") >= 2]
+    except OSError:
+        return False
+    return any(p == group or p.startswith(group.rstrip("/") + "/") for p in paths)
 
 
 PSS_EVERY_S = 10.0  # smaps_rollup walks every mapping: milliseconds for a torch process
