@@ -2,6 +2,7 @@
 torch.compile, refused for a model that right padding changes, outputs sliced back whatever
 their container, a plan that only grows, lengths above the plan served as they come."""
 import collections
+import dataclasses
 import random
 import time
 from typing import NamedTuple
@@ -153,7 +154,7 @@ def outputs(kind: str):
         if kind == "tuple":
             return (logits, pooled, [cache])
         if kind == "dict":
-            return {"logits": logits, "pooled": pooled, "past": (cache,), "n": 7}
+            return {"logits": logits, "pooled": pooled, "past": (cache,), "none": None}
         if kind == "namedtuple":
             return Pair(logits, pooled)
         return FakeModelOutput(logits=logits, pooled_output=pooled, past_key_values=(cache,),
@@ -174,8 +175,38 @@ def test_outputs_are_sliced_back_to_the_real_length_in_their_own_types(emitted, 
             assert a.shape == b.shape, path
             assert torch.equal(a, b), path
         if kind == "dict":
-            assert got["n"] == 7
+            assert got["none"] is None
     assert model.on and model.padded_calls == 3 and model.checks == 2
+
+
+@dataclasses.dataclass
+class Plain:  # a dataclass that is no ModelOutput
+    logits: torch.Tensor
+
+
+@pytest.mark.parametrize("kind", ["int", "numpy", "str", "dataclass"])
+def test_an_output_padding_cannot_see_is_refused_and_answered_unpadded(emitted, kind):
+    """A length inside an int, a numpy array, a string or a plain dataclass would go back
+    padded unseen: padding refuses at the first check, with the unpadded answer."""
+    def model(x):
+        logits = x.float() * 2
+        return {"int": lambda: (logits, x.shape[1]), "numpy": lambda: logits.numpy(),
+                "str": lambda: (logits, "n" * x.shape[1]), "dataclass": lambda: Plain(logits)
+                }[kind]()
+
+    padded = watch(model, f"unseen-{kind}", pad=pad.Tokens(buckets=(16,)))
+    x = ids(5)
+    got = padded(x)
+    want = model(x)
+    if kind == "dataclass":
+        assert torch.equal(got.logits, want.logits)
+    elif kind == "numpy":
+        assert got.shape == (1, 5) and (got == want).all()
+    else:
+        assert got[1] == want[1] and torch.equal(got[0], want[0])
+    assert not padded.on
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert event.action == "refused" and "padding cannot slice it back" in event.detail
 
 
 def test_attention_mask_is_extended_with_zeros_and_ids_with_the_pad_value(emitted):

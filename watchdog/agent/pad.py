@@ -71,19 +71,20 @@ import torch
 
 from torch_watchdog import buckets as advisor
 from torch_watchdog import events
+from torch_watchdog.agent import pad_outputs as outputs
 from torch_watchdog.agent import settings
 from torch_watchdog.agent.forks import _AFTER_FORK
+from torch_watchdog.agent.pad_outputs import (  # noqa: F401 (the module's API)
+    DEFAULT_TOLERANCE, TOLERANCE, Unsupported, compare, leaves, rebuild)
 
-# Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
-# Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has
-# a 2^-10 epsilon and 12 layers of it; a padding error (a mean over the pads) is of the order of
-# the values themselves (0.1-1 in tests/unit/test_pad.py).
-TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2,
-             torch.bfloat16: 5e-2}
-DEFAULT_TOLERANCE = 1e-3
 MAX_SIZES = 16_384            # distinct lengths remembered per model (the plan's input)
+MAX_SIGNATURES = 4_096        # call signatures whose check is remembered per model
 CHECK_MEMORY_BYTES = 256 << 20  # default cap on what sampled checks may leave reserved
 PLAN_FIRST_AT = 32            # calls before the first plan; then at 2x, 4x, ... calls
+EDGE = "edge"                 # a fill: the keyword's last value, repeated (position ids)
+# keywords that carry state from an earlier call (a KV cache that grows): such a call is
+# served as it comes (docs/agent.md, "Decoding with a cache")
+STATEFUL = ("past_key_values", "cache", "cache_params")
 
 
 class Policy:
@@ -121,101 +122,120 @@ class Policy:
         self.tolerance = tolerance
         self.check_memory_bytes = int(check_memory_bytes)
 
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
-        """The call's real length, or None: this call is not padded."""
+    def length(self, args: tuple, kwargs: dict) -> Any:
+        """The call's real length, or None: this call is not padded. A tuple of lengths for
+        inputs with several (an encoder's and a decoder's): each is padded to its own bucket,
+        and `pad`/`unpad` get tuples too."""
         raise NotImplementedError
 
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
+    def pad(self, args: tuple, kwargs: dict, length: Any, bucket: Any) -> tuple[tuple, dict]:
         """The arguments padded from `length` to `bucket` (new objects; never the caller's)."""
         raise NotImplementedError
 
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
+    def unpad(self, out: Any, length: Any, bucket: Any) -> Any:
         """The padded call's output as the unpadded call would have returned it."""
         raise NotImplementedError
 
-    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
-        """Called with a padded output and the unpadded one, before the first comparison."""
+    def learn(self, padded: Any, reference: Any, length: Any, bucket: Any) -> Any:
+        """Called at a check with a padded output and the unpadded one; what it returns (a
+        layout; None: none) is given back to `unpad` for the calls that check covers."""
+        return None
+
+    def masked(self, kwargs: dict) -> bool:
+        """Whether the call's padded positions are masked (a mask keyword of every padded
+        axis is passed): a check then covers calls with more padding than it had."""
+        return False
 
 
 class Tokens(Policy):
-    """Right-pads dimension `dim` of the token-id tensor(s): the first positional argument if it
-    is a tensor, and the keywords in `keys`, with `value`; keywords in `masks` with 0. Outputs
-    are sliced back along the dimension where the padded and the unpadded outputs differ (found
-    at the first check: `dim` for logits, another for a KV cache; a tensor whose shape does not
-    depend on the length, like a pooled output, is left whole)."""
+    """Right-pads dimension `dim` of the token ids (the first positional argument if it is a
+    tensor, and the keywords in `keys`) with `value`, the keywords in `masks` with 0, and the
+    other keywords along the sequence with their `fill` (a value, or EDGE: the last one
+    repeated). `decoder` (keyword -> fill) is a second length, an encoder-decoder's, padded to
+    its own bucket. A call that passes a `stateful` keyword (a cache) is served as it comes.
+    Outputs are cut back where they are found, at a check, to carry the padding (logits along
+    `dim`, a cache's keys and values along theirs; a pooled output is left whole)."""
 
     def __init__(self, value: int = 0, *, dim: int = 1, keys: tuple = ("input_ids",),
-                 masks: tuple = ("attention_mask",), **plan: Any):
+                 masks: tuple = ("attention_mask",), fill: Optional[dict] = None,
+                 decoder: Optional[dict] = None, stateful: tuple = STATEFUL, **plan: Any):
         super().__init__(**plan)
         self.value, self.dim = value, dim
         self.keys, self.masks = tuple(keys), tuple(masks)
-        self.cut: Optional[dict] = None  # leaf path -> dim to slice, learned at a check
+        self.stateful = tuple(stateful)
+        fill = {"token_type_ids": 0, "position_ids": EDGE} if fill is None else dict(fill)
+        if decoder is None:
+            decoder = {"decoder_input_ids": value, "decoder_attention_mask": 0,
+                       "decoder_position_ids": EDGE}
+            self.masks += ("decoder_attention_mask",)
+        encoder = {**fill, **{k: 0 for k in self.masks if k not in decoder},
+                   **{k: value for k in self.keys}}
+        # per axis, keyword -> fill; the first positional tensor is the first axis's ids
+        self.axes = tuple(a for a in (encoder, dict(decoder)) if a)
 
-    def _tokens(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
-        if args and isinstance(args[0], torch.Tensor):
-            yield args[0]
-        for k in self.keys:
-            v = kwargs.get(k)
-            if isinstance(v, torch.Tensor):
-                yield v
+    def _lengths(self, args: tuple, kwargs: dict) -> Iterator[Optional[int]]:
+        for i, axis in enumerate(self.axes):
+            n = None
+            tensors = [v for v in map(kwargs.get, axis) if isinstance(v, torch.Tensor)]
+            if i == 0 and args and isinstance(args[0], torch.Tensor):
+                tensors.append(args[0])
+            for t in tensors:
+                if t.dim() <= self.dim:
+                    n = -1  # no such dimension (an unbatched call): not padded
+                    break
+                if n is not None and t.shape[self.dim] != n:
+                    n = -1  # tensors of different lengths: not ours to pad
+                    break
+                n = t.shape[self.dim]
+            yield n
 
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
-        n = None
-        for t in self._tokens(args, kwargs):
-            if t.dim() <= self.dim:
-                return None  # no such dimension (an unbatched call): not padded
-            m = t.shape[self.dim]
-            if n is not None and m != n:
-                return None  # token tensors of different lengths: not ours to pad
-            n = m
-        if n is None:
+    def length(self, args: tuple, kwargs: dict) -> Optional[tuple]:
+        if any(kwargs.get(k) is not None for k in self.stateful):
             return None
-        for k in self.masks:
-            v = kwargs.get(k)
-            if isinstance(v, torch.Tensor) and v.shape[self.dim] != n:
-                return None
-        return int(n)
+        ids = (args and isinstance(args[0], torch.Tensor)) or any(
+            isinstance(kwargs.get(k), torch.Tensor) for k in self.keys)
+        lengths = tuple(self._lengths(args, kwargs))
+        if not ids or lengths[0] is None or -1 in lengths:
+            return None  # no token ids (embeddings, say): not padded
+        return tuple(int(n) for n in lengths if n is not None)
 
     def _grow(self, t: torch.Tensor, extra: int, value: Any) -> torch.Tensor:
+        dim = self.dim
+        if value == EDGE:
+            tail = t.narrow(dim, t.shape[dim] - 1, 1)
+            return torch.cat([t, tail.expand(*t.shape[:dim], extra, *t.shape[dim + 1:])], dim)
         shape = list(t.shape)
-        shape[self.dim] = extra
-        return torch.cat([t, t.new_full(shape, value)], dim=self.dim)
+        shape[dim] = extra
+        return torch.cat([t, t.new_full(shape, value)], dim=dim)
 
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
-        extra = bucket - length
-        if args and isinstance(args[0], torch.Tensor):
-            args = (self._grow(args[0], extra, self.value), *args[1:])
-        if kwargs:
-            kwargs = dict(kwargs)
-            for k in self.keys:
+    def pad(self, args: tuple, kwargs: dict, length: Any, bucket: Any) -> tuple[tuple, dict]:
+        kwargs = dict(kwargs)
+        for i, (axis, n, b) in enumerate(zip(self.axes, length, bucket)):
+            if b == n:
+                continue
+            if i == 0 and args and isinstance(args[0], torch.Tensor):
+                args = (self._grow(args[0], b - n, self.value), *args[1:])
+            for k, value in axis.items():
                 if isinstance(kwargs.get(k), torch.Tensor):
-                    kwargs[k] = self._grow(kwargs[k], extra, self.value)
-            for k in self.masks:
-                if isinstance(kwargs.get(k), torch.Tensor):
-                    kwargs[k] = self._grow(kwargs[k], extra, 0)
+                    kwargs[k] = self._grow(kwargs[k], b - n, value)
         return args, kwargs
 
-    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
-        ref = dict(leaves(reference))
-        cut = {}
-        for path, t in leaves(padded):
-            r = ref.get(path)
-            if r is None or r.dim() != t.dim():
-                continue
-            differ = [d for d in range(t.dim()) if t.shape[d] != r.shape[d]]
-            if len(differ) == 1 and t.shape[differ[0]] == bucket and r.shape[differ[0]] == length:
-                cut[path] = differ[0]
-        self.cut = cut
+    def masked(self, kwargs: dict) -> bool:
+        return all(any(isinstance(kwargs.get(k), torch.Tensor) for k in self.masks if k in axis)
+                   for axis in self.axes if any(k in kwargs for k in axis))
 
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
-        cut, dim = self.cut, self.dim
+    def learn(self, padded: Any, reference: Any, length: Any, bucket: Any) -> outputs.Layout:
+        return outputs.learn(padded, reference, tuple(b - n for n, b in zip(length, bucket)))
 
-        def one(path: tuple, t: torch.Tensor) -> torch.Tensor:
-            d = cut.get(path) if cut is not None else (
-                dim if t.dim() > dim and t.shape[dim] == bucket else None)
-            return t if d is None else t.narrow(d, 0, length)
-
-        return rebuild(out, one)
+    def unpad(self, out: Any, length: Any, bucket: Any, layout: Any = None) -> Any:
+        if isinstance(length, int):
+            length, bucket = (length,), (bucket,)
+        pads = tuple(b - n for n, b in zip(length, bucket))
+        if layout is not None:
+            return outputs.slice_back(out, layout, pads)
+        dim, extra = self.dim, pads[0]  # not checked yet: the token dimension, where it is
+        return outputs.rebuild(out, lambda path, t: t.narrow(dim, 0, t.shape[dim] - extra)
+                               if t.dim() > dim and t.shape[dim] == bucket[0] else t)
 
 
 class Custom(Policy):
@@ -226,99 +246,14 @@ class Custom(Policy):
         super().__init__(**plan)
         self._length, self._pad, self._unpad = length, pad, unpad
 
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
+    def length(self, args: tuple, kwargs: dict) -> Any:
         return self._length(args, kwargs)
 
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
+    def pad(self, args: tuple, kwargs: dict, length: Any, bucket: Any) -> tuple[tuple, dict]:
         return self._pad(args, kwargs, length, bucket)
 
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
+    def unpad(self, out: Any, length: Any, bucket: Any) -> Any:
         return self._unpad(out, length, bucket)
-
-
-# -- outputs: tensors inside tuples, lists, dicts and ModelOutput objects ----------------------
-def _is_model_output(x: Any) -> bool:
-    return isinstance(x, dict) and hasattr(x, "to_tuple")  # transformers' ModelOutput
-
-
-def leaves(out: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
-    """(path, tensor) of every tensor in `out`, in order."""
-    if isinstance(out, torch.Tensor):
-        yield path, out
-    elif isinstance(out, dict):
-        for k, v in out.items():
-            yield from leaves(v, path + (k,))
-    elif isinstance(out, (tuple, list)):
-        for i, v in enumerate(out):
-            yield from leaves(v, path + (i,))
-
-
-def rebuild(out: Any, fn: Callable[[tuple, torch.Tensor], Any], path: tuple = ()) -> Any:
-    """`out` with every tensor replaced by fn(path, tensor), of the same types."""
-    if isinstance(out, torch.Tensor):
-        return fn(path, out)
-    if _is_model_output(out):  # a dataclass: rebuilt from its (non-None) fields
-        return type(out)(**{k: rebuild(v, fn, path + (k,)) for k, v in out.items()})
-    if isinstance(out, dict):
-        items = [(k, rebuild(v, fn, path + (k,))) for k, v in out.items()]
-        return dict(items) if type(out) is dict else type(out)(items)
-    if isinstance(out, tuple):
-        items = [rebuild(v, fn, path + (i,)) for i, v in enumerate(out)]
-        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-    if isinstance(out, list):
-        return type(out)(rebuild(v, fn, path + (i,)) for i, v in enumerate(out))
-    return out
-
-
-def compare(served: Any, reference: Any, tolerance: Optional[float] = None
-            ) -> tuple[bool, dict[str, float], Optional[str]]:
-    """(within tolerance, the largest relative error per dtype, what differed). Floating
-    tensors: max |a - b| / max |b| (NaN where both are NaN is equal); other tensors: equal or
-    error 1.0; a different structure or shape is a mismatch."""
-    a, b = list(leaves(served)), list(leaves(reference))
-    if [p for p, _ in a] != [p for p, _ in b]:
-        return False, {}, f"outputs differ in structure ({len(a)} tensors, {len(b)} unpadded)"
-    ok, errors, problem = True, {}, None
-    for (path, x), (_, y) in zip(a, b):
-        name = str(y.dtype).replace("torch.", "")
-        if x.shape != y.shape:
-            return False, errors, (f"output {list(path)} has shape {list(x.shape)} padded, "
-                                   f"{list(y.shape)} unpadded")
-        if y.is_floating_point():
-            diff, scale = _max_diff(x.detach(), y.detach())
-            err = diff / (scale or 1.0)
-            err = err if err == err else float("inf")  # NaN on one side only
-            limit = tolerance if tolerance is not None else TOLERANCE.get(y.dtype,
-                                                                          DEFAULT_TOLERANCE)
-        else:
-            err = 0.0 if torch.equal(x, y) else 1.0
-            limit = 0.0
-        errors[name] = max(errors.get(name, 0.0), err)
-        if err > limit and ok:
-            ok, problem = False, (f"output {list(path)} ({name}) differs by {err:.3g} "
-                                  f"(relative), over the tolerance {limit:g}")
-    return ok, errors, problem
-
-
-CHUNK = 1 << 24  # elements compared at a time: a 2048 x 50257 fp16 logits tensor in float32
-                 # at once is 400 MB per temporary; 16M elements is 64 MB
-
-
-def _max_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(max |x - y|, max |y|) in float32 or wider, a chunk at a time; NaN in both is equal."""
-    x, y = x.reshape(-1), y.reshape(-1)
-    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
-    diff = scale = 0.0
-    for i in range(0, y.numel(), CHUNK):
-        a, b = x[i:i + CHUNK].to(wide), y[i:i + CHUNK].to(wide)
-        d = (a - b).abs()
-        d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(d), d)
-        worst = float(d.max())
-        if worst != worst:  # NaN on one side only (max() of Python floats would drop it)
-            return worst, scale
-        diff = max(diff, worst)
-        scale = max(scale, float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()))
-    return diff, scale
 
 
 # -- where a check's unpadded run allocates ---------------------------------------------------
@@ -457,6 +392,21 @@ class CheckMemory:
 
 
 # -- the wrapper ----------------------------------------------------------------------------
+def _tag(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.shape, v.device
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v  # flags: output_hidden_states, use_cache, return_dict
+    return type(v).__name__
+
+
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """What a check of a padded call vouches for: its padded arguments' shapes, dtypes and
+    devices, which keywords it passes and the value of each flag (a mask passed or not,
+    output_hidden_states, use_cache: another output structure, another check)."""
+    return tuple(map(_tag, args)), frozenset((k, _tag(v)) for k, v in kwargs.items())
+
+
 padded_models: "weakref.WeakSet[Padded]" = weakref.WeakSet()
 
 
@@ -469,7 +419,7 @@ class Padded:
     def __init__(self, watched: Any, policy: Policy, name: str):
         self.__wrapped__ = watched
         self.name = name
-        self.policy = copy.copy(policy)  # one per model: Tokens learns its outputs' layout
+        self.policy = copy.copy(policy)  # one per model
         self.on = True
         self.plan: tuple[int, ...] = self.policy.buckets
         # the unpadded reference: the uncompiled model, so that a check never compiles or
@@ -483,9 +433,11 @@ class Padded:
                 self.reference = eager
                 break
         self.sizes: dict[int, int] = {}
-        self.checked: set[int] = set()       # buckets whose first padded call was compared
-        self.served: set[int] = set()        # lengths served through a bucket
-        self.used: set[int] = set()          # buckets that served a call
+        # call signature (padded arguments: keywords, flags, shapes) -> (the most padding a
+        # check of it saw per axis, the layout of its outputs): the calls a check covers
+        self.checked: dict[Any, tuple[tuple, Any]] = {}
+        self.served: set[tuple] = set()      # lengths served through a bucket
+        self.used: set[tuple] = set()        # buckets that served a call
         self.calls = self.padded_calls = self.real_tokens = self.padding_tokens = 0
         self.checks = self.check_ns = 0
         self.max_error: dict[str, float] = {}
@@ -511,24 +463,27 @@ class Padded:
         if not self.on:
             return model(*args, **kwargs)
         try:
-            n = self.policy.length(args, kwargs)
-            n = None if n is None else int(n)
+            got = self.policy.length(args, kwargs)
+            ns = None if got is None else tuple(map(int, got)) if isinstance(got, tuple) \
+                else (int(got),)
         except Exception as e:
             self._refuse(f"the policy could not read the call: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
-        if n is None or n < 1:
+        if not ns or min(ns) < 1:
             return model(*args, **kwargs)
-        self._observe(n)
+        self._observe(ns)
         plan = self.plan
-        i = bisect.bisect_left(plan, n)
-        if i == len(plan):  # above the largest bucket (or no plan yet): as it comes
+        if not plan or max(ns) > plan[-1]:  # above the largest bucket (or no plan yet)
             return model(*args, **kwargs)
-        bucket = plan[i]
-        self._served(n, bucket)
-        if bucket == n:
+        bs = tuple(plan[bisect.bisect_left(plan, n)] for n in ns)
+        self._served(ns, bs)
+        if bs == ns:
             return model(*args, **kwargs)
+        # the policy's own terms: an int for a policy that gave one
+        n, b = (ns, bs) if isinstance(got, tuple) else (ns[0], bs[0])
         try:
-            pargs, pkwargs = self.policy.pad(args, kwargs, n, bucket)
+            pargs, pkwargs = self.policy.pad(args, kwargs, n, b)
+            key = signature(pargs, pkwargs)
         except Exception as e:
             self._refuse(f"padding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
@@ -537,25 +492,33 @@ class Padded:
         except Exception as e:  # perhaps padding's doing: never again, and serve this one
             self._refuse(f"the padded call failed: {type(e).__name__}: {events.clip(str(e), 300)}")
             return model(*args, **kwargs)
-        if bucket not in self.checked:
-            return self._check(out, args, kwargs, n, bucket, sampled=False)
+        pads = tuple(y - x for x, y in zip(ns, bs))
+        checked = self.checked.get(key)
+        if checked is None or not (all(map(int.__le__, pads, checked[0])) or
+                                   self.policy.masked(kwargs)):
+            return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=False)
         if self.policy.sample and random.random() < self.policy.sample and \
-                self.memory.bound(n):
-            return self._check(out, args, kwargs, n, bucket, sampled=True)
+                self.memory.bound(max(ns)):
+            return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=True)
         try:
-            return self.policy.unpad(out, n, bucket)
+            return self._unpad(out, n, b, checked[1])
         except Exception as e:
             self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
 
+    def _unpad(self, out: Any, n: Any, b: Any, layout: Any) -> Any:
+        return self.policy.unpad(out, n, b) if layout is None else \
+            self.policy.unpad(out, n, b, layout)
+
     # -- bookkeeping (never raises) ----------------------------------------------------------
-    def _observe(self, n: int) -> None:
+    def _observe(self, ns: tuple) -> None:
         self.calls += 1
         sizes = self.sizes
-        if n in sizes:
-            sizes[n] += 1
-        elif len(sizes) < MAX_SIZES:
-            sizes[n] = 1
+        for n in ns:
+            if n in sizes:
+                sizes[n] += 1
+            elif len(sizes) < MAX_SIZES:
+                sizes[n] = 1
         if self.calls >= self._plan_at and not self._planning:
             self._plan_at *= 2
             if len(self.plan) < self.policy.max_buckets:
@@ -566,13 +529,13 @@ class Padded:
                 except Exception:
                     self._planning = False
 
-    def _served(self, n: int, bucket: int) -> None:
+    def _served(self, ns: tuple, bs: tuple) -> None:
         self.padded_calls += 1
-        self.real_tokens += n
-        self.padding_tokens += bucket - n
+        self.real_tokens += sum(ns)
+        self.padding_tokens += sum(bs) - sum(ns)
         if len(self.served) < MAX_SIZES:
-            self.served.add(n)
-        self.used.add(bucket)
+            self.served.add(ns)
+        self.used.add(bs)
 
     def _replan(self, sizes: dict[int, int], plan: tuple[int, ...]) -> None:
         """On a thread of its own: the advisor's plan with the buckets still free (half of
@@ -589,47 +552,61 @@ class Padded:
         finally:
             self._planning = False
 
-    def _check(self, out: Any, args: tuple, kwargs: dict, n: int, bucket: int,
+    def _check(self, out: Any, args: tuple, kwargs: dict, key: Any, call: tuple,
                sampled: bool) -> Any:
         """The unpadded run and the comparison, inside CheckMemory's scope (a private CUDA
-        pool where there is one): their allocations never mix with the serving ones."""
+        pool where there is one): their allocations never mix with the serving ones. `call`
+        is (length, bucket) in the policy's terms, then the lengths and pads per axis."""
+        n, b, ns, pads = call
         t0 = perf_counter_ns()
-        ran, ok, errors, problem, served, reference = False, False, {}, None, None, None
+        ok, errors, problem, served, reference, layout = False, {}, None, None, None, None
         try:
-            with self.memory.scope(args, kwargs, n, sampled):
+            with self.memory.scope(args, kwargs, max(ns), sampled):
                 try:
                     reference = self.reference(*args, **kwargs)
-                    ran = True
-                except Exception:  # the check could not run; the served output stands
-                    pass
-                if ran:
+                except Exception as e:  # nothing checked: nothing padded goes back
+                    problem = (f"the check's unpadded run failed: {type(e).__name__}: "
+                               f"{events.clip(str(e), 300)}")
+                if problem is None:
                     try:
-                        self.policy.learn(out, reference, n, bucket)
-                        served = self.policy.unpad(out, n, bucket)
+                        layout = self.policy.learn(out, reference, n, b)
+                        served = self._unpad(out, n, b, layout)
                         ok, errors, problem = compare(served, reference, self.policy.tolerance)
                     except Exception as e:
-                        ok, errors, problem = False, {}, (f"comparison failed: "
-                                                          f"{type(e).__name__}: {e}")
+                        ok, errors, problem = False, {}, (
+                            str(e) if isinstance(e, Unsupported) else
+                            f"comparison failed: {type(e).__name__}: {e}")
                     if ok:
                         reference = None  # freed inside the scope: back to the pool
         except Exception:  # CheckMemory never raises; this is belt and braces
             pass
-        if not ran:
-            try:
-                return self.policy.unpad(out, n, bucket)
-            except Exception as e:
-                self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
-                return self.__wrapped__(*args, **kwargs)
+        if reference is None and not ok:
+            self._refuse(problem or "the check did not run")
+            return self.__wrapped__(*args, **kwargs)
         self.checks += 1
         self.check_ns += perf_counter_ns() - t0
         for dtype, err in errors.items():
             self.max_error[dtype] = max(self.max_error.get(dtype, 0.0), err)
         if ok:
-            self.checked.add(bucket)
+            self._vouch(key, pads, layout)
             return served
-        self._refuse(f"length {n} padded to {bucket}: {problem}",
+        padded = "/".join(str(x + p) for x, p in zip(ns, pads))
+        self._refuse(f"length {'/'.join(map(str, ns))} padded to {padded}: {problem}",
                      max(errors.values(), default=None))
         return reference  # the unpadded output: this caller still gets the right answer
+
+    def _vouch(self, key: Any, pads: tuple, layout: Any) -> None:
+        """A passed check covers its signature's calls up to the padding it had; one whose
+        layout was ambiguous covers none (the next call of the signature is checked)."""
+        if getattr(layout, "ambiguous", False):
+            return
+        before = self.checked.get(key)
+        if before is not None:
+            pads = tuple(map(max, pads, before[0]))
+        elif len(self.checked) >= MAX_SIGNATURES:
+            self._refuse(f"more than {MAX_SIGNATURES} call signatures: each needs a check")
+            return
+        self.checked[key] = (pads, layout)
 
     def _refuse(self, why: str, error: Optional[float] = None) -> None:
         if not self.on:
