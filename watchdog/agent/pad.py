@@ -172,57 +172,62 @@ class Tokens(Policy):
                    **{k: value for k in self.keys}}
         # per axis, keyword -> fill; the first positional tensor is the first axis's ids
         self.axes = tuple(a for a in (encoder, dict(decoder)) if a)
-
-    def _lengths(self, args: tuple, kwargs: dict) -> Iterator[Optional[int]]:
-        for i, axis in enumerate(self.axes):
-            n = None
-            tensors = [v for v in map(kwargs.get, axis) if isinstance(v, torch.Tensor)]
-            if i == 0 and args and isinstance(args[0], torch.Tensor):
-                tensors.append(args[0])
-            for t in tensors:
-                if t.dim() <= self.dim:
-                    n = -1  # no such dimension (an unbatched call): not padded
-                    break
-                if n is not None and t.shape[self.dim] != n:
-                    n = -1  # tensors of different lengths: not ours to pad
-                    break
-                n = t.shape[self.dim]
-            yield n
+        # keyword -> (axis, fill): one pass over a call's keywords reads and pads them
+        self.where = {k: (i, f) for i, axis in enumerate(self.axes) for k, f in axis.items()}
+        self._ids, self._stateful = frozenset(self.keys), frozenset(self.stateful)
 
     def length(self, args: tuple, kwargs: dict) -> Optional[tuple]:
-        if any(kwargs.get(k) is not None for k in self.stateful):
-            return None
-        ids = (args and isinstance(args[0], torch.Tensor)) or any(
-            isinstance(kwargs.get(k), torch.Tensor) for k in self.keys)
-        lengths = tuple(self._lengths(args, kwargs))
-        if not ids or lengths[0] is None or -1 in lengths:
+        dim, where = self.dim, self.where
+        lengths: list = [None] * len(self.axes)
+        ids = bool(args) and isinstance(args[0], torch.Tensor)
+        if ids:
+            if args[0].dim() <= dim:
+                return None  # no such dimension (an unbatched call): not padded
+            lengths[0] = args[0].shape[dim]
+        for k, v in kwargs.items():
+            w = where.get(k)
+            if w is None:
+                if v is not None and k in self._stateful:
+                    return None  # a cache from an earlier call: served as it comes
+                continue
+            if not isinstance(v, torch.Tensor):
+                continue
+            if v.dim() <= dim:
+                return None
+            n, i = v.shape[dim], w[0]
+            if lengths[i] is None:
+                lengths[i] = n
+            elif lengths[i] != n:
+                return None  # tensors of different lengths: not ours to pad
+            ids = ids or k in self._ids
+        if not ids:
             return None  # no token ids (embeddings, say): not padded
-        return tuple(int(n) for n in lengths if n is not None)
+        return tuple(n for n in lengths if n is not None)
 
     def _grow(self, t: torch.Tensor, extra: int, value: Any) -> torch.Tensor:
         dim = self.dim
-        if value == EDGE:
+        if value is EDGE:
             tail = t.narrow(dim, t.shape[dim] - 1, 1)
             return torch.cat([t, tail.expand(*t.shape[:dim], extra, *t.shape[dim + 1:])], dim)
-        shape = list(t.shape)
-        shape[dim] = extra
-        return torch.cat([t, t.new_full(shape, value)], dim=dim)
+        # one op and one allocation (new_full + cat: two of each, ~2 us more a call)
+        return torch.constant_pad_nd(t, (0, 0) * (t.dim() - 1 - dim) + (0, extra), value)
 
     def pad(self, args: tuple, kwargs: dict, length: Any, bucket: Any) -> tuple[tuple, dict]:
-        kwargs = dict(kwargs)
-        for i, (axis, n, b) in enumerate(zip(self.axes, length, bucket)):
-            if b == n:
-                continue
-            if i == 0 and args and isinstance(args[0], torch.Tensor):
-                args = (self._grow(args[0], b - n, self.value), *args[1:])
-            for k, value in axis.items():
-                if isinstance(kwargs.get(k), torch.Tensor):
-                    kwargs[k] = self._grow(kwargs[k], b - n, value)
+        extra = [b - n for n, b in zip(length, bucket)]
+        if args and isinstance(args[0], torch.Tensor) and extra[0]:
+            args = (self._grow(args[0], extra[0], self.value), *args[1:])
+        if kwargs:
+            grow, where, axes = self._grow, self.where, len(extra)
+            kwargs = {k: grow(v, extra[w[0]], w[1])
+                      if (w := where.get(k)) is not None and w[0] < axes and extra[w[0]] and
+                      isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         return args, kwargs
 
     def masked(self, kwargs: dict) -> bool:
+        # the first axis is always padded; the decoder's where its keywords are passed
         return all(any(isinstance(kwargs.get(k), torch.Tensor) for k in self.masks if k in axis)
-                   for axis in self.axes if any(k in kwargs for k in axis))
+                   for i, axis in enumerate(self.axes)
+                   if i == 0 or any(isinstance(kwargs.get(k), torch.Tensor) for k in axis))
 
     def learn(self, padded: Any, reference: Any, length: Any, bucket: Any) -> outputs.Layout:
         return outputs.learn(padded, reference, tuple(b - n for n, b in zip(length, bucket)))
