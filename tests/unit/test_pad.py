@@ -395,13 +395,14 @@ def test_without_a_private_pool_checks_run_in_the_shared_allocator_and_say_so(
 
     padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0,
                                                       check_memory_bytes=2000))
-    for n in (50, 40, 30, 20, 10):
+    for n in (50, 10, 40, 30, 20, 15):
         assert torch.equal(padded(ids(n) * 0), torch.ones(1, n, dtype=torch.long))
     stats = padded.stats()
     assert stats.check_pool == "shared" and padded.on
-    # sampled checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over 2000) ran; 20 and 10
-    # did not: the cap stopped them
-    assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (3, 2, 2800)
+    # 50: the bucket's first check; 10: more padding than 50 had, checked before it is served
+    # (neither is charged); sampled checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over
+    # 2000) ran; 20 and 15 did not: the cap stopped them
+    assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (4, 2, 2800)
     actions = [(e.action, e.detail) for e in emitted if e.kind == "mitigation"]
     assert [a for a, _ in actions] == ["check_pool_off", "checks_capped"]
     assert "MemPool is not in this torch" in actions[0][1]
