@@ -96,7 +96,8 @@ def test_causal_model_padded_by_the_agent_equals_unpadded_and_compiles_two_bucke
             torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-5)
     # the compiled model only ever saw the two buckets: two graphs instead of six lengths
     assert seen(model) == {(1, 32), (1, 64)}
-    assert model.on and model.checks == 2 and model.max_error["float32"] < 1e-4
+    # a check per bucket at its first call (5, 40), and one at the bucket's most padding (1, 33)
+    assert model.on and model.checks == 4 and model.max_error["float32"] < 1e-4
     stats = model.stats()
     assert stats.real_tokens == sum(lengths)
     assert stats.padding_tokens == (32 - 5) + (32 - 20) + (64 - 40) + (32 - 7) + (64 - 63)
@@ -176,7 +177,7 @@ def test_outputs_are_sliced_back_to_the_real_length_in_their_own_types(emitted, 
             assert torch.equal(a, b), path
         if kind == "dict":
             assert got["none"] is None
-    assert model.on and model.padded_calls == 3 and model.checks == 2
+    assert model.on and model.padded_calls == 3 and model.checks == 4  # 5 and 1, 40 and 17
 
 
 @dataclasses.dataclass
@@ -265,7 +266,8 @@ def test_lengths_above_the_largest_bucket_run_unpadded(emitted):
                   pad=pad.Tokens(buckets=(16,), max_buckets=1))
     model(ids(10))  # padded to 16, then checked: the model itself is the unpadded reference
     model(ids(40))
-    assert shapes == [(1, 16), (1, 10), (1, 40)]
+    # the check of 10, then of 1 (the bucket's most padding), then 40 as it comes
+    assert shapes == [(1, 16), (1, 10), (1, 16), (1, 1), (1, 40)]
     assert model.plan == (16,)
 
 
@@ -312,7 +314,7 @@ def test_padding_events_carry_the_totals(emitted):
     pad.emit_stats(got.append)
     pad.emit_stats(got.append)  # nothing new: no second event
     (e,) = [e for e in got if e.name == "stats"]
-    assert (e.calls, e.padded_calls, e.real_tokens, e.padding_tokens, e.checks) == (2, 2, 13, 3, 1)
+    assert (e.calls, e.padded_calls, e.real_tokens, e.padding_tokens, e.checks) == (2, 2, 13, 3, 2)
     assert events.decode(events.encode(e)) == e
 
 
@@ -346,14 +348,15 @@ def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
 def test_sampled_checks_run_only_at_lengths_already_covered_by_a_check(emitted):
     shapes = []
     model = watch(lambda x: shapes.append(x.shape[1]) or x * 2, "sampled",
-                  pad=pad.Tokens(buckets=(64,), sample=1.0))
+                  pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0))
     for n in (20, 30, 10, 20):
         assert torch.equal(model(ids(n) * 0 + 3), torch.full((1, n), 6))
-    # 20: the bucket's first check; 30: longer than any check so far, not checked (its bucket's
-    # first check covers it); 10 and 20: their footprint is covered, checked
-    assert shapes == [64, 20, 64, 64, 10, 64, 20]
+    # 20: the bucket's first check, then 1 (its most padding); 30: longer than any check so
+    # far, not checked (its bucket's first check covers it); 10 and 20: their footprint is
+    # covered, checked
+    assert shapes == [64, 20, 64, 1, 64, 64, 10, 64, 20]
     stats = model.stats()
-    assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (3, 1, None)
+    assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (4, 1, None)
     assert stats.check_pool is None  # a CPU model: no CUDA pool involved
     assert events.decode(events.encode(stats)) == stats
 
@@ -393,15 +396,15 @@ def test_without_a_private_pool_checks_run_in_the_shared_allocator_and_say_so(
         reserved[0] += 40 * x.shape[1]  # every run leaves memory behind
         return x + 1
 
-    padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0,
+    padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0,
                                                       check_memory_bytes=2000))
-    for n in (50, 10, 40, 30, 20, 15):
+    for n in (50, 40, 30, 20, 10):
         assert torch.equal(padded(ids(n) * 0), torch.ones(1, n, dtype=torch.long))
     stats = padded.stats()
     assert stats.check_pool == "shared" and padded.on
-    # 50: the bucket's first check; 10: more padding than 50 had, checked before it is served
-    # (neither is charged); sampled checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over
-    # 2000) ran; 20 and 15 did not: the cap stopped them
+    # 50: the bucket's first check, and 1 (its most padding): neither is charged; sampled
+    # checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over 2000) ran; 20 and 10 did not:
+    # the cap stopped them
     assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (4, 2, 2800)
     actions = [(e.action, e.detail) for e in emitted if e.kind == "mitigation"]
     assert [a for a, _ in actions] == ["check_pool_off", "checks_capped"]
@@ -417,7 +420,7 @@ def test_a_pool_that_fails_falls_back_to_the_shared_allocator(emitted, monkeypat
     padded = watch(lambda x: x * 3, "bad-pool", pad=pad.Tokens(buckets=(16,)))
     x = ids(5)
     assert torch.equal(padded(x), x * 3)  # the check ran anyway, on CPU tensors
-    assert padded.on and padded.checks == 1 and padded.stats().check_pool == "shared"
+    assert padded.on and padded.checks == 2 and padded.stats().check_pool == "shared"
     (event,) = [e for e in emitted if e.kind == "mitigation"]
     assert event.action == "check_pool_off" and "checks run in the shared allocator" in \
         event.detail

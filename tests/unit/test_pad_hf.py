@@ -103,8 +103,9 @@ def test_a_causal_lm_cache_comes_back_at_the_real_length_and_decodes_exactly(emi
             assert rel(after.logits, expected.logits) < 1e-5
     assert model.on and not [e for e in emitted if e.kind == "mitigation"]
     assert {s for _, s in compiled.shapes} <= {(1, b) for b in BUCKETS}
-    # 5 then 3 in bucket 16: the second has more padding than the first check saw: checked too
-    assert model.checks == 4
+    # per bucket its first call's check and one at its most padding (1, 17, 33): 9 and 3 are
+    # covered
+    assert model.checks == 6
 
 
 def test_a_call_that_brings_its_cache_is_served_as_it_comes(emitted):
@@ -167,7 +168,7 @@ def test_a_check_with_a_mask_does_not_vouch_for_a_call_without(emitted):
         checks = model.checks
         x = ids(45)
         out, want = model(x), eager(x)  # no mask: another signature, checked first
-    assert model.checks == checks + 1
+    assert model.checks > checks
     assert rel(out.last_hidden_state, want.last_hidden_state) <= pad.TOLERANCE[torch.float32]
 
 
@@ -181,7 +182,7 @@ def test_hidden_states_asked_after_a_check_without_them_come_back_at_the_real_le
     assert len(out.hidden_states) == len(want.hidden_states) == 3
     for got, expected in zip(out.hidden_states, want.hidden_states):
         assert got.shape == expected.shape == (1, 12, 32) and rel(got, expected) < 1e-5
-    assert model.checks == 2 and model.on
+    assert model.checks == 4 and model.on  # 10 and 1, then 12 and 1 with hidden states
 
 
 def test_t5_pads_encoder_and_decoder_to_their_buckets_and_its_caches_decode_exactly(emitted):

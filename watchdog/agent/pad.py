@@ -94,14 +94,15 @@ class Policy:
     buckets: the starting plan (e.g. the model's maximum length, or a hand-made plan);
     max_buckets: the graph budget (at most this many buckets, the starting ones included);
     multiple: buckets the plan adds are rounded up to a multiple of this (kernel-friendly sizes);
-    sample: the fraction of padded calls checked after the first of each bucket;
+    sample: the fraction of padded calls checked after the first of each signature;
     tolerance: overrides TOLERANCE (a float for every dtype);
     check_memory_bytes: the reserved CUDA memory sampled checks may leave behind, in all;
-    past it they stop (a `checks_capped` event; see CheckMemory)."""
+    past it they stop (a `checks_capped` event; see CheckMemory);
+    check_share: the most of the time since wrapping that sampled checks may take."""
 
     def __init__(self, *, buckets: Any = (), max_buckets: int = 8, multiple: int = 8,
                  sample: float = 0.001, tolerance: Optional[float] = None,
-                 check_memory_bytes: int = CHECK_MEMORY_BYTES):
+                 check_memory_bytes: int = CHECK_MEMORY_BYTES, check_share: float = 0.005):
         start = sorted({int(b) for b in buckets})
         if any(b < 1 for b in start):
             raise ValueError(f"buckets must be >= 1, got {start}")
@@ -119,6 +120,9 @@ class Policy:
         if isinstance(check_memory_bytes, bool) or int(check_memory_bytes) < 0:
             raise ValueError(f"check_memory_bytes must be >= 0, got {check_memory_bytes!r}")
         self.sample = float(sample)
+        if not 0.0 <= check_share <= 1.0:
+            raise ValueError(f"check_share must be in [0, 1], got {check_share!r}")
+        self.check_share = float(check_share)
         self.tolerance = tolerance
         self.check_memory_bytes = int(check_memory_bytes)
 
@@ -222,6 +226,15 @@ class Tokens(Policy):
                       if (w := where.get(k)) is not None and w[0] < axes and extra[w[0]] and
                       isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         return args, kwargs
+
+    def shorten(self, args: tuple, kwargs: dict, length: tuple) -> tuple[tuple, dict]:
+        """The call cut to `length[0]` on the first axis (its ids, masks, positions): the
+        same inputs with the bucket's most padding, for a check."""
+        n, dim, where = length[0], self.dim, self.where
+        if args and isinstance(args[0], torch.Tensor):
+            args = (args[0].narrow(dim, 0, n), *args[1:])
+        return args, {k: v.narrow(dim, 0, n) if isinstance(v, torch.Tensor) and
+                      where.get(k, (None,))[0] == 0 else v for k, v in kwargs.items()}
 
     def masked(self, kwargs: dict) -> bool:
         # the first axis is always padded; the decoder's where its keywords are passed
@@ -444,7 +457,8 @@ class Padded:
         self.served: set[tuple] = set()      # lengths served through a bucket
         self.used: set[tuple] = set()        # buckets that served a call
         self.calls = self.padded_calls = self.real_tokens = self.padding_tokens = 0
-        self.checks = self.check_ns = 0
+        self.checks = self.check_ns = self.sampled_ns = 0
+        self._since = perf_counter_ns()
         self.max_error: dict[str, float] = {}
         self.refused: Optional[str] = None
         self._plan_at = PLAN_FIRST_AT
@@ -503,13 +517,21 @@ class Padded:
                                    self.policy.masked(kwargs)):
             return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=False)
         if self.policy.sample and random.random() < self.policy.sample and \
-                self.memory.bound(max(ns)):
+                self._within_share() and self.memory.bound(max(ns)):
             return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=True)
         try:
             return self._unpad(out, n, b, checked[1])
         except Exception as e:
             self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
+
+    def _within_share(self) -> bool:
+        """Sampled checks take at most `check_share` of the time since the model was wrapped
+        (a check is an eager run: on a GPU, tens of ms); past it they are skipped, counted."""
+        if self.sampled_ns <= self.policy.check_share * (perf_counter_ns() - self._since):
+            return True
+        self.memory.skipped += 1
+        return False
 
     def _unpad(self, out: Any, n: Any, b: Any, layout: Any) -> Any:
         return self.policy.unpad(out, n, b) if layout is None else \
@@ -559,14 +581,37 @@ class Padded:
 
     def _check(self, out: Any, args: tuple, kwargs: dict, key: Any, call: tuple,
                sampled: bool) -> Any:
-        """The unpadded run and the comparison, inside CheckMemory's scope (a private CUDA
-        pool where there is one): their allocations never mix with the serving ones. `call`
-        is (length, bucket) in the policy's terms, then the lengths and pads per axis."""
+        """A check of this call: its unpadded run compared with the padded output. Passed,
+        it vouches for the call's signature (`_vouch`); failed, padding goes off and the
+        caller gets the unpadded output. `call` is (length, bucket) in the policy's terms,
+        then the lengths and pads per axis."""
         n, b, ns, pads = call
         t0 = perf_counter_ns()
+        ok, errors, problem, served, reference, layout = self._compare(
+            out, args, kwargs, n, b, max(ns), sampled)
+        if reference is None and not ok:
+            self._refuse(problem or "the check did not run")
+            return self.__wrapped__(*args, **kwargs)
+        self._count(t0, errors, sampled)
+        if not ok:
+            padded = "/".join(str(x + p) for x, p in zip(ns, pads))
+            self._refuse(f"length {'/'.join(map(str, ns))} padded to {padded}: {problem}",
+                         max(errors.values(), default=None))
+            return reference  # the unpadded output: this caller still gets the right answer
+        if key not in self.checked and not self.policy.masked(kwargs):
+            pads = self._widen(args, kwargs, call, layout)
+        self._vouch(key, pads, layout)
+        return served
+
+    def _compare(self, out: Any, args: tuple, kwargs: dict, n: Any, b: Any, longest: int,
+                 sampled: bool) -> tuple:
+        """(ok, errors, problem, served, reference, layout): the unpadded run and the
+        comparison, inside CheckMemory's scope (a private CUDA pool where there is one):
+        their allocations never mix with the serving ones. The reference is kept only where
+        the check failed (the caller's answer); None where it could not run."""
         ok, errors, problem, served, reference, layout = False, {}, None, None, None, None
         try:
-            with self.memory.scope(args, kwargs, max(ns), sampled):
+            with self.memory.scope(args, kwargs, longest, sampled):
                 try:
                     reference = self.reference(*args, **kwargs)
                 except Exception as e:  # nothing checked: nothing padded goes back
@@ -585,20 +630,47 @@ class Padded:
                         reference = None  # freed inside the scope: back to the pool
         except Exception:  # CheckMemory never raises; this is belt and braces
             pass
+        return ok, errors, problem, served, reference, layout
+
+    def _widen(self, args: tuple, kwargs: dict, call: tuple, layout: Any) -> tuple:
+        """A signature's first check passed: the same bucket at its most padding is checked
+        too (the call's own first axis cut to one more than the bucket below), so that the
+        later calls of the bucket need no check of their own. Returns the padding covered:
+        the most, or the call's where that check could not run."""
+        n, b, ns, pads = call
+        plan = self.plan
+        i = bisect.bisect_left(plan, ns[0] + pads[0])
+        short = (plan[i - 1] if i > 0 else 0) + 1
+        if short >= ns[0] or not hasattr(self.policy, "shorten"):
+            return pads
+        t0 = perf_counter_ns()
+        try:
+            shorter = (short, *ns[1:])
+            n2 = shorter if isinstance(n, tuple) else short
+            sargs, skwargs = self.policy.shorten(args, kwargs, n2)
+            pargs, pkwargs = self.policy.pad(sargs, skwargs, n2, b)
+            out = self.__wrapped__(*pargs, **pkwargs)
+        except Exception:
+            return pads  # the records rule still holds: longer pads are checked when they come
+        ok, errors, problem, _, reference, _ = self._compare(out, sargs, skwargs, n2, b, short,
+                                                             False)
         if reference is None and not ok:
-            self._refuse(problem or "the check did not run")
-            return self.__wrapped__(*args, **kwargs)
+            return pads
+        self._count(t0, errors, False)
+        if not ok:
+            self._refuse(f"length {short} padded to {ns[0] + pads[0]} (the bucket's most "
+                         f"padding): {problem}", max(errors.values(), default=None))
+            return pads
+        return (ns[0] + pads[0] - short, *pads[1:])
+
+    def _count(self, t0: int, errors: dict, sampled: bool) -> None:
+        spent = perf_counter_ns() - t0
         self.checks += 1
-        self.check_ns += perf_counter_ns() - t0
+        self.check_ns += spent
+        if sampled:
+            self.sampled_ns += spent
         for dtype, err in errors.items():
             self.max_error[dtype] = max(self.max_error.get(dtype, 0.0), err)
-        if ok:
-            self._vouch(key, pads, layout)
-            return served
-        padded = "/".join(str(x + p) for x, p in zip(ns, pads))
-        self._refuse(f"length {'/'.join(map(str, ns))} padded to {padded}: {problem}",
-                     max(errors.values(), default=None))
-        return reference  # the unpadded output: this caller still gets the right answer
 
     def _vouch(self, key: Any, pads: tuple, layout: Any) -> None:
         """A passed check covers its signature's calls up to the padding it had; one whose
