@@ -347,18 +347,38 @@ def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
 # -- the checks' memory (CheckMemory): which calls are checked after warm-up, the cap -------
 def test_sampled_checks_run_only_at_lengths_already_covered_by_a_check(emitted):
     shapes = []
-    model = watch(lambda x: shapes.append(x.shape[1]) or x * 2, "sampled",
-                  pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0))
+
+    def model(x, attention_mask):
+        shapes.append(x.shape[1])
+        return x * 2
+
+    padded = watch(model, "sampled", pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0))
     for n in (20, 30, 10, 20):
-        assert torch.equal(model(ids(n) * 0 + 3), torch.full((1, n), 6))
-    # 20: the bucket's first check, then 1 (its most padding); 30: longer than any check so
-    # far, not checked (its bucket's first check covers it); 10 and 20: their footprint is
-    # covered, checked
-    assert shapes == [64, 20, 64, 1, 64, 64, 10, 64, 20]
-    stats = model.stats()
-    assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (4, 1, None)
+        out = padded(ids(n) * 0 + 3, attention_mask=torch.ones(1, n, dtype=torch.long))
+        assert torch.equal(out, torch.full((1, n), 6))
+    # masked: no check at the bucket's most padding. 20: the bucket's first check; 30: longer
+    # than any check so far, not checked (its bucket's first check covers it); 10 and 20:
+    # their footprint is covered, checked
+    assert shapes == [64, 20, 64, 64, 10, 64, 20]
+    stats = padded.stats()
+    assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (3, 1, None)
     assert stats.check_pool is None  # a CPU model: no CUDA pool involved
     assert events.decode(events.encode(stats)) == stats
+
+
+def test_a_first_check_also_checks_the_bucket_at_its_most_padding(emitted):
+    """A model that padding moves by 1e-4 a pad (no mask): within the tolerance at one pad,
+    over it at the bucket's most. Refused at the first call, whose answer (one pad) was
+    checked and is served."""
+    def model(x):
+        return x.float() + 0.005 * (x == 0).sum()  # padding (token 0) shifts every output
+
+    padded = watch(model, "widen", pad=pad.Tokens(buckets=(32, 64)))
+    x = torch.full((1, 63), 50)
+    out = padded(x)
+    assert torch.allclose(out, x.float() + 0.005) and not padded.on  # one pad: 1e-4
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert "length 33 padded to 64 (the bucket's most padding)" in event.detail
 
 
 def test_sampled_checks_stop_past_the_cap_with_an_event():

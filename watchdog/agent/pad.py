@@ -65,7 +65,7 @@ import threading
 import time
 import weakref
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -410,6 +410,12 @@ class CheckMemory:
 
 
 # -- the wrapper ----------------------------------------------------------------------------
+class Padding(NamedTuple):
+    """Padded arguments, for a check that runs them on the uncompiled model."""
+    args: tuple
+    kwargs: dict
+
+
 def _tag(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.dtype, v.shape, v.device
@@ -607,12 +613,16 @@ class Padded:
                  sampled: bool) -> tuple:
         """(ok, errors, problem, served, reference, layout): the unpadded run and the
         comparison, inside CheckMemory's scope (a private CUDA pool where there is one):
-        their allocations never mix with the serving ones. The reference is kept only where
-        the check failed (the caller's answer); None where it could not run."""
+        their allocations never mix with the serving ones. `out` is the padded output, or
+        the padded arguments (pargs, pkwargs) to run on the uncompiled model in that scope.
+        The reference is kept only where the check failed (the caller's answer); None where
+        it could not run."""
         ok, errors, problem, served, reference, layout = False, {}, None, None, None, None
         try:
             with self.memory.scope(args, kwargs, longest, sampled):
                 try:
+                    if isinstance(out, Padding):
+                        out = self.reference(*out.args, **out.kwargs)
                     reference = self.reference(*args, **kwargs)
                 except Exception as e:  # nothing checked: nothing padded goes back
                     problem = (f"the check's unpadded run failed: {type(e).__name__}: "
@@ -635,8 +645,11 @@ class Padded:
     def _widen(self, args: tuple, kwargs: dict, call: tuple, layout: Any) -> tuple:
         """A signature's first check passed: the same bucket at its most padding is checked
         too (the call's own first axis cut to one more than the bucket below), so that the
-        later calls of the bucket need no check of their own. Returns the padding covered:
-        the most, or the call's where that check could not run."""
+        later calls of the bucket need no check of their own. Both runs are the uncompiled
+        model's: the first check found the compiled graph equal to it at this shape, and a
+        second call of a CUDA-graph model would overwrite the output the caller is about to
+        get. Returns the padding covered: the most, or the call's where that check could
+        not run."""
         n, b, ns, pads = call
         plan = self.plan
         i = bisect.bisect_left(plan, ns[0] + pads[0])
@@ -648,12 +661,11 @@ class Padded:
             shorter = (short, *ns[1:])
             n2 = shorter if isinstance(n, tuple) else short
             sargs, skwargs = self.policy.shorten(args, kwargs, n2)
-            pargs, pkwargs = self.policy.pad(sargs, skwargs, n2, b)
-            out = self.__wrapped__(*pargs, **pkwargs)
+            padded = Padding(*self.policy.pad(sargs, skwargs, n2, b))
         except Exception:
             return pads  # the records rule still holds: longer pads are checked when they come
-        ok, errors, problem, _, reference, _ = self._compare(out, sargs, skwargs, n2, b, short,
-                                                             False)
+        ok, errors, problem, _, reference, _ = self._compare(padded, sargs, skwargs, n2, b,
+                                                             ns[0] + pads[0], False)
         if reference is None and not ok:
             return pads
         self._count(t0, errors, False)
