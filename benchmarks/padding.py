@@ -68,6 +68,7 @@ SIZES = {  # model and traffic per mode
                    dtype="float16", seconds=40.0),
 }
 EXACT_LENGTHS = 16
+SLOWEST = 30  # the slowest calls kept per variant, with their checks and recordings
 MIN_WINDOW_S = 10.0  # measured at least this long after the first call (its compile)
 MIN_WINDOW_CALLS = 50  # and at least this many calls (a recompile can take 40 s on a busy CPU)
 
@@ -233,7 +234,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
     start = time.perf_counter()
     window_at, end_at = start + seconds * (1 - window), start + seconds
     first_call_s = mem_start = graphs_start = reserved_start = checks_start = None
-    measured = 0
+    measured, slowest = 0, []
     with torch.inference_mode():
         if name == "refusal":
             for n in (37, 100, 5):
@@ -245,11 +246,18 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
         while True:
             n = rng.randint(lo, max_len)
             ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+            checks0, graphs0 = getattr(fn, "checks", 0), recorded[0]
             t0 = time.perf_counter()
             out = fn(ids)
             sync()
             t1 = time.perf_counter()
             del out
+            # where the time goes: the slowest calls, with what happened in them
+            slowest.append((round(1e3 * (t1 - t0), 2), round(t1 - start, 3), n,
+                            getattr(fn, "checks", 0) - checks0, recorded[0] - graphs0))
+            if len(slowest) > 2 * SLOWEST:
+                slowest.sort(reverse=True)
+                del slowest[SLOWEST:]
             if first_call_s is None:  # the first compile: a slow one still leaves a window
                 first_call_s = t1 - start
                 window_at = max(window_at, t1)
@@ -287,6 +295,8 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
             "graphs_recorded_in_window": (graphs_end - graphs_start)
             if recorded[0] >= 0 and graphs_start is not None else None,
             "distinct_lengths": len({c[1] for c in calls}),
+            # (ms, seconds since start, length, checks in the call, graphs recorded in it)
+            "slowest_calls": sorted(slowest, reverse=True)[:SLOWEST],
         }
         if name in ("agent_padding", "hand_padding"):
             errors: dict = {}
