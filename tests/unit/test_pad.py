@@ -2,9 +2,11 @@
 torch.compile, refused for a model that right padding changes, outputs sliced back whatever
 their container, a plan that only grows, lengths above the plan served as they come."""
 import collections
+import contextlib
 import dataclasses
 import random
 import time
+import weakref
 from typing import NamedTuple
 
 import pytest
@@ -379,6 +381,32 @@ def test_a_first_check_also_checks_the_bucket_at_its_most_padding(emitted):
     assert torch.allclose(out, x.float() + 0.005) and not padded.on  # one pad: 1e-4
     (event,) = [e for e in emitted if e.kind == "mitigation"]
     assert "length 33 padded to 64 (the bucket's most padding)" in event.detail
+
+
+def test_a_checks_own_outputs_do_not_outlive_its_memory_scope(emitted, monkeypatch):
+    """What a check's runs allocate is freed inside its scope (a private CUDA pool, deleted at
+    its end): a tensor alive past it would keep pool memory the pool cannot give back."""
+    made, alive = [], []
+
+    def model(x):
+        out = x.float() * 2
+        made.append(weakref.ref(out))
+        return out
+
+    scope = pad.CheckMemory.scope
+
+    @contextlib.contextmanager
+    def watched_scope(self, args, kwargs, n, sampled):
+        first = len(made)
+        with scope(self, args, kwargs, n, sampled):
+            yield
+        alive.append([r() is not None for r in made[first:]])
+
+    monkeypatch.setattr(pad.CheckMemory, "scope", watched_scope)
+    padded = watch(model, "scoped", pad=pad.Tokens(buckets=(16,)))
+    assert torch.equal(padded(ids(9) * 0 + 1), torch.full((1, 9), 2.0))
+    # the first check's reference; then the bucket's most padding: padded and unpadded
+    assert alive == [[False], [False, False]]
 
 
 def test_sampled_checks_stop_past_the_cap_with_an_event():

@@ -614,14 +614,15 @@ class Padded:
         """(ok, errors, problem, served, reference, layout): the unpadded run and the
         comparison, inside CheckMemory's scope (a private CUDA pool where there is one):
         their allocations never mix with the serving ones. `out` is the padded output, or
-        the padded arguments (pargs, pkwargs) to run on the uncompiled model in that scope.
-        The reference is kept only where the check failed (the caller's answer); None where
-        it could not run."""
+        the padded arguments (a `Padding`) to run on the uncompiled model in that scope, whose
+        output is then dropped in it too. The reference is kept only where the check failed
+        (the caller's answer); None where it could not run."""
         ok, errors, problem, served, reference, layout = False, {}, None, None, None, None
         try:
             with self.memory.scope(args, kwargs, longest, sampled):
+                inside = isinstance(out, Padding)
                 try:
-                    if isinstance(out, Padding):
+                    if inside:
                         out = self.reference(*out.args, **out.kwargs)
                     reference = self.reference(*args, **kwargs)
                 except Exception as e:  # nothing checked: nothing padded goes back
@@ -638,6 +639,8 @@ class Padded:
                             f"comparison failed: {type(e).__name__}: {e}")
                     if ok:
                         reference = None  # freed inside the scope: back to the pool
+                if inside:  # the same: an output of the pool must not outlive it
+                    out = served = None
         except Exception:  # CheckMemory never raises; this is belt and braces
             pass
         return ok, errors, problem, served, reference, layout
