@@ -5,21 +5,28 @@ warm-up, a recording, memory). Padding lengths up to a few buckets keeps that to
 bucket (the figures are in benchmarks/results/agent-internals.md). This module does
 the padding for the user, and checks that it is exact.
 
-- **What is padded** is a `Policy`: `Tokens` pads one dimension of the token-id tensor(s) on the
-  right with a value and extends an `attention_mask` keyword with zeros, then slices the outputs
-  (tensors, tuples, lists, dicts, HF-style ModelOutput objects) back to the real length; a
-  subclass (or `Custom`) brings its own length/pad/unpad.
+- **What is padded** is a `Policy`: `Tokens` right-pads one dimension of the token ids, the
+  masks (0) and the other sequence keywords (`position_ids`: the last repeated;
+  `token_type_ids`: 0), an encoder-decoder's decoder inputs to a bucket of their own, then
+  slices the outputs back to the real length (pad_outputs.py: tensors, containers, ModelOutput
+  objects, HF cache objects; anything else is refused); a subclass (or `Custom`) brings its own
+  length/pad/unpad.
 - **The plan** (`buckets.extend`): the bucket advisor over the lengths seen, under
   `max_buckets`, starting from the configured `buckets`, refined at 32, 64, 128, ... calls (each
   time using half the buckets still free) on a short-lived thread, never on the request. A plan
   only ever adds buckets (a recorded graph is never thrown away); a length above the largest
   bucket runs unpadded.
-- **Exact or off.** The first padded call in each bucket, and a `sample` fraction after, is also
-  run unpadded on the uncompiled model, and the outputs are compared at the real positions with a
-  tolerance for the dtype (`TOLERANCE`, relative to the reference's largest magnitude). A
-  mismatch turns padding off for that model for good, returns the unpadded (correct) output, and
-  emits a `mitigation` event (`padding`, `refused`) with the error seen. Checks cost one eager
-  call each, on the calls that are checked only; `padding` events report their count and time.
+- **Exact or off.** A padded output reaches the caller only where a check covers the call: the
+  same `signature` (padded shapes, keywords, flag values: another output structure is another
+  check) with no more padding than the check had, or masked padding. Else the call is checked
+  first: also run unpadded on the uncompiled model, the outputs compared at the real positions
+  with a tolerance for the dtype (`TOLERANCE`, relative to the reference's largest magnitude).
+  A signature's first check (unmasked) also checks its bucket at the most padding, so that the
+  bucket's later calls are covered; a `sample` fraction is checked again, within `check_share`
+  of the time. A mismatch turns padding off for that model for good, returns the unpadded
+  (correct) output, and emits a `mitigation` event (`padding`, `refused`) with the error seen.
+  Checks cost one or two eager calls each, on the calls that are checked only; `padding`
+  events report their count and time.
 - **Memory** (`CheckMemory`): flat after warm-up. The checks' eager runs at ever new lengths
   grow the shared caching allocator, and `torch.cuda.empty_cache()` after each check would give
   that back only by making every later call cudaMalloc again (and cudaFree synchronises). So,
