@@ -228,6 +228,28 @@ def test_attention_mask_is_extended_with_zeros_and_ids_with_the_pad_value(emitte
     assert torch.equal(sent_ids[:, :5], x)
 
 
+def test_sequence_keywords_get_their_fills_and_the_decoders_its_own_bucket(emitted):
+    sent = []
+
+    def model(**kwargs):
+        sent.append({k: v.clone() for k, v in kwargs.items()})
+        return kwargs["decoder_input_ids"].float()
+
+    padded = watch(model, "seq2seq", pad=pad.Tokens(value=99, buckets=(4, 8)))
+    kw = {"input_ids": ids(5), "attention_mask": torch.ones(1, 5, dtype=torch.long),
+          "position_ids": torch.arange(3, 8)[None], "token_type_ids": torch.ones(1, 5).long(),
+          "decoder_input_ids": ids(3), "decoder_attention_mask": torch.ones(1, 3).long()}
+    assert torch.equal(padded(**kw), kw["decoder_input_ids"].float())
+    got = sent[0]  # the padded call: the encoder to 8, the decoder to its own bucket, 4
+    assert got["input_ids"][0, 5:].tolist() == [99] * 3
+    assert got["attention_mask"][0].tolist() == [1] * 5 + [0] * 3
+    assert got["position_ids"][0].tolist() == [3, 4, 5, 6, 7, 7, 7, 7]  # the last, repeated
+    assert got["token_type_ids"][0].tolist() == [1] * 5 + [0] * 3
+    assert got["decoder_input_ids"][0].tolist()[3:] == [99]
+    assert got["decoder_attention_mask"][0].tolist() == [1, 1, 1, 0]
+    assert padded.on and padded.padding_tokens == 3 + 1
+
+
 def test_a_users_own_pad_and_unpad_pair(emitted):
     def length(args, kwargs):
         return args[0].shape[0]

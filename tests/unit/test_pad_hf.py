@@ -218,3 +218,22 @@ def test_a_real_compile_returns_its_cache_sliced(emitted):
         out, want = model(x, use_cache=True), eager(x, use_cache=True)
     assert out.past_key_values.get_seq_length() == 11 and model.on
     assert rel(out.logits, want.logits) < 1e-5
+
+
+def test_a_cache_with_state_of_its_own_is_refused_with_the_unpadded_answer(emitted):
+    """A sliding-window cache counts the tokens it saw: slicing its tensors would leave that
+    count padded. Refused at the first check, naming the layer; the caller gets the unpadded
+    cache."""
+    torch.manual_seed(0)
+    eager = transformers.MistralForCausalLM(transformers.MistralConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, sliding_window=8,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0)).eval()
+    model = watch(eager, "mistral", pad=pad.Tokens(buckets=BUCKETS))
+    x = ids(11)
+    with torch.no_grad():
+        out, want = model(x, use_cache=True), eager(x, use_cache=True)
+    assert out.past_key_values.get_seq_length() == 11 and not model.on
+    assert torch.equal(out.logits, want.logits)
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert "DynamicSlidingWindowLayer" in event.detail
