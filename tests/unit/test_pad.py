@@ -431,6 +431,16 @@ def test_a_checks_own_outputs_do_not_outlive_its_memory_scope(emitted, monkeypat
     assert alive == [[False], [False, False]]
 
 
+def test_sampled_checks_stay_within_their_share_of_the_time(emitted):
+    for share in (0.0, 1.0):
+        padded = watch(lambda x, attention_mask: x * 2, f"share-{share}",
+                       pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=share))
+        for n in (40, 30, 20):
+            padded(ids(n), attention_mask=torch.ones(1, n, dtype=torch.long))
+        # 40: the signature's first check; 30 and 20: sampled, past a share of 0 skipped
+        assert (padded.checks, padded.memory.skipped) == ((1, 2) if share == 0 else (3, 0))
+
+
 def test_sampled_checks_stop_past_the_cap_with_an_event():
     got = []
     memory = pad.CheckMemory(100, lambda action, detail: got.append((action, detail)))

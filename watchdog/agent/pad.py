@@ -541,7 +541,7 @@ class Padded:
     def _within_share(self) -> bool:
         """Sampled checks take at most `check_share` of the time since the model was wrapped
         (a check is an eager run: on a GPU, tens of ms); past it they are skipped, counted."""
-        if self.sampled_ns <= self.policy.check_share * (perf_counter_ns() - self._since):
+        if self.sampled_ns < self.policy.check_share * (perf_counter_ns() - self._since):
             return True
         self.memory.skipped += 1
         return False
