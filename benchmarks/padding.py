@@ -60,13 +60,22 @@ SIZES = {  # model and traffic per mode
                 seconds=35.0),
     "gpu": dict(vocab=50257, d=768, layers=12, heads=12, max_len=2048, lo=16, dtype="float16",
                 seconds=32.0),  # 36 took ~250 s in all; check_memory adds ~20 s
+    # --hf: transformers' GPT2LMHeadModel from its config (random weights, use_cache=False):
+    # what the agent's padding slices is a ModelOutput
+    "hf-cpu": dict(hf=True, vocab=1024, d=64, layers=2, heads=4, max_len=256, lo=8,
+                   dtype="float32", seconds=35.0),
+    "hf-gpu": dict(hf=True, vocab=50257, d=768, layers=12, heads=12, max_len=1024, lo=16,
+                   dtype="float16", seconds=40.0),
 }
 EXACT_LENGTHS = 16
+SLOWEST = 30  # the slowest calls kept per variant, with their checks and recordings
 MIN_WINDOW_S = 10.0  # measured at least this long after the first call (its compile)
 MIN_WINDOW_CALLS = 50  # and at least this many calls (a recompile can take 40 s on a busy CPU)
 
 
 def build(torch, cfg: dict, device: str, pooled: bool = False):
+    if cfg.get("hf"):
+        return build_hf(torch, cfg, device)
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -109,6 +118,23 @@ def build(torch, cfg: dict, device: str, pooled: bool = False):
     torch.manual_seed(0)
     model = GPT().eval().to(device=device, dtype=getattr(torch, cfg["dtype"]))
     return model
+
+
+def build_hf(torch, cfg: dict, device: str):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=cfg["vocab"], n_embd=cfg["d"], n_layer=cfg["layers"], n_head=cfg["heads"],
+        n_positions=cfg["max_len"], use_cache=False, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    return model.to(device=device, dtype=getattr(torch, cfg["dtype"]))
+
+
+def logits(out):
+    """A ModelOutput's logits, or the tensor itself: what padding by hand slices."""
+    return out.logits if hasattr(out, "logits") else out
 
 
 def memory(torch, device: str) -> int:
@@ -167,7 +193,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
     from torch_watchdog.agent import pad, settings
 
     cfg = SIZES[mode]
-    device = "cuda" if mode == "gpu" else "cpu"
+    device = "cuda" if mode.endswith("gpu") else "cpu"
     if device == "cpu":
         torch.set_num_threads(1)  # steadier on a shared machine; the same for every variant
     model = build(torch, cfg, device, pooled=name == "refusal")
@@ -199,7 +225,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                 bucket = next(b for b in hand if b >= n)
                 if bucket > n:
                     ids = torch.cat([ids, ids.new_zeros(1, bucket - n)], dim=1)
-                return compiled(ids).narrow(1, 0, n)
+                return logits(compiled(ids)).narrow(1, 0, n)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rng = random.Random(1)
@@ -208,7 +234,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
     start = time.perf_counter()
     window_at, end_at = start + seconds * (1 - window), start + seconds
     first_call_s = mem_start = graphs_start = reserved_start = checks_start = None
-    measured = 0
+    measured, slowest = 0, []
     with torch.inference_mode():
         if name == "refusal":
             for n in (37, 100, 5):
@@ -220,11 +246,18 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
         while True:
             n = rng.randint(lo, max_len)
             ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
+            checks0, graphs0 = getattr(fn, "checks", 0), recorded[0]
             t0 = time.perf_counter()
             out = fn(ids)
             sync()
             t1 = time.perf_counter()
             del out
+            # where the time goes: the slowest calls, with what happened in them
+            slowest.append((round(1e3 * (t1 - t0), 2), round(t1 - start, 3), n,
+                            getattr(fn, "checks", 0) - checks0, recorded[0] - graphs0))
+            if len(slowest) > 2 * SLOWEST:
+                slowest.sort(reverse=True)
+                del slowest[SLOWEST:]
             if first_call_s is None:  # the first compile: a slow one still leaves a window
                 first_call_s = t1 - start
                 window_at = max(window_at, t1)
@@ -262,6 +295,8 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
             "graphs_recorded_in_window": (graphs_end - graphs_start)
             if recorded[0] >= 0 and graphs_start is not None else None,
             "distinct_lengths": len({c[1] for c in calls}),
+            # (ms, seconds since start, length, checks in the call, graphs recorded in it)
+            "slowest_calls": sorted(slowest, reverse=True)[:SLOWEST],
         }
         if name in ("agent_padding", "hand_padding"):
             errors: dict = {}
@@ -269,7 +304,9 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:
                 ids = torch.randint(0, cfg["vocab"], (1, n), generator=gen).to(device)
                 served = fn(ids)
                 served = served.clone() if hasattr(served, "clone") else served
-                ok, errs, _ = pad.compare(served, model(ids))
+                want = model(ids)
+                ok, errs, _ = pad.compare(served, logits(want) if name == "hand_padding"
+                                          else want)
                 for k, v in errs.items():
                     errors[k] = max(errors.get(k, 0.0), v)
             result["outputs_max_error"] = errors
@@ -346,42 +383,70 @@ def check_memory_ab(torch, cfg: dict, device: str, model) -> dict:
 
 
 def wrapper_overhead() -> dict:
-    """The agent's padding wrapper against the same padding by hand, on a callable that
-    returns its input (CPU, thread time per call, lengths 1-256 into 8 buckets, no checks):
-    what padding by the agent adds to a call beyond the padding itself."""
+    """The agent's padding wrapper against the same padding by hand (CPU, thread time per
+    call, lengths 1-256 into 8 buckets, no checks): what padding by the agent adds to a call
+    beyond the padding itself. On a callable that returns its input; and, with transformers,
+    one that returns a ModelOutput (logits), called with and without an attention mask, where
+    the hand version pads both and slices the logits."""
+    import torch
+
+    torch.set_num_threads(1)
+    out = dict(zip(("agent", "hand"), _overhead(lambda x: x, masked=False)))
+    try:
+        from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+    except Exception as e:  # no transformers: the plain rows only
+        out["model_output"] = f"not measured: {type(e).__name__}: {e}"
+        return out
+
+    def model(input_ids, attention_mask=None):
+        return CausalLMOutputWithCrossAttentions(logits=input_ids.unsqueeze(-1).float())
+
+    for key, masked in (("model_output", False), ("model_output_masked", True)):
+        agent, hand = _overhead(model, masked)
+        out[key] = {"agent": agent, "hand": hand, "over_hand_us": round(agent - hand, 2),
+                    "ratio": round(agent / hand, 3)}
+    return out
+
+
+def _overhead(model, masked: bool) -> tuple[float, float]:
     import torch
 
     from torch_watchdog.agent import pad, watch
 
-    torch.set_num_threads(1)
     hand_buckets = [32 * (i + 1) for i in range(8)]
-    agent = watch(lambda x: x, "overhead", pad=pad.Tokens(buckets=tuple(hand_buckets),
-                                                          max_buckets=8, sample=0.0))
-    watched = watch(lambda x: x, "overhead-hand")
+    agent = watch(model, "overhead", pad=pad.Tokens(buckets=tuple(hand_buckets),
+                                                    max_buckets=8, sample=0.0))
+    watched = watch(model, "overhead-hand")
 
-    def hand(ids):
+    def hand(ids, **kwargs):
         n = ids.shape[1]
         bucket = next(b for b in hand_buckets if b >= n)
         if bucket > n:
             ids = torch.cat([ids, ids.new_zeros(1, bucket - n)], dim=1)
-        return watched(ids).narrow(1, 0, n)
+            kwargs = {k: torch.cat([v, v.new_zeros(1, bucket - n)], dim=1)
+                      for k, v in kwargs.items()}
+        return logits(watched(ids, **kwargs)).narrow(1, 0, n)
 
-    xs = [torch.randint(0, 100, (1, n)) for n in range(1, 257)]
-    for x in xs:
-        agent(x), hand(x)
+    xs = [(torch.randint(0, 100, (1, n)),
+           {"attention_mask": torch.ones(1, n, dtype=torch.long)} if masked else {})
+          for n in range(1, 257)]
+    for x, kw in xs:  # warm-up: every bucket's first check
+        agent(x, **kw), hand(x, **kw)
     us: dict = {"agent": [], "hand": []}
-    for _ in range(30):
+    for _ in range(30):  # interleaved: the machine's load falls on both alike
         for name, fn in (("agent", agent), ("hand", hand)):
             t0 = time.thread_time_ns()
-            for x in xs:
-                fn(x)
+            for x, kw in xs:
+                fn(x, **kw)
             us[name].append((time.thread_time_ns() - t0) / len(xs) / 1e3)
-    return {k: round(statistics.median(v), 2) for k, v in us.items()}
+    return round(statistics.median(us["agent"]), 2), round(statistics.median(us["hand"]), 2)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="the CUDA configuration (H200)")
+    ap.add_argument("--hf", action="store_true",
+                    help="transformers' GPT-2 (a ModelOutput) instead of the plain model")
     ap.add_argument("--seconds", type=float, help="per variant (default 35 CPU, 32 GPU)")
     ap.add_argument("--window", type=float, default=0.6,
                     help="measured share at the end of each run (default 0.6)")
@@ -390,7 +455,7 @@ def main() -> int:
                                   "with --gpu)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # a child process: one variant
     args = ap.parse_args()
-    mode = "gpu" if args.gpu else "cpu"
+    mode = ("hf-" if args.hf else "") + ("gpu" if args.gpu else "cpu")
     seconds = args.seconds or SIZES[mode]["seconds"]
     if args.variant:
         print(json.dumps(run_variant(args.variant, mode, seconds, args.window)))
@@ -398,7 +463,8 @@ def main() -> int:
     results, started = [], time.time()
     for name in args.variants.split(","):
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", name, "--seconds",
-               str(seconds), "--window", str(args.window)] + (["--gpu"] if args.gpu else [])
+               str(seconds), "--window", str(args.window)] + (["--gpu"] if args.gpu else []) \
+            + (["--hf"] if args.hf else [])
         t0 = time.time()
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)

@@ -2,8 +2,11 @@
 torch.compile, refused for a model that right padding changes, outputs sliced back whatever
 their container, a plan that only grows, lengths above the plan served as they come."""
 import collections
+import contextlib
+import dataclasses
 import random
 import time
+import weakref
 from typing import NamedTuple
 
 import pytest
@@ -95,7 +98,8 @@ def test_causal_model_padded_by_the_agent_equals_unpadded_and_compiles_two_bucke
             torch.testing.assert_close(out, eager(x), rtol=1e-4, atol=1e-5)
     # the compiled model only ever saw the two buckets: two graphs instead of six lengths
     assert seen(model) == {(1, 32), (1, 64)}
-    assert model.on and model.checks == 2 and model.max_error["float32"] < 1e-4
+    # a check per bucket at its first call (5, 40), and one at the bucket's most padding (1, 33)
+    assert model.on and model.checks == 4 and model.max_error["float32"] < 1e-4
     stats = model.stats()
     assert stats.real_tokens == sum(lengths)
     assert stats.padding_tokens == (32 - 5) + (32 - 20) + (64 - 40) + (32 - 7) + (64 - 63)
@@ -153,7 +157,7 @@ def outputs(kind: str):
         if kind == "tuple":
             return (logits, pooled, [cache])
         if kind == "dict":
-            return {"logits": logits, "pooled": pooled, "past": (cache,), "n": 7}
+            return {"logits": logits, "pooled": pooled, "past": (cache,), "none": None}
         if kind == "namedtuple":
             return Pair(logits, pooled)
         return FakeModelOutput(logits=logits, pooled_output=pooled, past_key_values=(cache,),
@@ -174,8 +178,38 @@ def test_outputs_are_sliced_back_to_the_real_length_in_their_own_types(emitted, 
             assert a.shape == b.shape, path
             assert torch.equal(a, b), path
         if kind == "dict":
-            assert got["n"] == 7
-    assert model.on and model.padded_calls == 3 and model.checks == 2
+            assert got["none"] is None
+    assert model.on and model.padded_calls == 3 and model.checks == 4  # 5 and 1, 40 and 17
+
+
+@dataclasses.dataclass
+class Plain:  # a dataclass that is no ModelOutput
+    logits: torch.Tensor
+
+
+@pytest.mark.parametrize("kind", ["int", "numpy", "str", "dataclass"])
+def test_an_output_padding_cannot_see_is_refused_and_answered_unpadded(emitted, kind):
+    """A length inside an int, a numpy array, a string or a plain dataclass would go back
+    padded unseen: padding refuses at the first check, with the unpadded answer."""
+    def model(x):
+        logits = x.float() * 2
+        return {"int": lambda: (logits, x.shape[1]), "numpy": lambda: logits.numpy(),
+                "str": lambda: (logits, "n" * x.shape[1]), "dataclass": lambda: Plain(logits)
+                }[kind]()
+
+    padded = watch(model, f"unseen-{kind}", pad=pad.Tokens(buckets=(16,)))
+    x = ids(5)
+    got = padded(x)
+    want = model(x)
+    if kind == "dataclass":
+        assert torch.equal(got.logits, want.logits)
+    elif kind == "numpy":
+        assert got.shape == (1, 5) and (got == want).all()
+    else:
+        assert got[1] == want[1] and torch.equal(got[0], want[0])
+    assert not padded.on
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert event.action == "refused" and "padding cannot slice it back" in event.detail
 
 
 def test_attention_mask_is_extended_with_zeros_and_ids_with_the_pad_value(emitted):
@@ -192,6 +226,28 @@ def test_attention_mask_is_extended_with_zeros_and_ids_with_the_pad_value(emitte
     assert sent_ids.shape == (1, 8) and sent_ids[0, 5:].tolist() == [99, 99, 99]
     assert sent_mask[0].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
     assert torch.equal(sent_ids[:, :5], x)
+
+
+def test_sequence_keywords_get_their_fills_and_the_decoders_its_own_bucket(emitted):
+    sent = []
+
+    def model(**kwargs):
+        sent.append({k: v.clone() for k, v in kwargs.items()})
+        return kwargs["decoder_input_ids"].float()
+
+    padded = watch(model, "seq2seq", pad=pad.Tokens(value=99, buckets=(4, 8)))
+    kw = {"input_ids": ids(5), "attention_mask": torch.ones(1, 5, dtype=torch.long),
+          "position_ids": torch.arange(3, 8)[None], "token_type_ids": torch.ones(1, 5).long(),
+          "decoder_input_ids": ids(3), "decoder_attention_mask": torch.ones(1, 3).long()}
+    assert torch.equal(padded(**kw), kw["decoder_input_ids"].float())
+    got = sent[0]  # the padded call: the encoder to 8, the decoder to its own bucket, 4
+    assert got["input_ids"][0, 5:].tolist() == [99] * 3
+    assert got["attention_mask"][0].tolist() == [1] * 5 + [0] * 3
+    assert got["position_ids"][0].tolist() == [3, 4, 5, 6, 7, 7, 7, 7]  # the last, repeated
+    assert got["token_type_ids"][0].tolist() == [1] * 5 + [0] * 3
+    assert got["decoder_input_ids"][0].tolist()[3:] == [99]
+    assert got["decoder_attention_mask"][0].tolist() == [1, 1, 1, 0]
+    assert padded.on and padded.padding_tokens == 3 + 1
 
 
 def test_a_users_own_pad_and_unpad_pair(emitted):
@@ -234,7 +290,8 @@ def test_lengths_above_the_largest_bucket_run_unpadded(emitted):
                   pad=pad.Tokens(buckets=(16,), max_buckets=1))
     model(ids(10))  # padded to 16, then checked: the model itself is the unpadded reference
     model(ids(40))
-    assert shapes == [(1, 16), (1, 10), (1, 40)]
+    # the check of 10, then of 1 (the bucket's most padding), then 40 as it comes
+    assert shapes == [(1, 16), (1, 10), (1, 16), (1, 1), (1, 40)]
     assert model.plan == (16,)
 
 
@@ -281,7 +338,7 @@ def test_padding_events_carry_the_totals(emitted):
     pad.emit_stats(got.append)
     pad.emit_stats(got.append)  # nothing new: no second event
     (e,) = [e for e in got if e.name == "stats"]
-    assert (e.calls, e.padded_calls, e.real_tokens, e.padding_tokens, e.checks) == (2, 2, 13, 3, 1)
+    assert (e.calls, e.padded_calls, e.real_tokens, e.padding_tokens, e.checks) == (2, 2, 13, 3, 2)
     assert events.decode(events.encode(e)) == e
 
 
@@ -314,17 +371,74 @@ def test_a_call_without_the_padded_dimension_is_served_as_it_comes(emitted):
 # -- the checks' memory (CheckMemory): which calls are checked after warm-up, the cap -------
 def test_sampled_checks_run_only_at_lengths_already_covered_by_a_check(emitted):
     shapes = []
-    model = watch(lambda x: shapes.append(x.shape[1]) or x * 2, "sampled",
-                  pad=pad.Tokens(buckets=(64,), sample=1.0))
+
+    def model(x, attention_mask):
+        shapes.append(x.shape[1])
+        return x * 2
+
+    padded = watch(model, "sampled", pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0))
     for n in (20, 30, 10, 20):
-        assert torch.equal(model(ids(n) * 0 + 3), torch.full((1, n), 6))
-    # 20: the bucket's first check; 30: longer than any check so far, not checked (its bucket's
-    # first check covers it); 10 and 20: their footprint is covered, checked
+        out = padded(ids(n) * 0 + 3, attention_mask=torch.ones(1, n, dtype=torch.long))
+        assert torch.equal(out, torch.full((1, n), 6))
+    # masked: no check at the bucket's most padding. 20: the bucket's first check; 30: longer
+    # than any check so far, not checked (its bucket's first check covers it); 10 and 20:
+    # their footprint is covered, checked
     assert shapes == [64, 20, 64, 64, 10, 64, 20]
-    stats = model.stats()
+    stats = padded.stats()
     assert (stats.checks, stats.checks_skipped, stats.checks_stopped) == (3, 1, None)
     assert stats.check_pool is None  # a CPU model: no CUDA pool involved
     assert events.decode(events.encode(stats)) == stats
+
+
+def test_a_first_check_also_checks_the_bucket_at_its_most_padding(emitted):
+    """A model that padding moves by 1e-4 a pad (no mask): within the tolerance at one pad,
+    over it at the bucket's most. Refused at the first call, whose answer (one pad) was
+    checked and is served."""
+    def model(x):
+        return x.float() + 0.005 * (x == 0).sum()  # padding (token 0) shifts every output
+
+    padded = watch(model, "widen", pad=pad.Tokens(buckets=(32, 64)))
+    x = torch.full((1, 63), 50)
+    out = padded(x)
+    assert torch.allclose(out, x.float() + 0.005) and not padded.on  # one pad: 1e-4
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert "length 33 padded to 64 (the bucket's most padding)" in event.detail
+
+
+def test_a_checks_own_outputs_do_not_outlive_its_memory_scope(emitted, monkeypatch):
+    """What a check's runs allocate is freed inside its scope (a private CUDA pool, deleted at
+    its end): a tensor alive past it would keep pool memory the pool cannot give back."""
+    made, alive = [], []
+
+    def model(x):
+        out = x.float() * 2
+        made.append(weakref.ref(out))
+        return out
+
+    scope = pad.CheckMemory.scope
+
+    @contextlib.contextmanager
+    def watched_scope(self, args, kwargs, n, sampled):
+        first = len(made)
+        with scope(self, args, kwargs, n, sampled):
+            yield
+        alive.append([r() is not None for r in made[first:]])
+
+    monkeypatch.setattr(pad.CheckMemory, "scope", watched_scope)
+    padded = watch(model, "scoped", pad=pad.Tokens(buckets=(16,)))
+    assert torch.equal(padded(ids(9) * 0 + 1), torch.full((1, 9), 2.0))
+    # the first check's reference; then the bucket's most padding: padded and unpadded
+    assert alive == [[False], [False, False]]
+
+
+def test_sampled_checks_stay_within_their_share_of_the_time(emitted):
+    for share in (0.0, 1.0):
+        padded = watch(lambda x, attention_mask: x * 2, f"share-{share}",
+                       pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=share))
+        for n in (40, 30, 20):
+            padded(ids(n), attention_mask=torch.ones(1, n, dtype=torch.long))
+        # 40: the signature's first check; 30 and 20: sampled, past a share of 0 skipped
+        assert (padded.checks, padded.memory.skipped) == ((1, 2) if share == 0 else (3, 0))
 
 
 def test_sampled_checks_stop_past_the_cap_with_an_event():
@@ -362,15 +476,16 @@ def test_without_a_private_pool_checks_run_in_the_shared_allocator_and_say_so(
         reserved[0] += 40 * x.shape[1]  # every run leaves memory behind
         return x + 1
 
-    padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0,
+    padded = watch(model, "old-torch", pad=pad.Tokens(buckets=(64,), sample=1.0, check_share=1.0,
                                                       check_memory_bytes=2000))
     for n in (50, 40, 30, 20, 10):
         assert torch.equal(padded(ids(n) * 0), torch.ones(1, n, dtype=torch.long))
     stats = padded.stats()
     assert stats.check_pool == "shared" and padded.on
-    # sampled checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over 2000) ran; 20 and 10
-    # did not: the cap stopped them
-    assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (3, 2, 2800)
+    # 50: the bucket's first check, and 1 (its most padding): neither is charged; sampled
+    # checks at 40 (1600 bytes) then 30 (1200: 2800 in all, over 2000) ran; 20 and 10 did not:
+    # the cap stopped them
+    assert (stats.checks, stats.checks_skipped, stats.check_left_bytes) == (4, 2, 2800)
     actions = [(e.action, e.detail) for e in emitted if e.kind == "mitigation"]
     assert [a for a, _ in actions] == ["check_pool_off", "checks_capped"]
     assert "MemPool is not in this torch" in actions[0][1]
@@ -385,7 +500,7 @@ def test_a_pool_that_fails_falls_back_to_the_shared_allocator(emitted, monkeypat
     padded = watch(lambda x: x * 3, "bad-pool", pad=pad.Tokens(buckets=(16,)))
     x = ids(5)
     assert torch.equal(padded(x), x * 3)  # the check ran anyway, on CPU tensors
-    assert padded.on and padded.checks == 1 and padded.stats().check_pool == "shared"
+    assert padded.on and padded.checks == 2 and padded.stats().check_pool == "shared"
     (event,) = [e for e in emitted if e.kind == "mitigation"]
     assert event.action == "check_pool_off" and "checks run in the shared allocator" in \
         event.detail

@@ -5,21 +5,28 @@ warm-up, a recording, memory). Padding lengths up to a few buckets keeps that to
 bucket (the figures are in benchmarks/results/agent-internals.md). This module does
 the padding for the user, and checks that it is exact.
 
-- **What is padded** is a `Policy`: `Tokens` pads one dimension of the token-id tensor(s) on the
-  right with a value and extends an `attention_mask` keyword with zeros, then slices the outputs
-  (tensors, tuples, lists, dicts, HF-style ModelOutput objects) back to the real length; a
-  subclass (or `Custom`) brings its own length/pad/unpad.
+- **What is padded** is a `Policy` (pad_policies.py): `Tokens` right-pads one dimension of
+  the token ids, the masks (0) and the other sequence keywords (`position_ids`: the last
+  repeated; `token_type_ids`: 0), an encoder-decoder's decoder inputs to a bucket of their own,
+  then slices the outputs back to the real length (pad_outputs.py: tensors, containers,
+  ModelOutput objects, HF cache objects; anything else is refused); a subclass (or `Custom`)
+  brings its own length/pad/unpad.
 - **The plan** (`buckets.extend`): the bucket advisor over the lengths seen, under
   `max_buckets`, starting from the configured `buckets`, refined at 32, 64, 128, ... calls (each
   time using half the buckets still free) on a short-lived thread, never on the request. A plan
   only ever adds buckets (a recorded graph is never thrown away); a length above the largest
   bucket runs unpadded.
-- **Exact or off.** The first padded call in each bucket, and a `sample` fraction after, is also
-  run unpadded on the uncompiled model, and the outputs are compared at the real positions with a
-  tolerance for the dtype (`TOLERANCE`, relative to the reference's largest magnitude). A
-  mismatch turns padding off for that model for good, returns the unpadded (correct) output, and
-  emits a `mitigation` event (`padding`, `refused`) with the error seen. Checks cost one eager
-  call each, on the calls that are checked only; `padding` events report their count and time.
+- **Exact or off.** A padded output reaches the caller only where a check covers the call: the
+  same `signature` (padded shapes, keywords, flag values: another output structure is another
+  check) with no more padding than the check had, or masked padding. Else the call is checked
+  first: also run unpadded on the uncompiled model, the outputs compared at the real positions
+  with a tolerance for the dtype (`TOLERANCE`, relative to the reference's largest magnitude).
+  A signature's first check (unmasked) also checks its bucket at the most padding, so that the
+  bucket's later calls are covered; a `sample` fraction is checked again, within `check_share`
+  of the time. A mismatch turns padding off for that model for good, returns the unpadded
+  (correct) output, and emits a `mitigation` event (`padding`, `refused`) with the error seen.
+  Checks cost one or two eager calls each, on the calls that are checked only; `padding`
+  events report their count and time.
 - **Memory** (`CheckMemory`): flat after warm-up. The checks' eager runs at ever new lengths
   grow the shared caching allocator, and `torch.cuda.empty_cache()` after each check would give
   that back only by making every later call cudaMalloc again (and cudaFree synchronises). So,
@@ -65,7 +72,7 @@ import threading
 import time
 import weakref
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -73,252 +80,14 @@ from torch_watchdog import buckets as advisor
 from torch_watchdog import events
 from torch_watchdog.agent import settings
 from torch_watchdog.agent.forks import _AFTER_FORK
+from torch_watchdog.agent.pad_outputs import (  # noqa: F401 (the module's API)
+    DEFAULT_TOLERANCE, TOLERANCE, Unsupported, compare, leaves, rebuild)
+from torch_watchdog.agent.pad_policies import (  # noqa: F401 (the module's API)
+    CHECK_MEMORY_BYTES, EDGE, STATEFUL, Custom, Policy, Tokens)
 
-# Largest |served - unpadded| at real positions, over the largest |unpadded| of that tensor.
-# Compiled and eager code differ by rounding (fusions, other kernels), not by padding: fp16 has
-# a 2^-10 epsilon and 12 layers of it; a padding error (a mean over the pads) is of the order of
-# the values themselves (0.1-1 in tests/unit/test_pad.py).
-TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2,
-             torch.bfloat16: 5e-2}
-DEFAULT_TOLERANCE = 1e-3
 MAX_SIZES = 16_384            # distinct lengths remembered per model (the plan's input)
-CHECK_MEMORY_BYTES = 256 << 20  # default cap on what sampled checks may leave reserved
+MAX_SIGNATURES = 4_096        # call signatures whose check is remembered per model
 PLAN_FIRST_AT = 32            # calls before the first plan; then at 2x, 4x, ... calls
-
-
-class Policy:
-    """How a call is padded, and the plan's settings. Subclass and implement `length`, `pad`
-    and `unpad` for inputs of your own (or use `Custom`).
-
-    buckets: the starting plan (e.g. the model's maximum length, or a hand-made plan);
-    max_buckets: the graph budget (at most this many buckets, the starting ones included);
-    multiple: buckets the plan adds are rounded up to a multiple of this (kernel-friendly sizes);
-    sample: the fraction of padded calls checked after the first of each bucket;
-    tolerance: overrides TOLERANCE (a float for every dtype);
-    check_memory_bytes: the reserved CUDA memory sampled checks may leave behind, in all;
-    past it they stop (a `checks_capped` event; see CheckMemory)."""
-
-    def __init__(self, *, buckets: Any = (), max_buckets: int = 8, multiple: int = 8,
-                 sample: float = 0.001, tolerance: Optional[float] = None,
-                 check_memory_bytes: int = CHECK_MEMORY_BYTES):
-        start = sorted({int(b) for b in buckets})
-        if any(b < 1 for b in start):
-            raise ValueError(f"buckets must be >= 1, got {start}")
-        if isinstance(max_buckets, bool) or int(max_buckets) < 1:
-            raise ValueError(f"max_buckets must be >= 1, got {max_buckets!r}")
-        if len(start) > max_buckets:
-            raise ValueError(f"{len(start)} buckets over max_buckets={max_buckets}")
-        if not 0.0 <= sample <= 1.0:
-            raise ValueError(f"sample must be in [0, 1], got {sample!r}")
-        if int(multiple) < 1:
-            raise ValueError(f"multiple must be >= 1, got {multiple!r}")
-        self.buckets = tuple(start)
-        self.max_buckets = int(max_buckets)
-        self.multiple = int(multiple)
-        if isinstance(check_memory_bytes, bool) or int(check_memory_bytes) < 0:
-            raise ValueError(f"check_memory_bytes must be >= 0, got {check_memory_bytes!r}")
-        self.sample = float(sample)
-        self.tolerance = tolerance
-        self.check_memory_bytes = int(check_memory_bytes)
-
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
-        """The call's real length, or None: this call is not padded."""
-        raise NotImplementedError
-
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
-        """The arguments padded from `length` to `bucket` (new objects; never the caller's)."""
-        raise NotImplementedError
-
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
-        """The padded call's output as the unpadded call would have returned it."""
-        raise NotImplementedError
-
-    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
-        """Called with a padded output and the unpadded one, before the first comparison."""
-
-
-class Tokens(Policy):
-    """Right-pads dimension `dim` of the token-id tensor(s): the first positional argument if it
-    is a tensor, and the keywords in `keys`, with `value`; keywords in `masks` with 0. Outputs
-    are sliced back along the dimension where the padded and the unpadded outputs differ (found
-    at the first check: `dim` for logits, another for a KV cache; a tensor whose shape does not
-    depend on the length, like a pooled output, is left whole)."""
-
-    def __init__(self, value: int = 0, *, dim: int = 1, keys: tuple = ("input_ids",),
-                 masks: tuple = ("attention_mask",), **plan: Any):
-        super().__init__(**plan)
-        self.value, self.dim = value, dim
-        self.keys, self.masks = tuple(keys), tuple(masks)
-        self.cut: Optional[dict] = None  # leaf path -> dim to slice, learned at a check
-
-    def _tokens(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
-        if args and isinstance(args[0], torch.Tensor):
-            yield args[0]
-        for k in self.keys:
-            v = kwargs.get(k)
-            if isinstance(v, torch.Tensor):
-                yield v
-
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
-        n = None
-        for t in self._tokens(args, kwargs):
-            if t.dim() <= self.dim:
-                return None  # no such dimension (an unbatched call): not padded
-            m = t.shape[self.dim]
-            if n is not None and m != n:
-                return None  # token tensors of different lengths: not ours to pad
-            n = m
-        if n is None:
-            return None
-        for k in self.masks:
-            v = kwargs.get(k)
-            if isinstance(v, torch.Tensor) and v.shape[self.dim] != n:
-                return None
-        return int(n)
-
-    def _grow(self, t: torch.Tensor, extra: int, value: Any) -> torch.Tensor:
-        shape = list(t.shape)
-        shape[self.dim] = extra
-        return torch.cat([t, t.new_full(shape, value)], dim=self.dim)
-
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
-        extra = bucket - length
-        if args and isinstance(args[0], torch.Tensor):
-            args = (self._grow(args[0], extra, self.value), *args[1:])
-        if kwargs:
-            kwargs = dict(kwargs)
-            for k in self.keys:
-                if isinstance(kwargs.get(k), torch.Tensor):
-                    kwargs[k] = self._grow(kwargs[k], extra, self.value)
-            for k in self.masks:
-                if isinstance(kwargs.get(k), torch.Tensor):
-                    kwargs[k] = self._grow(kwargs[k], extra, 0)
-        return args, kwargs
-
-    def learn(self, padded: Any, reference: Any, length: int, bucket: int) -> None:
-        ref = dict(leaves(reference))
-        cut = {}
-        for path, t in leaves(padded):
-            r = ref.get(path)
-            if r is None or r.dim() != t.dim():
-                continue
-            differ = [d for d in range(t.dim()) if t.shape[d] != r.shape[d]]
-            if len(differ) == 1 and t.shape[differ[0]] == bucket and r.shape[differ[0]] == length:
-                cut[path] = differ[0]
-        self.cut = cut
-
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
-        cut, dim = self.cut, self.dim
-
-        def one(path: tuple, t: torch.Tensor) -> torch.Tensor:
-            d = cut.get(path) if cut is not None else (
-                dim if t.dim() > dim and t.shape[dim] == bucket else None)
-            return t if d is None else t.narrow(d, 0, length)
-
-        return rebuild(out, one)
-
-
-class Custom(Policy):
-    """A policy from three functions: length(args, kwargs) -> int | None; pad(args, kwargs,
-    length, bucket) -> (args, kwargs); unpad(out, length, bucket) -> out."""
-
-    def __init__(self, length: Callable, pad: Callable, unpad: Callable, **plan: Any):
-        super().__init__(**plan)
-        self._length, self._pad, self._unpad = length, pad, unpad
-
-    def length(self, args: tuple, kwargs: dict) -> Optional[int]:
-        return self._length(args, kwargs)
-
-    def pad(self, args: tuple, kwargs: dict, length: int, bucket: int) -> tuple[tuple, dict]:
-        return self._pad(args, kwargs, length, bucket)
-
-    def unpad(self, out: Any, length: int, bucket: int) -> Any:
-        return self._unpad(out, length, bucket)
-
-
-# -- outputs: tensors inside tuples, lists, dicts and ModelOutput objects ----------------------
-def _is_model_output(x: Any) -> bool:
-    return isinstance(x, dict) and hasattr(x, "to_tuple")  # transformers' ModelOutput
-
-
-def leaves(out: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
-    """(path, tensor) of every tensor in `out`, in order."""
-    if isinstance(out, torch.Tensor):
-        yield path, out
-    elif isinstance(out, dict):
-        for k, v in out.items():
-            yield from leaves(v, path + (k,))
-    elif isinstance(out, (tuple, list)):
-        for i, v in enumerate(out):
-            yield from leaves(v, path + (i,))
-
-
-def rebuild(out: Any, fn: Callable[[tuple, torch.Tensor], Any], path: tuple = ()) -> Any:
-    """`out` with every tensor replaced by fn(path, tensor), of the same types."""
-    if isinstance(out, torch.Tensor):
-        return fn(path, out)
-    if _is_model_output(out):  # a dataclass: rebuilt from its (non-None) fields
-        return type(out)(**{k: rebuild(v, fn, path + (k,)) for k, v in out.items()})
-    if isinstance(out, dict):
-        items = [(k, rebuild(v, fn, path + (k,))) for k, v in out.items()]
-        return dict(items) if type(out) is dict else type(out)(items)
-    if isinstance(out, tuple):
-        items = [rebuild(v, fn, path + (i,)) for i, v in enumerate(out)]
-        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-    if isinstance(out, list):
-        return type(out)(rebuild(v, fn, path + (i,)) for i, v in enumerate(out))
-    return out
-
-
-def compare(served: Any, reference: Any, tolerance: Optional[float] = None
-            ) -> tuple[bool, dict[str, float], Optional[str]]:
-    """(within tolerance, the largest relative error per dtype, what differed). Floating
-    tensors: max |a - b| / max |b| (NaN where both are NaN is equal); other tensors: equal or
-    error 1.0; a different structure or shape is a mismatch."""
-    a, b = list(leaves(served)), list(leaves(reference))
-    if [p for p, _ in a] != [p for p, _ in b]:
-        return False, {}, f"outputs differ in structure ({len(a)} tensors, {len(b)} unpadded)"
-    ok, errors, problem = True, {}, None
-    for (path, x), (_, y) in zip(a, b):
-        name = str(y.dtype).replace("torch.", "")
-        if x.shape != y.shape:
-            return False, errors, (f"output {list(path)} has shape {list(x.shape)} padded, "
-                                   f"{list(y.shape)} unpadded")
-        if y.is_floating_point():
-            diff, scale = _max_diff(x.detach(), y.detach())
-            err = diff / (scale or 1.0)
-            err = err if err == err else float("inf")  # NaN on one side only
-            limit = tolerance if tolerance is not None else TOLERANCE.get(y.dtype,
-                                                                          DEFAULT_TOLERANCE)
-        else:
-            err = 0.0 if torch.equal(x, y) else 1.0
-            limit = 0.0
-        errors[name] = max(errors.get(name, 0.0), err)
-        if err > limit and ok:
-            ok, problem = False, (f"output {list(path)} ({name}) differs by {err:.3g} "
-                                  f"(relative), over the tolerance {limit:g}")
-    return ok, errors, problem
-
-
-CHUNK = 1 << 24  # elements compared at a time: a 2048 x 50257 fp16 logits tensor in float32
-                 # at once is 400 MB per temporary; 16M elements is 64 MB
-
-
-def _max_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(max |x - y|, max |y|) in float32 or wider, a chunk at a time; NaN in both is equal."""
-    x, y = x.reshape(-1), y.reshape(-1)
-    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
-    diff = scale = 0.0
-    for i in range(0, y.numel(), CHUNK):
-        a, b = x[i:i + CHUNK].to(wide), y[i:i + CHUNK].to(wide)
-        d = (a - b).abs()
-        d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(d), d)
-        worst = float(d.max())
-        if worst != worst:  # NaN on one side only (max() of Python floats would drop it)
-            return worst, scale
-        diff = max(diff, worst)
-        scale = max(scale, float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()))
-    return diff, scale
 
 
 # -- where a check's unpadded run allocates ---------------------------------------------------
@@ -457,6 +226,27 @@ class CheckMemory:
 
 
 # -- the wrapper ----------------------------------------------------------------------------
+class Padding(NamedTuple):
+    """Padded arguments, for a check that runs them on the uncompiled model."""
+    args: tuple
+    kwargs: dict
+
+
+def _tag(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.shape, v.device
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v  # flags: output_hidden_states, use_cache, return_dict
+    return type(v).__name__
+
+
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """What a check of a padded call vouches for: its padded arguments' shapes, dtypes and
+    devices, which keywords it passes and the value of each flag (a mask passed or not,
+    output_hidden_states, use_cache: another output structure, another check)."""
+    return tuple(map(_tag, args)), frozenset((k, _tag(v)) for k, v in kwargs.items())
+
+
 padded_models: "weakref.WeakSet[Padded]" = weakref.WeakSet()
 
 
@@ -469,7 +259,7 @@ class Padded:
     def __init__(self, watched: Any, policy: Policy, name: str):
         self.__wrapped__ = watched
         self.name = name
-        self.policy = copy.copy(policy)  # one per model: Tokens learns its outputs' layout
+        self.policy = copy.copy(policy)  # one per model
         self.on = True
         self.plan: tuple[int, ...] = self.policy.buckets
         # the unpadded reference: the uncompiled model, so that a check never compiles or
@@ -483,11 +273,14 @@ class Padded:
                 self.reference = eager
                 break
         self.sizes: dict[int, int] = {}
-        self.checked: set[int] = set()       # buckets whose first padded call was compared
-        self.served: set[int] = set()        # lengths served through a bucket
-        self.used: set[int] = set()          # buckets that served a call
+        # call signature (padded arguments: keywords, flags, shapes) -> (the most padding a
+        # check of it saw per axis, the layout of its outputs): the calls a check covers
+        self.checked: dict[Any, tuple[tuple, Any]] = {}
+        self.served: set[tuple] = set()      # lengths served through a bucket
+        self.used: set[tuple] = set()        # buckets that served a call
         self.calls = self.padded_calls = self.real_tokens = self.padding_tokens = 0
-        self.checks = self.check_ns = 0
+        self.checks = self.check_ns = self.sampled_ns = 0
+        self._since = perf_counter_ns()
         self.max_error: dict[str, float] = {}
         self.refused: Optional[str] = None
         self._plan_at = PLAN_FIRST_AT
@@ -511,24 +304,27 @@ class Padded:
         if not self.on:
             return model(*args, **kwargs)
         try:
-            n = self.policy.length(args, kwargs)
-            n = None if n is None else int(n)
+            got = self.policy.length(args, kwargs)
+            ns = None if got is None else tuple(map(int, got)) if isinstance(got, tuple) \
+                else (int(got),)
         except Exception as e:
             self._refuse(f"the policy could not read the call: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
-        if n is None or n < 1:
+        if not ns or min(ns) < 1:
             return model(*args, **kwargs)
-        self._observe(n)
+        self._observe(ns)
         plan = self.plan
-        i = bisect.bisect_left(plan, n)
-        if i == len(plan):  # above the largest bucket (or no plan yet): as it comes
+        if not plan or max(ns) > plan[-1]:  # above the largest bucket (or no plan yet)
             return model(*args, **kwargs)
-        bucket = plan[i]
-        self._served(n, bucket)
-        if bucket == n:
+        bs = tuple(plan[bisect.bisect_left(plan, n)] for n in ns)
+        self._served(ns, bs)
+        if bs == ns:
             return model(*args, **kwargs)
+        # the policy's own terms: an int for a policy that gave one
+        n, b = (ns, bs) if isinstance(got, tuple) else (ns[0], bs[0])
         try:
-            pargs, pkwargs = self.policy.pad(args, kwargs, n, bucket)
+            pargs, pkwargs = self.policy.pad(args, kwargs, n, b)
+            key = signature(pargs, pkwargs)
         except Exception as e:
             self._refuse(f"padding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
@@ -537,25 +333,41 @@ class Padded:
         except Exception as e:  # perhaps padding's doing: never again, and serve this one
             self._refuse(f"the padded call failed: {type(e).__name__}: {events.clip(str(e), 300)}")
             return model(*args, **kwargs)
-        if bucket not in self.checked:
-            return self._check(out, args, kwargs, n, bucket, sampled=False)
+        pads = tuple(y - x for x, y in zip(ns, bs))
+        checked = self.checked.get(key)
+        if checked is None or not (all(map(int.__le__, pads, checked[0])) or
+                                   self.policy.masked(kwargs)):
+            return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=False)
         if self.policy.sample and random.random() < self.policy.sample and \
-                self.memory.bound(n):
-            return self._check(out, args, kwargs, n, bucket, sampled=True)
+                self._within_share() and self.memory.bound(max(ns)):
+            return self._check(out, args, kwargs, key, (n, b, ns, pads), sampled=True)
         try:
-            return self.policy.unpad(out, n, bucket)
+            return self._unpad(out, n, b, checked[1])
         except Exception as e:
             self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
 
+    def _within_share(self) -> bool:
+        """Sampled checks take at most `check_share` of the time since the model was wrapped
+        (a check is an eager run: on a GPU, tens of ms); past it they are skipped, counted."""
+        if self.sampled_ns < self.policy.check_share * (perf_counter_ns() - self._since):
+            return True
+        self.memory.skipped += 1
+        return False
+
+    def _unpad(self, out: Any, n: Any, b: Any, layout: Any) -> Any:
+        return self.policy.unpad(out, n, b) if layout is None else \
+            self.policy.unpad(out, n, b, layout)
+
     # -- bookkeeping (never raises) ----------------------------------------------------------
-    def _observe(self, n: int) -> None:
+    def _observe(self, ns: tuple) -> None:
         self.calls += 1
         sizes = self.sizes
-        if n in sizes:
-            sizes[n] += 1
-        elif len(sizes) < MAX_SIZES:
-            sizes[n] = 1
+        for n in ns:
+            if n in sizes:
+                sizes[n] += 1
+            elif len(sizes) < MAX_SIZES:
+                sizes[n] = 1
         if self.calls >= self._plan_at and not self._planning:
             self._plan_at *= 2
             if len(self.plan) < self.policy.max_buckets:
@@ -566,13 +378,13 @@ class Padded:
                 except Exception:
                     self._planning = False
 
-    def _served(self, n: int, bucket: int) -> None:
+    def _served(self, ns: tuple, bs: tuple) -> None:
         self.padded_calls += 1
-        self.real_tokens += n
-        self.padding_tokens += bucket - n
+        self.real_tokens += sum(ns)
+        self.padding_tokens += sum(bs) - sum(ns)
         if len(self.served) < MAX_SIZES:
-            self.served.add(n)
-        self.used.add(bucket)
+            self.served.add(ns)
+        self.used.add(bs)
 
     def _replan(self, sizes: dict[int, int], plan: tuple[int, ...]) -> None:
         """On a thread of its own: the advisor's plan with the buckets still free (half of
@@ -589,47 +401,120 @@ class Padded:
         finally:
             self._planning = False
 
-    def _check(self, out: Any, args: tuple, kwargs: dict, n: int, bucket: int,
+    def _check(self, out: Any, args: tuple, kwargs: dict, key: Any, call: tuple,
                sampled: bool) -> Any:
-        """The unpadded run and the comparison, inside CheckMemory's scope (a private CUDA
-        pool where there is one): their allocations never mix with the serving ones."""
+        """A check of this call: its unpadded run compared with the padded output. Passed,
+        it vouches for the call's signature (`_vouch`); failed, padding goes off and the
+        caller gets the unpadded output. `call` is (length, bucket) in the policy's terms,
+        then the lengths and pads per axis."""
+        n, b, ns, pads = call
         t0 = perf_counter_ns()
-        ran, ok, errors, problem, served, reference = False, False, {}, None, None, None
+        ok, errors, problem, served, reference, layout = self._compare(
+            out, args, kwargs, n, b, max(ns), sampled)
+        if reference is None and not ok:
+            self._refuse(problem or "the check did not run")
+            return self.__wrapped__(*args, **kwargs)
+        self._count(t0, errors, sampled)
+        if not ok:
+            padded = "/".join(str(x + p) for x, p in zip(ns, pads))
+            self._refuse(f"length {'/'.join(map(str, ns))} padded to {padded}: {problem}",
+                         max(errors.values(), default=None))
+            return reference  # the unpadded output: this caller still gets the right answer
+        if key not in self.checked and not self.policy.masked(kwargs):
+            pads = self._widen(args, kwargs, call, layout)
+        self._vouch(key, pads, layout)
+        return served
+
+    def _compare(self, out: Any, args: tuple, kwargs: dict, n: Any, b: Any, longest: int,
+                 sampled: bool) -> tuple:
+        """(ok, errors, problem, served, reference, layout): the unpadded run and the
+        comparison, inside CheckMemory's scope (a private CUDA pool where there is one):
+        their allocations never mix with the serving ones. `out` is the padded output, or
+        the padded arguments (a `Padding`) to run on the uncompiled model in that scope, whose
+        output is then dropped in it too. The reference is kept only where the check failed
+        (the caller's answer); None where it could not run."""
+        ok, errors, problem, served, reference, layout = False, {}, None, None, None, None
         try:
-            with self.memory.scope(args, kwargs, n, sampled):
+            with self.memory.scope(args, kwargs, longest, sampled):
+                inside = isinstance(out, Padding)
                 try:
+                    if inside:
+                        out = self.reference(*out.args, **out.kwargs)
                     reference = self.reference(*args, **kwargs)
-                    ran = True
-                except Exception:  # the check could not run; the served output stands
-                    pass
-                if ran:
+                except Exception as e:  # nothing checked: nothing padded goes back
+                    problem = (f"the check's unpadded run failed: {type(e).__name__}: "
+                               f"{events.clip(str(e), 300)}")
+                if problem is None:
                     try:
-                        self.policy.learn(out, reference, n, bucket)
-                        served = self.policy.unpad(out, n, bucket)
+                        layout = self.policy.learn(out, reference, n, b)
+                        served = self._unpad(out, n, b, layout)
                         ok, errors, problem = compare(served, reference, self.policy.tolerance)
                     except Exception as e:
-                        ok, errors, problem = False, {}, (f"comparison failed: "
-                                                          f"{type(e).__name__}: {e}")
+                        ok, errors, problem = False, {}, (
+                            str(e) if isinstance(e, Unsupported) else
+                            f"comparison failed: {type(e).__name__}: {e}")
                     if ok:
                         reference = None  # freed inside the scope: back to the pool
+                if inside:  # the same: an output of the pool must not outlive it
+                    out = served = None
         except Exception:  # CheckMemory never raises; this is belt and braces
             pass
-        if not ran:
-            try:
-                return self.policy.unpad(out, n, bucket)
-            except Exception as e:
-                self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
-                return self.__wrapped__(*args, **kwargs)
+        return ok, errors, problem, served, reference, layout
+
+    def _widen(self, args: tuple, kwargs: dict, call: tuple, layout: Any) -> tuple:
+        """A signature's first check passed: the same bucket at its most padding is checked
+        too (the call's own first axis cut to one more than the bucket below), so that the
+        later calls of the bucket need no check of their own. Both runs are the uncompiled
+        model's: the first check found the compiled graph equal to it at this shape, and a
+        second call of a CUDA-graph model would overwrite the output the caller is about to
+        get. Returns the padding covered: the most, or the call's where that check could
+        not run."""
+        n, b, ns, pads = call
+        plan = self.plan
+        i = bisect.bisect_left(plan, ns[0] + pads[0])
+        short = (plan[i - 1] if i > 0 else 0) + 1
+        if short >= ns[0] or not hasattr(self.policy, "shorten"):
+            return pads
+        t0 = perf_counter_ns()
+        try:
+            shorter = (short, *ns[1:])
+            n2 = shorter if isinstance(n, tuple) else short
+            sargs, skwargs = self.policy.shorten(args, kwargs, n2)
+            padded = Padding(*self.policy.pad(sargs, skwargs, n2, b))
+        except Exception:
+            return pads  # the records rule still holds: longer pads are checked when they come
+        ok, errors, problem, _, reference, _ = self._compare(padded, sargs, skwargs, n2, b,
+                                                             ns[0] + pads[0], False)
+        if reference is None and not ok:
+            return pads
+        self._count(t0, errors, False)
+        if not ok:
+            self._refuse(f"length {short} padded to {ns[0] + pads[0]} (the bucket's most "
+                         f"padding): {problem}", max(errors.values(), default=None))
+            return pads
+        return (ns[0] + pads[0] - short, *pads[1:])
+
+    def _count(self, t0: int, errors: dict, sampled: bool) -> None:
+        spent = perf_counter_ns() - t0
         self.checks += 1
-        self.check_ns += perf_counter_ns() - t0
+        self.check_ns += spent
+        if sampled:
+            self.sampled_ns += spent
         for dtype, err in errors.items():
             self.max_error[dtype] = max(self.max_error.get(dtype, 0.0), err)
-        if ok:
-            self.checked.add(bucket)
-            return served
-        self._refuse(f"length {n} padded to {bucket}: {problem}",
-                     max(errors.values(), default=None))
-        return reference  # the unpadded output: this caller still gets the right answer
+
+    def _vouch(self, key: Any, pads: tuple, layout: Any) -> None:
+        """A passed check covers its signature's calls up to the padding it had; one whose
+        layout was ambiguous covers none (the next call of the signature is checked)."""
+        if getattr(layout, "ambiguous", False):
+            return
+        before = self.checked.get(key)
+        if before is not None:
+            pads = tuple(map(max, pads, before[0]))
+        elif len(self.checked) >= MAX_SIGNATURES:
+            self._refuse(f"more than {MAX_SIGNATURES} call signatures: each needs a check")
+            return
+        self.checked[key] = (pads, layout)
 
     def _refuse(self, why: str, error: Optional[float] = None) -> None:
         if not self.on:
