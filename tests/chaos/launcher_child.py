@@ -4,8 +4,13 @@ import os
 import sys
 import time
 
-progress, seconds, code = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-with open(progress, "a") as fh:
-    fh.write(f"{os.getpid()} {time.time():.3f}\n")
-time.sleep(seconds)
-sys.exit(code)
+
+def main(progress: str, seconds: float, code: int) -> int:
+    with open(progress, "a") as fh:
+        fh.write(f"{os.getpid()} {time.time():.3f}\n")
+    time.sleep(seconds)
+    return code
+
+
+if __name__ == "__main__":  # a script: importing it (pytest given its path) does nothing
+    sys.exit(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))

@@ -14,21 +14,26 @@ import torch
 
 import torch_watchdog.agent as agent
 
-sock, seconds, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-agent.install(socket_path=sock, server=f"flood-{os.getpid()}", heartbeat_s=0.5,
-              reconnect_s=0.2, control=False, restart_file=None)
-models = [agent.watch(lambda x: x, name=f"m{i}") for i in range(64)]
-xs = [torch.empty(n) for n in range(1, 20_001)]
-end, i = time.monotonic() + seconds, 0
-while time.monotonic() < end:
-    x = xs[i % len(xs)]
-    for m in models:
-        m(x)
-    i += 1
-time.sleep(2.0)  # the queue drained; the next heartbeats carry the totals
-em = agent.current().emitter
-with open(out + ".tmp", "w") as fh:
-    json.dump({"dropped": em.dropped, "lost_reports": em._lost_reports, "sent": em.sent,
-               "rounds": i}, fh)
-os.rename(out + ".tmp", out)
-time.sleep(3.0)
+
+def main(sock: str, seconds: float, out: str) -> None:
+    agent.install(socket_path=sock, server=f"flood-{os.getpid()}", heartbeat_s=0.5,
+                  reconnect_s=0.2, control=False, restart_file=None)
+    models = [agent.watch(lambda x: x, name=f"m{i}") for i in range(64)]
+    xs = [torch.empty(n) for n in range(1, 20_001)]
+    end, i = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        x = xs[i % len(xs)]
+        for m in models:
+            m(x)
+        i += 1
+    time.sleep(2.0)  # the queue drained; the next heartbeats carry the totals
+    em = agent.current().emitter
+    with open(out + ".tmp", "w") as fh:
+        json.dump({"dropped": em.dropped, "lost_reports": em._lost_reports, "sent": em.sent,
+                   "rounds": i}, fh)
+    os.rename(out + ".tmp", out)
+    time.sleep(3.0)
+
+
+if __name__ == "__main__":  # run by the test; importing it (pytest given its path) does nothing
+    main(sys.argv[1], float(sys.argv[2]), sys.argv[3])
