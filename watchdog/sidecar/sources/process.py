@@ -336,15 +336,23 @@ def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = s
     return group
 
 
-def in_cgroup(pid: int, group: str, proc: str = "/proc") -> bool:
-    """Whether the process is in cgroup `group` or below it, as the kernel says
-    (/proc/<pid>/cgroup: the unified hierarchy's line, or v1's named systemd one)."""
+def cgroup_lines(pid: int, proc: str = "/proc") -> Optional[list[tuple[str, str]]]:
+    """/proc/<pid>/cgroup as (controllers, path) pairs (`""` for the unified hierarchy's,
+    `name=systemd` for v1's named one); None when it cannot be read."""
     try:
-        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
-            paths = [line.rstrip("\n").split(":", 2)[2] for line in fh if line.count(":") >= 2]
+        with open(f"{proc}/{pid}/cgroup", "rb") as fh:
+            text = fh.read(65536).decode("utf-8", "replace")
     except OSError:
-        return False
-    return any(p == group or p.startswith(group.rstrip("/") + "/") for p in paths)
+        return None
+    return [(parts[1], parts[2]) for parts in (ln.split(":", 2) for ln in text.splitlines())
+            if len(parts) == 3]
+
+
+def in_cgroup(pid: int, group: str, proc: str = "/proc") -> bool:
+    """Whether the process is in cgroup `group` or below it, as the kernel says (the unified
+    hierarchy's line, or v1's named systemd one)."""
+    return any(p == group or p.startswith(group.rstrip("/") + "/")
+               for _, p in cgroup_lines(pid, proc) or ())
 
 
 PSS_EVERY_S = 10.0  # smaps_rollup walks every mapping: milliseconds for a torch process
@@ -363,15 +371,11 @@ def read_pss(pid: int) -> Optional[int]:
 def read_cgroup_limit(pid: int, root: str = "/sys/fs/cgroup") -> Optional[int]:
     """The memory limit of the process's cgroup and its ancestors (cgroup v2 `memory.max`,
     v1 `memory.limit_in_bytes`), the lowest; None when unlimited or unreadable."""
-    try:
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
-            lines = fh.read(65536).decode("utf-8", "replace").splitlines()
-    except OSError:
+    lines = cgroup_lines(pid)
+    if lines is None:
         return None
-    v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
-    v1 = next((ln.split(":", 2)[2] for ln in lines
-               if len(ln.split(":", 2)) == 3 and "memory" in ln.split(":", 2)[1].split(",")),
-              None)
+    v2 = next((path for controllers, path in lines if controllers == ""), None)
+    v1 = next((path for controllers, path in lines if "memory" in controllers.split(",")), None)
     base, path, name = (os.path.join(root, "memory"), v1, "memory.limit_in_bytes") \
         if v1 is not None else (root, v2, "memory.max")
     if path is None:
