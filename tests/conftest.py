@@ -12,6 +12,7 @@ import time
 import urllib.request
 from typing import Callable
 
+import psutil
 import pytest
 
 from torch_watchdog import events
@@ -33,6 +34,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str, tick: float = 0.1):
+    """`cond()`'s first truthy value within `timeout` seconds, else fail saying `what`; an
+    OSError, ValueError, KeyError or psutil.Error (a server, a process, a file not there yet)
+    counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = cond()
+        except (OSError, ValueError, KeyError, psutil.Error):
+            got = None
+        if got:
+            return got
+        time.sleep(tick)
+    pytest.fail(f"not within {timeout:g} s: {what}")
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:

@@ -28,6 +28,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import ROOT
+from tests.conftest import wait_until as wait
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
@@ -58,19 +59,6 @@ def port_free(port: int) -> bool:
 def status_json() -> dict:
     with urllib.request.urlopen("http://127.0.0.1:9464/status.json", timeout=5) as r:
         return json.load(r)
-
-
-def wait(cond, timeout: float, what: str, tick: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = cond()
-        except (OSError, ValueError, KeyError):
-            got = None
-        if got:
-            return got
-        time.sleep(tick)
-    pytest.fail(f"not within {timeout:g} s: {what}")
 
 
 def shoot(url: str, name: str, height: int = 1100) -> None:
@@ -115,7 +103,7 @@ def test_the_readme_commands_work_as_written(short_tmp):
         side = shell(sidecar, stdout=logs["sidecar"], stderr=subprocess.STDOUT)
         procs.append(side)
         wait(lambda: "Start the server with" in open(logs["sidecar"].name).read(), 30,
-             "the sidecar's --dev banner")
+             "the sidecar's --dev banner", 0.5)
         banner = open(logs["sidecar"].name).read()
         sock = os.path.join(home, ".torch-watchdog", "run", "events.sock")
         assert f"export TORCH_WATCHDOG_SOCKET={sock}" in banner
@@ -128,8 +116,8 @@ def test_the_readme_commands_work_as_written(short_tmp):
         name = f"pgid:{uv.pid}"  # bash -c's process group, which uvicorn and its workers keep
         wait(lambda: any(s["server"] == name and len(s["pids"]) == 2
                          for s in status_json()["servers"]), 120,
-             "both uvicorn workers said hello: " + open(logs["server"].name).read()[-2000:])
-        wait(lambda: port_free(8000) is False, 60, "uvicorn listens on 8000")
+             "both uvicorn workers said hello: " + open(logs["server"].name).read()[-2000:], 0.5)
+        wait(lambda: port_free(8000) is False, 60, "uvicorn listens on 8000", 0.5)
         time.sleep(1.0)  # the workers accept once their warm-up is done
         if shutil.which("curl"):
             got = subprocess.run(["bash", "-c", request], cwd=home, env=env,
@@ -157,7 +145,7 @@ def test_the_readme_commands_work_as_written(short_tmp):
         uv.wait(timeout=30)
         out = wait(lambda: (lambda o: "stopped" in o and o)(subprocess.run(
             ["bash", "-c", status], cwd=home, env=env, capture_output=True, text=True).stdout),
-            60, "status says the server stopped")
+            60, "status says the server stopped", 0.5)
         assert f"waiting  no server now: {name} stopped" in out, out
         shoot("http://127.0.0.1:9464/", "3-after-the-server-stopped.png", 700)
         os.killpg(side.pid, signal.SIGINT)  # Ctrl-C in the sidecar's terminal

@@ -27,12 +27,13 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Callable, Optional
+from typing import Optional
 
 import psutil
 import pytest
 
 from tests.conftest import ROOT, free_port, with_root
+from tests.conftest import wait_until as wait
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
@@ -104,20 +105,6 @@ SCENARIOS = [
     ("gunicorn-preload", "master-hup"),
     ("gunicorn-preload", "signal"),   # main SIGTERMed the master too: gunicorn stopped for good
 ]
-
-
-def wait(cond: Callable[[], object], timeout: float, what: str, tick: float = 0.1):
-    """`cond()`'s first truthy value within `timeout` seconds, else fail saying `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = cond()
-        except (OSError, ValueError, KeyError, psutil.Error):
-            got = None
-        if got:
-            return got
-        time.sleep(tick)
-    pytest.fail(f"not within {timeout:g} s: {what}")
 
 
 def post(port: int, path: str, body: dict, timeout: float = 10.0) -> dict:
