@@ -38,3 +38,18 @@ def test_dev_and_config_together_are_refused(tmp_path):
                            str(tmp_path), "--config", str(tmp_path / "x.yaml")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "give --dev or --config, not both" in done.stderr
+
+
+def test_a_directory_others_may_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # as /tmp/twd made by someone else, or left open: files could be swapped
+    try:
+        dev.prepare(str(shared))
+    except OSError as e:
+        assert "only it may write" in str(e) and "0777" in str(e)
+    else:
+        raise AssertionError("a world-writable --dev directory was used")
+    done = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--dev",
+                           str(shared)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "give --dev a directory of your own" in done.stderr

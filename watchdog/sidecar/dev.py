@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,10 +47,16 @@ def env_lines(root: str, socket_path: str) -> list[str]:
 
 
 def prepare(directory: Optional[str]) -> DevSetup:
-    """Make DIR and its config (first time only). OSError when DIR cannot be made."""
+    """Make DIR and its config (first time only). OSError when DIR cannot be made, or is not
+    this user's alone (another user could then swap its files: the config, the socket)."""
     root = os.path.abspath(directory or DEFAULT_DIR)
     for sub in ("", "/state", "/run", "/warm"):
         os.makedirs(root + sub, mode=0o700, exist_ok=True)
+        st = os.lstat(root + sub)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise OSError(f"{root + sub} is not a directory of this user's that only it may "
+                          f"write (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): "
+                          "give --dev a directory of your own")
     config_path = os.path.join(root, CONFIG_NAME)
     created = not os.path.exists(config_path)
     if created:
