@@ -1,7 +1,8 @@
 """A sender of the overload test (test_intake_flood.py): the agent with 64 watched models,
 each called with a new shape every call at full speed (64 x 1,000 new_shape events a second
 within the agent's ration) for `seconds`, then quiet: its heartbeats go on. Writes what its
-agent counted (`dropped` per reason, the lost drop reports, `sent`) to `out` once quiet.
+agent counted (`dropped` per reason, the lost drop reports, `sent`) to `out` once quiet, and
+`sent` again to `out`.final once its agent stopped (its last heartbeats counted).
 
     python overload_sender.py SOCKET SECONDS OUT
 """
@@ -32,7 +33,11 @@ def main(sock: str, seconds: float, out: str) -> None:
         json.dump({"dropped": em.dropped, "lost_reports": em._lost_reports, "sent": em.sent,
                    "rounds": i}, fh)
     os.rename(out + ".tmp", out)
-    time.sleep(3.0)
+    time.sleep(3.0)  # heartbeats carry those totals; then the agent stops, and says how many
+    agent.uninstall()  # datagrams it sent in all (the heartbeats after `out` included)
+    with open(out + ".tmp", "w") as fh:
+        json.dump({"sent": em.sent}, fh)
+    os.rename(out + ".tmp", out + ".final")
 
 
 if __name__ == "__main__":  # run by the test; importing it (pytest given its path) does nothing

@@ -115,6 +115,10 @@ def test_under_overload_every_lost_event_is_counted_by_the_sidecar(short_tmp):
         # the heartbeats after the agents' counts were read carry them (one every 0.5 s)
         assert wait_for(lambda: status(port)["events"]["agent_lost_total"] == lost, 10), \
             (status(port)["events"], lost, sent)
+        # every datagram the agents sent, their heartbeats after those counts included
+        assert wait_for(lambda: all(os.path.exists(o + ".final") for o in outs), 30)
+        sent = sum(json.load(open(o + ".final"))["sent"] for o in outs)
+        time.sleep(1.0)  # the sidecar's next poll has read what it received
         got = status(port)["events"]
     finally:
         for p in senders:
