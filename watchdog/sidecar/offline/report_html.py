@@ -304,7 +304,7 @@ def human_value(key: str, value: Any) -> str:
         return f"+{human_duration(value)}"
     if key.startswith("seconds_") or key.endswith(("_seconds", "_s")):
         return human_duration(value)
-    if key.endswith("_mb") or key == "mb_so_far":
+    if key.endswith("_mb") or key in ("mb_so_far", "mb_per_graph"):
         return human_bytes(value * 1e6)
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -314,7 +314,8 @@ def human_value(key: str, value: Any) -> str:
 LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_linear": "linear trend: OOM in",
           "seconds_to_oom_discovery": "discovery model: OOM in",
           "seconds_to_oom_unexplained": "unexplained growth: OOM in", "decided_t": "decided at",
-          "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run"}
+          "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run",
+          "mb_so_far": "grown so far", "window_s": "window"}
 
 
 def _label(key: str) -> str:
@@ -365,7 +366,7 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
         f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
         + (f"{r['graphs_before']:,} → {r['graphs_after']:,}" if before is None else
            f"{before:,} → {min(before, r['graphs_after']):,}") + "</td>"
-        + (f"<td class=num>{human_bytes(r['memory_saved_bytes'])}</td>" if known else "")
+        + (f"<td class=num>{human_bytes(_saved(r, now, sh))}</td>" if known else "")
         + "</tr>" for r in rows)
     saved_head = "<th>memory saved</th>" if known else ""
     notes = []
@@ -392,6 +393,14 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
             + f"<p>Suggested: {len(best['boundaries'])} buckets.</p>"
             f"<pre>{_e(apply_code(best['boundaries'], limit))}</pre>")
+
+
+def _saved(row: dict, now: dict, sh: dict) -> Any:
+    """The graphs' memory buckets would have saved: the graphs the server recorded less one
+    per bucket, where it recorded any; else the advisor's estimate (one per size)."""
+    if now["what"] == "CUDA graphs" and sh.get("mb_per_graph") is not None:
+        return max(0, now["count"] - row["graphs_after"]) * sh["mb_per_graph"] * 1e6
+    return row["memory_saved_bytes"]
 
 
 def apply_code(boundaries: Iterable[int], limit: Any = None) -> str:
