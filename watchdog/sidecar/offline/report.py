@@ -334,7 +334,11 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
     chart = _chart(series, marks, col, budget)
     fc = _forecast_in_force(log, acts, config, col.rel)
     total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
-    shapes["now"] = compiled_now(total("records"), total("compiles") + total("recompiles"))
+    shapes["now"] = now = compiled_now(total("records"), total("compiles") + total("recompiles"))
+    if now["what"] == "CUDA graphs" and per_graph is not None:
+        for row in shapes["advisor"]:  # the graphs recorded, less one per bucket
+            row["memory_saved_bytes"] = round(max(0, now["count"] - row["graphs_after"])
+                                              * per_graph[0] * 1e6)
     counted = shapes["basis"] in ("requests", "distinct shapes") and shapes["distinct"]
     summary = {
         # the server's own span (from its first to its last sample with a process of its

@@ -366,7 +366,7 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
         f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
         + (f"{r['graphs_before']:,} → {r['graphs_after']:,}" if before is None else
            f"{before:,} → {min(before, r['graphs_after']):,}") + "</td>"
-        + (f"<td class=num>{human_bytes(_saved(r, now, sh))}</td>" if known else "")
+        + (f"<td class=num>{human_bytes(r['memory_saved_bytes'])}</td>" if known else "")
         + "</tr>" for r in rows)
     saved_head = "<th>memory saved</th>" if known else ""
     notes = []
@@ -393,14 +393,6 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
             + f"<p>Suggested: {len(best['boundaries'])} buckets.</p>"
             f"<pre>{_e(apply_code(best['boundaries'], limit))}</pre>")
-
-
-def _saved(row: dict, now: dict, sh: dict) -> Any:
-    """The graphs' memory buckets would have saved: the graphs the server recorded less one
-    per bucket, where it recorded any; else the advisor's estimate (one per size)."""
-    if now["what"] == "CUDA graphs" and sh.get("mb_per_graph") is not None:
-        return max(0, now["count"] - row["graphs_after"]) * sh["mb_per_graph"] * 1e6
-    return row["memory_saved_bytes"]
 
 
 def apply_code(boundaries: Iterable[int], limit: Any = None) -> str:
