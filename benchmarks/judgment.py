@@ -276,8 +276,10 @@ def regressions(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
       MEDIAN_SLACK worse, more false reloads, alerts on flat controls, or OOM forecast
       alerts on runs without an OOM."""
     out = []
+    # a scoreboard from before the scales (rows at top level) is the one at x1
+    scales = before["scales"] if "scales" in before else {"1": before}
     for k, board in now["scales"].items():
-        was_board = before.get("scales", {}).get(k)
+        was_board = scales.get(k)
         if was_board is None:
             continue
         old = {_key(r): r for r in was_board["rows"]}
@@ -309,14 +311,15 @@ def _summary_regressions(scale: str, board: dict[str, Any], was: dict[str, Any])
     def count(v: str) -> int:
         return int(v.split("/")[0])
 
-    if count(board["ramps_calibrated"]) < count(was["ramps_calibrated"]):
+    if "ramps_calibrated" in was and \
+            count(board["ramps_calibrated"]) < count(was["ramps_calibrated"]):
         out.append(f"{scale}: ramps calibrated {was['ramps_calibrated']} -> "
                    f"{board['ramps_calibrated']}")
-    m_now, m_was = board["median_abs_log2"], was["median_abs_log2"]
+    m_now, m_was = board["median_abs_log2"], was.get("median_abs_log2")
     if m_was is not None and (m_now is None or m_now > m_was + MEDIAN_SLACK):
         out.append(f"{scale}: median |log2(predicted/actual)| {m_was} -> {m_now}")
     for field in ("false_reloads", "false_alerts", "forecast_alerts_without_oom"):
-        if board[field] > was[field]:
+        if field in was and board[field] > was[field]:
             out.append(f"{scale}: {field} {was[field]} -> {board[field]}")
     return out
 

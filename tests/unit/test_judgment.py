@@ -95,3 +95,16 @@ def test_a_reload_that_came_too_early_may_come_later():
     assert judgment.regressions(now, before) == []
     row["lead_s"] = 40.0       # now less than the oracle's lead: worse
     assert judgment.regressions(now, before) == ["x60 f/s: lead 1000.0 s -> 40.0"]
+
+
+def test_a_scoreboard_from_before_the_scales_is_checked_as_x1():
+    with open(BOARD) as fh:
+        board = json.load(fh)
+    old = {"rows": json.loads(json.dumps(board["scales"]["1"]["rows"])), "false_reloads": 0,
+           "false_alerts": 0}
+    assert judgment.regressions(board, old) == []
+    row = next(r for r in old["rows"] if r["scenario"] == "leak-small")
+    assert row["lead_s"] < row["oracle_lead_s"]
+    row["lead_s"] += 30.0   # it used to be reloaded 30 s earlier
+    assert judgment.regressions(board, old) == [
+        f"x1 leak-small/leak-small: lead {row['lead_s']} s -> {row['lead_s'] - 30.0:.1f}"]
