@@ -1,8 +1,15 @@
 """The sidecar's judgment, scored: replays the corpus of real GPU runs (tests/fixtures/corpus,
 recorded by benchmarks/record_corpus.py) through the step the daemon runs and prints, per
-scenario, what it decided and when, against the truth.
+scenario and time scale, what it decided and when, against the truth.
 
     python benchmarks/judgment.py [--json] [--check benchmarks/results/judgment.json]
+                                  [--scales 1 10 60 360] [--jobs N]
+
+Time scales: x1 is the corpus as recorded (every run, the flat controls too); xK is the same
+run with its growth phase stretched K times (benchmarks/corpus/stretch.py: the steps K times
+further apart, the polls at 10 Hz and the heartbeats at their cadence): every growth scenario
+at x10 and x60 (OOM 7 min to 3.5 h after growth began), x360 (10-14 h) for one leak and one
+graph growth.
 
 Per server of a scenario: its first reload decision before its OOM and that decision's lead
 (seconds before the OOM), the lead an oracle would have had (the first poll at which the true
@@ -12,63 +19,172 @@ time to OOM was <= reload_lead_s), and the alerts. Verdicts:
 - an OOM with less to see (growth under 60 s, or none): `hit`/`late`/`missed` too, scored but
   outside the targets; with no trend at all a reload before it is `false reload`;
 - no OOM: `ok`, or `false reload`; on a flat control also `false alert` for any alert.
-`--check`: exit 1 if any scenario scores worse than in the given scoreboard (a verdict that was
-good and is not, a lead more than 1 s shorter, more alerts on a flat control).
+Calibration, per OOM: the forecast time to OOM against the true one at 1, 2, 5 and 10 x
+reload_lead_s before the OOM (where growth was visible by then; the last poll at or before);
+the decision's lead against the oracle's; `too early` when that lead is over max(3 x
+reload_lead_s, 10 % of the visible growth); the first `oom_forecast` alert's lead, which must
+be >= 25 min where growth was visible >= 30 min (alert_lead_s is 30 min).
+`--check`: exit 1 if any scenario at any scale scores worse than in the given scoreboard (see
+`regressions`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import os
+import statistics
 import sys
-from typing import Any, Optional
+import time
+from typing import Any, Iterable, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "corpus"))
 
+import stretch  # noqa: E402
+from torch_watchdog import events  # noqa: E402
 from torch_watchdog.sidecar.config import Config  # noqa: E402
-from torch_watchdog.sidecar.offline.replay import run  # noqa: E402
-from torch_watchdog.sidecar.offline.traces import Reader, read_all  # noqa: E402
+from torch_watchdog.sidecar.core import step  # noqa: E402
+from torch_watchdog.sidecar.core.observations import ConfigChange, Sample  # noqa: E402
+from torch_watchdog.sidecar.offline.traces import Reader  # noqa: E402
 
 CORPUS = os.path.join(ROOT, "tests", "fixtures", "corpus")
 VISIBLE_S = 60.0     # growth visible this long before the OOM: in the targets
 MIN_LEAD_S = 20.0
 FLAT = {"bucketed-control", "plateau-99.5", "sawtooth", "shared-flat"}
 GOOD = {"hit", "ok"}
+SCALES = (1, 10, 60, 360)
+AT_LEADS = (1, 2, 5, 10)          # calibration: this many reload_lead_s before the OOM
+X360 = ("leak-medium", "gpt2-variable-seq-2")   # one leak, one graph growth at ~10 h
+ALERT_VISIBLE_S = 1800.0          # growth visible this long: the alert must come ...
+ALERT_MIN_LEAD_S = 1500.0         # ... this long before the OOM
+# straight ramps, where predicted/actual must be within CALIBRATED at 2-10 x the lead
+RAMPS = {"fragmentation", "kv-cache-growth", "leak-small", "leak-medium", "leak-large"}
+CALIBRATED = (0.75, 1.33)
+MEDIAN_SLACK = 0.05               # --check: the median |log2(pred/actual)| may wobble this much
 
 
-def score_file(name: str, label: dict) -> list[dict[str, Any]]:
-    path = os.path.join(CORPUS, label["file"])
-    seen: dict[int, float] = {}   # pid -> when the sidecar first heard of it
+def labels() -> dict[str, Any]:
+    with open(os.path.join(CORPUS, "labels.json")) as fh:
+        return json.load(fh)
 
-    def observe(obs, _state, _decided) -> None:
-        pid = getattr(obs, "pid", None)
-        if isinstance(pid, int) and getattr(obs, "kind", None) == "hello":
-            seen.setdefault(pid, obs.t)
 
-    r = run(read_all([Reader(path)], None, "judgment"), Config(), observe=observe)
-    cfg = r.config or Config()
+def growth_files(all_labels: dict[str, Any]) -> list[str]:
+    """The corpus files with growth to stretch: an OOM after visible growth, or growth that
+    plateaus (not the flat controls, nor an OOM with no trend before it)."""
+    return [name for name, label in sorted(all_labels.items())
+            if any(s["growth_visible_s"] or s["scenario"] == "resnet-variable-images"
+                   for s in label["servers"].values())]
+
+
+def plan(scales: Iterable[int], all_labels: dict[str, Any]) -> list[tuple[str, int]]:
+    jobs = []
+    for k in scales:
+        names = sorted(all_labels) if k == 1 else [n for n in X360 if n in all_labels] \
+            if k == 360 else growth_files(all_labels)
+        jobs += [(name, k) for name in names]
+    return jobs
+
+
+class _Watch:
+    """What the score needs from a replay beyond its actions: when each pid was first heard
+    of, and each OOM's forecast at the calibration times (the last poll at or before each)."""
+
+    def __init__(self, label: dict[str, Any], lead_s: float):
+        self.seen: dict[int, float] = {}
+        self.targets: dict[int, list[tuple[int, float]]] = {}   # pid -> (m, time), in order
+        self.prev: dict[int, tuple[float, float]] = {}           # pid -> (t, forecast s)
+        self.got: dict[int, list[list[Any]]] = {}                 # pid -> [m, predicted, actual]
+        self.oom: dict[int, float] = {}
+        for pid_s, truth in label["servers"].items():
+            visible = truth["growth_visible_s"]
+            if truth["oom_t"] is None or not visible:
+                continue
+            pid, oom = int(pid_s), truth["oom_t"]
+            self.oom[pid] = oom
+            self.got[pid] = []
+            self.targets[pid] = [(m, oom - m * lead_s) for m in sorted(AT_LEADS, reverse=True)
+                                 if m * lead_s <= visible]
+
+    def event(self, obs: Any) -> None:
+        if isinstance(obs, events.Hello):
+            self.seen.setdefault(obs.pid, obs.t)
+
+    def sample(self, host: step.Host, t: float) -> None:
+        for pid, targets in self.targets.items():
+            while targets and targets[0][1] < t:
+                m, _ = targets.pop(0)
+                before = self.prev.get(pid)
+                if before is not None:
+                    predicted = None if math.isinf(before[1]) else round(before[1], 1)
+                    self.got[pid].insert(0, [m, predicted, round(self.oom[pid] - before[0], 1)])
+            if targets:
+                name = host.owner.get(pid)
+                server = host.servers.get(name) if name is not None else None
+                self.prev[pid] = (t, math.inf if server is None else server.forecast.seconds)
+
+
+def replay(name: str, k: int
+           ) -> tuple[dict[str, Any], step.Host, list, _Watch, Config, int, float]:
+    """One corpus file at scale k through the daemon's step: its label (moved), the host, the
+    actions, what was watched, the config last in force, the polls, and the wall seconds."""
+    label = labels()[name]
+    started = time.perf_counter()
+    observations: Iterable[Any] = Reader(os.path.join(CORPUS, label["file"]))
+    if k != 1:
+        observations = stretch.stretch(observations, *stretch.window(label), k)
+        label = stretch.stretched_label(label, k)
+    config, host, actions = Config(), step.Host(), []
+    watch: Optional[_Watch] = None
+    polls = 0
+    for obs in observations:
+        if isinstance(obs, ConfigChange):   # the live sidecar's config from then on (SIGHUP)
+            config = obs.config
+            continue
+        if watch is None:   # the lead of the config the log starts with
+            watch = _Watch(label, config.policy.reload_lead_s)
+        actions.extend(step.step(host, obs, config).actions)
+        if isinstance(obs, Sample):
+            polls += 1
+            watch.sample(host, obs.t)
+        else:
+            watch.event(obs)
+    assert watch is not None, name
+    return label, host, actions, watch, config, polls, time.perf_counter() - started
+
+
+def score_file(name: str, k: int = 1) -> dict[str, Any]:
+    label, host, actions, watch, cfg, polls, wall = replay(name, k)
     lead_s = cfg.policy.reload_lead_s
     rows = []
     for pid_s, truth in sorted(label["servers"].items()):
         pid = int(pid_s)
-        server = next((n for n, s in r.host.servers.items() if pid in s.state.pids), None)
-        mine = [a for a in r.actions if a.server == server] if server else []
+        server = next((n for n, s in host.servers.items() if pid in s.state.pids), None)
+        mine = [a for a in actions if a.server == server] if server else []
         oom = truth["oom_t"]
         # until the OOM, or the end of a run that had none (after it, its pids are no one's)
         before = [a for a in mine if a.t < (oom if oom is not None else truth["end_t"])]
         reloads = [a for a in before if a.kind.value == "reload"]
         alerts = sorted({a.reason for a in before if a.kind.value == "alert"})
-        first = seen.get(pid, truth["compiled_t"])
-        row: dict[str, Any] = {"scenario": truth["scenario"], "file": name, "server": server,
-                               "oom": oom is not None, "reloads": len(reloads),
-                               "alerts": alerts}
+        first = watch.seen.get(pid, truth["compiled_t"])
+        row: dict[str, Any] = {"scenario": truth["scenario"], "file": name, "scale": k,
+                               "server": server, "oom": oom is not None,
+                               "reloads": len(reloads), "alerts": alerts}
         if oom is not None:
             oracle = oom - max(first, oom - lead_s)
             lead = round(oom - reloads[0].t, 1) if reloads else None
             visible = truth["growth_visible_s"]
+            alerted = [a.t for a in before if a.kind.value == "alert"
+                       and a.reason == "oom_forecast"]
             row.update(growth_visible_s=visible, lead_s=lead, oracle_lead_s=round(oracle, 1),
-                       in_targets=visible >= VISIBLE_S)
+                       in_targets=visible >= VISIBLE_S,
+                       too_early=lead is not None and lead > max(3 * lead_s, 0.1 * visible),
+                       alert_lead_s=round(oom - alerted[0], 1) if alerted else None,
+                       calibration=watch.got.get(pid, []))
+            if visible >= ALERT_VISIBLE_S:
+                row["alert_in_time"] = bool(alerted) and oom - alerted[0] >= ALERT_MIN_LEAD_S
             if visible == 0.0:
                 row["verdict"] = "false reload" if reloads else "ok"
             elif lead is None:
@@ -81,62 +197,185 @@ def score_file(name: str, label: dict) -> list[dict[str, Any]]:
             row["verdict"] = "false reload" if reloads else \
                 "false alert" if alerts and truth["scenario"] in FLAT else "ok"
         rows.append(row)
-    return rows
+    return {"rows": rows, "wall_s": round(wall, 1), "polls": polls}
 
 
-def scoreboard() -> dict[str, Any]:
-    with open(os.path.join(CORPUS, "labels.json")) as fh:
-        labels = json.load(fh)
-    rows = [row for name, label in sorted(labels.items()) for row in score_file(name, label)]
+def _score(job: tuple[str, int]) -> dict[str, Any]:
+    return score_file(*job)
+
+
+def abs_log2(predicted: Optional[float], actual: float) -> float:
+    """|log2(predicted / actual)|: inf where nothing was forecast (or 0 s was)."""
+    if predicted is None or predicted <= 0 or actual <= 0:
+        return math.inf
+    return abs(math.log2(predicted / actual))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     target = [r for r in rows if r.get("in_targets")]
-    return {"rows": rows, "recall": f"{sum(r['verdict'] == 'hit' for r in target)}/{len(target)}",
+    points = [abs_log2(p, a) for r in rows if r["oom"] for _, p, a in r.get("calibration", [])]
+    ramp = [(p, a) for r in rows if r["scenario"] in RAMPS
+            for m, p, a in r.get("calibration", []) if m >= 2]
+    alerting = [r for r in rows if "alert_in_time" in r]
+    median = statistics.median(points) if points else None
+    calibrated = sum(p is not None and CALIBRATED[0] <= p / a <= CALIBRATED[1] for p, a in ramp)
+    return {"recall": f"{sum(r['verdict'] == 'hit' for r in target)}/{len(target)}",
             "false_reloads": sum(r["verdict"] == "false reload" for r in rows),
             "false_alerts": sum(len(r["alerts"]) for r in rows if r["scenario"] in FLAT),
+            # an OOM forecast alerted for a run that never ran out (growth that plateaus)
+            "forecast_alerts_without_oom": sum("oom_forecast" in r["alerts"] for r in rows
+                                               if not r["oom"]),
+            "too_early": sum(bool(r.get("too_early")) for r in rows),
+            "median_abs_log2": None if median is None or math.isinf(median)
+            else round(median, 3),
+            "calibration_points": len(points),
+            "unforecast_points": sum(math.isinf(p) for p in points),
+            "ramps_calibrated": f"{calibrated}/{len(ramp)}",
+            "alerts_in_time": f"{sum(r['alert_in_time'] for r in alerting)}/{len(alerting)}",
             "targets_met": all(r["verdict"] in GOOD for r in rows
                                if r.get("in_targets") or not r["oom"]
                                or r.get("growth_visible_s") == 0.0)}
 
 
+def scoreboard(scales: Iterable[int] = SCALES, jobs: Optional[int] = None,
+               only: Optional[list[str]] = None) -> dict[str, Any]:
+    todo = [j for j in plan(scales, labels()) if not only or j[0] in only]
+    workers = min(len(todo), jobs or os.cpu_count() or 1)
+    started = time.perf_counter()
+    if workers > 1:
+        # the longest first: a x360 replay is most of the work
+        order = sorted(todo, key=lambda j: -j[1])
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = dict(zip(order, pool.map(_score, order, chunksize=1)))
+    else:
+        done = {j: _score(j) for j in todo}
+    board: dict[str, Any] = {"scales": {}}
+    for k in sorted({k for _, k in todo}):
+        rows = [row for j in todo if j[1] == k for row in done[j]["rows"]]
+        board["scales"][str(k)] = {**summary(rows), "rows": rows,
+                                   "replay": {n: {"polls": done[(n, kk)]["polls"],
+                                                  "wall_s": done[(n, kk)]["wall_s"]}
+                                              for n, kk in todo if kk == k}}
+    board["wall_s"] = round(time.perf_counter() - started, 1)
+    return board
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str]:
+    return r["file"], r["scenario"]
+
+
 def regressions(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
-    old = {(r["file"], r["scenario"]): r for r in before["rows"]}
+    """What scores worse than `before`, at each scale both have:
+    - a verdict that was good and is not;
+    - a reload lead more than 1 s shorter, and shorter than the oracle's (a reload at least the
+      oracle's lead ahead is not worse for coming later: one that came too early may);
+    - a reload that was not too early and is;
+    - an alert in time (>= 25 min ahead of an OOM grown for >= 30 min) that is not;
+    - more alerts on a flat control;
+    - per scale: fewer ramps calibrated, a median |log2(predicted/actual)| more than
+      MEDIAN_SLACK worse, more false reloads, alerts on flat controls, or OOM forecast
+      alerts on runs without an OOM."""
     out = []
-    for r in now["rows"]:
-        was: Optional[dict] = old.get((r["file"], r["scenario"]))
-        if was is None:
+    # a scoreboard from before the scales (rows at top level) is the one at x1
+    scales = before["scales"] if "scales" in before else {"1": before}
+    for k, board in now["scales"].items():
+        was_board = scales.get(k)
+        if was_board is None:
             continue
-        key = f"{r['file']}/{r['scenario']}"
-        if was["verdict"] in GOOD and r["verdict"] not in GOOD:
-            out.append(f"{key}: {was['verdict']} -> {r['verdict']}")
-        if was.get("lead_s") is not None and (r.get("lead_s") is None
-                                              or r["lead_s"] < was["lead_s"] - 1.0):
-            out.append(f"{key}: lead {was['lead_s']} s -> {r.get('lead_s')}")
-        if r["scenario"] in FLAT and len(r["alerts"]) > len(was["alerts"]):
-            out.append(f"{key}: alerts {was['alerts']} -> {r['alerts']}")
+        old = {_key(r): r for r in was_board["rows"]}
+        for r in board["rows"]:
+            was: Optional[dict] = old.get(_key(r))
+            if was is None:
+                continue
+            key = f"x{k} {r['file']}/{r['scenario']}"
+            if was["verdict"] in GOOD and r["verdict"] not in GOOD:
+                out.append(f"{key}: {was['verdict']} -> {r['verdict']}")
+            lead, old_lead = r.get("lead_s"), was.get("lead_s")
+            if old_lead is not None and (lead is None or (lead < old_lead - 1.0
+                                                          and lead < r["oracle_lead_s"])):
+                out.append(f"{key}: lead {old_lead} s -> {lead}")
+            if r.get("too_early") and was.get("too_early") is False:
+                out.append(f"{key}: lead {old_lead} s -> {lead}, too early")
+            if was.get("alert_in_time") and not r.get("alert_in_time"):
+                out.append(f"{key}: oom_forecast alert {was.get('alert_lead_s')} s -> "
+                           f"{r.get('alert_lead_s')} s before the OOM")
+            if r["scenario"] in FLAT and len(r["alerts"]) > len(was["alerts"]):
+                out.append(f"{key}: alerts {was['alerts']} -> {r['alerts']}")
+        out += _summary_regressions(f"x{k}", board, was_board)
     return out
 
 
+def _summary_regressions(scale: str, board: dict[str, Any], was: dict[str, Any]) -> list[str]:
+    out = []
+
+    def count(v: str) -> int:
+        return int(v.split("/")[0])
+
+    if "ramps_calibrated" in was and \
+            count(board["ramps_calibrated"]) < count(was["ramps_calibrated"]):
+        out.append(f"{scale}: ramps calibrated {was['ramps_calibrated']} -> "
+                   f"{board['ramps_calibrated']}")
+    m_now, m_was = board["median_abs_log2"], was.get("median_abs_log2")
+    if m_was is not None and (m_now is None or m_now > m_was + MEDIAN_SLACK):
+        out.append(f"{scale}: median |log2(predicted/actual)| {m_was} -> {m_now}")
+    for field in ("false_reloads", "false_alerts", "forecast_alerts_without_oom"):
+        if field in was and board[field] > was[field]:
+            out.append(f"{scale}: {field} {was[field]} -> {board[field]}")
+    return out
+
+
+def _ratio(p: Optional[float], a: float) -> str:
+    return "none" if p is None else f"{p / a:.2f}" if a > 0 else "-"
+
+
+def _duration(s: float) -> str:
+    return f"{s:.1f} s" if s < 600 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
 def table(board: dict[str, Any]) -> str:
-    lines = ["| scenario | OOM (growth seen) | verdict | lead | oracle | alerts |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in board["rows"]:
-        oom = f"yes ({r['growth_visible_s']:.0f} s)" if r["oom"] else "no"
-        lead = "" if r.get("lead_s") is None else f"{r['lead_s']:.1f} s"
-        oracle = "" if not r["oom"] else f"{r['oracle_lead_s']:.1f} s"
-        name = r["scenario"] if r["file"] == r["scenario"] else f"{r['scenario']} ({r['file']})"
-        lines.append(f"| {name} | {oom} | {r['verdict']} | {lead} | {oracle} | "
-                     f"{', '.join(r['alerts']) or '-'} |")
-    lines.append(f"\nrecall {board['recall']} (OOMs with growth seen >= {VISIBLE_S:.0f} s), "
-                 f"false reloads {board['false_reloads']}, alerts on flat controls "
-                 f"{board['false_alerts']}, targets met: {board['targets_met']}")
-    return "\n".join(lines)
+    out = []
+    for k, b in board["scales"].items():
+        out += [f"### x{k}", "",
+                "| scenario | OOM (growth seen) | verdict | lead | oracle | lead/oracle | "
+                "predicted/actual at 1x, 2x, 5x, 10x the lead | first forecast alert | alerts |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in b["rows"]:
+            oom = f"yes ({_duration(r['growth_visible_s'])})" if r["oom"] else "no"
+            lead = "" if r.get("lead_s") is None else _duration(r["lead_s"]) + \
+                (" (too early)" if r.get("too_early") else "")
+            oracle = "" if not r["oom"] else f"{r['oracle_lead_s']:.1f} s"
+            ratio = "" if r.get("lead_s") is None or not r.get("oracle_lead_s") else \
+                f"{r['lead_s'] / r['oracle_lead_s']:.2f}"
+            cal = {m: _ratio(p, a) for m, p, a in r.get("calibration", [])}
+            calib = ", ".join(cal.get(m, "-") for m in AT_LEADS) if r["oom"] else ""
+            alert = "" if not r["oom"] else "none" if r.get("alert_lead_s") is None else \
+                _duration(r["alert_lead_s"]) + ("" if r.get("alert_in_time") in (None, True)
+                                                 else " (late)")
+            name = r["scenario"] if r["file"] == r["scenario"] else \
+                f"{r['scenario']} ({r['file']})"
+            out.append(f"| {name} | {oom} | {r['verdict']} | {lead} | {oracle} | {ratio} | "
+                       f"{calib} | {alert} | {', '.join(r['alerts']) or '-'} |")
+        out += ["", f"x{k}: recall {b['recall']} (OOMs with growth seen >= {VISIBLE_S:.0f} s), "
+                f"too early {b['too_early']}, median |log2(predicted/actual)| "
+                f"{b['median_abs_log2'] if b['median_abs_log2'] is not None else 'inf'} over "
+                f"{b['calibration_points']} points ({b['unforecast_points']} with no forecast), "
+                f"ramps within {CALIBRATED[0]}-{CALIBRATED[1]} at 2-10x the lead "
+                f"{b['ramps_calibrated']}, forecast alerts >= 25 min ahead "
+                f"{b['alerts_in_time']}, false reloads {b['false_reloads']}, alerts on flat "
+                f"controls {b['false_alerts']}, OOM forecast alerts on runs without an OOM "
+                f"{b['forecast_alerts_without_oom']}, targets met: {b['targets_met']}", ""]
+    return "\n".join(out)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--check", help="a scoreboard (--json output) that must not be beaten down")
+    p.add_argument("--scales", type=int, nargs="+", default=list(SCALES))
+    p.add_argument("--only", nargs="+", help="corpus files (labels.json names)")
+    p.add_argument("--jobs", type=int, help="replays at once (default: one per CPU)")
     a = p.parse_args()
-    board = scoreboard()
+    board = scoreboard(a.scales, a.jobs, a.only)
     print(json.dumps(board, indent=1) if a.json else table(board))
     if a.check:
         with open(a.check) as fh:
