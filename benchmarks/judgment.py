@@ -61,6 +61,8 @@ X360 = ("leak-medium", "gpt2-variable-seq-2")   # one leak, one graph growth at 
 ALERT_VISIBLE_S = 1800.0          # growth visible this long: the alert must come ...
 ALERT_MIN_LEAD_S = 1500.0         # ... this long before the OOM
 # straight ramps, where predicted/actual must be within CALIBRATED at 2-10 x the lead
+# graph growth that saturates under the budget: stretched too (no alert at any pace)
+PLATEAUS = {"resnet-variable-images", "gpt2-saturating"}
 RAMPS = {"fragmentation", "kv-cache-growth", "leak-small", "leak-medium", "leak-large"}
 CALIBRATED = (0.75, 1.33)
 MEDIAN_SLACK = 0.05               # --check: the median |log2(pred/actual)| may wobble this much
@@ -75,7 +77,7 @@ def growth_files(all_labels: dict[str, Any]) -> list[str]:
     """The corpus files with growth to stretch: an OOM after visible growth, or growth that
     plateaus (not the flat controls, nor an OOM with no trend before it)."""
     return [name for name, label in sorted(all_labels.items())
-            if any(s["growth_visible_s"] or s["scenario"] == "resnet-variable-images"
+            if any(s["growth_visible_s"] or s["scenario"] in PLATEAUS
                    for s in label["servers"].values())]
 
 

@@ -39,6 +39,8 @@ WHAT = {
     "shared-flat": "two servers on one GPU: the bucketed one",
     "huge-request": "flat, then one request larger than the headroom",
     "bucketed-control": "bucketed GPT-2, flat",
+    "batchseq-growth": "variable batch (1-4) x seq_len (32-512), 6 requests/s",
+    "gpt2-saturating": "385 seq_lens (16-400): the graphs plateau under the device's memory",
 }
 NO_TREND = {"huge-request"}   # runs out of memory with nothing growing before
 
@@ -68,12 +70,20 @@ def label(run_dir: str, name: str) -> dict:
         prog = read_progress(path)
         pid = prog[0]["pid"]
         at = {p["kind"]: p["t"] for p in prog if p["kind"] != "served"}
-        budget = next(p["bytes"] for p in prog if p["kind"] == "budget")
+        got = next(p for p in prog if p["kind"] == "budget")
+        budget, real = got["bytes"], bool(got.get("real"))
         oom = at.get("crash")
         full = first_full(samples, pid, budget)
         if full is not None and (oom is None or full < oom):
             oom = full
-        servers[str(pid)] = {"scenario": scenario, "what": WHAT.get(scenario, scenario),
+        what = WHAT.get(scenario, scenario)
+        servers[str(pid)] = {"scenario": scenario,
+                             "what": f"real device OOM: {what}" if real else what,
+                             # a ballast left the device short (record_corpus --real-oom): the
+                             # OOM is the device's own, its error as the server saw it
+                             "real_oom": real,
+                             "error": next((p["error"] for p in prog if p["kind"] == "crash"),
+                                           None),
                              "compiled_t": at["compiled"], "growth_t": at["growth"],
                              "budget_bytes": budget, "oom_t": oom,
                              "end_t": at.get("crash", at.get("stopped")),
