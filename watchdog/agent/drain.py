@@ -293,16 +293,20 @@ def write_restart_file(path: str, reason: str) -> Optional[str]:
     the process it names runs *and* holds that very file (`request_stands`): a file naming
     another live process (forged, or a pid 1 that outlives every server) stands for nothing,
     and a pid alone could be reused. None, or why it was not written."""
-    pid = os.getpid()
-    line = f"{pid} {start_ticks(pid)} {reason}\n".encode()
     try:
+        pid = os.getpid()
+        line = f"{pid} {start_ticks(pid)} {reason}\n".encode()
         # a new file of a name no one can guess (O_EXCL: never through a link someone
         # planted), renamed over `path` (which replaces a link, never follows it)
         durable.write_atomic(path, line, prefix=".restart-requested.")
         fd, _ = durable.open_trusted(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, IndexError) as e:
         return f"{path}: {getattr(e, 'strerror', None) or e}"
-    if os.pread(fd, 64, 0) != line:  # replaced meanwhile: not ours to hold
+    try:
+        ours = os.pread(fd, 64, 0) == line
+    except OSError:
+        ours = False
+    if not ours:  # replaced meanwhile: not ours to hold
         os.close(fd)
         return f"{path}: replaced by another process as it was written"
     _held.append(fd)
