@@ -26,7 +26,7 @@ import traceback
 from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent import drain, identity, imports, settings
+from torch_watchdog.agent import drain, identity, imports, serve, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
 from torch_watchdog.agent.drain import Draining, on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
@@ -169,6 +169,8 @@ class Agent:
         if self.warm is not None and self.warm.due():
             self.warm.save_in_background(self.on_error)
         now = time.monotonic()
+        if self.config.server is None and self._renamed():
+            self._next_hello = now  # the sidecar learns the new name at once
         devices = self._devices or self.hooks.devices()  # known once CUDA is up
         if now >= self._next_hello or devices != self._devices:
             self._devices = devices
@@ -181,6 +183,15 @@ class Agent:
                 t=time.time(), pid=os.getpid(), seq=self._seq, uptime_s=now - self.started,
                 queue_depth=self.emitter.depth(), errors=self.errors, lost=self.emitter.lost()))
             self._emit_calls()
+
+    def _renamed(self) -> bool:
+        """A Ray Serve replica's name follows the rank Serve gives it (serve.py): given after
+        the agent started, or changed when Serve renumbers its replicas."""
+        name = serve.replica_name()
+        if name is None or name == self.server:
+            return False
+        self.server = name
+        return True
 
     def _emit_calls(self) -> None:
         now = time.monotonic()

@@ -51,6 +51,11 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _ready = True
 _callbacks: list[Callable[[], Any]] = []
+# A serving engine that replaces this process itself (agent/serve.py: Ray Serve, once its
+# health check reaches the agent), set by that integration: a drain then refuses no call and
+# does not exit, as the engine routes new calls elsewhere, lets those in hand finish and stops
+# the process. Its `wait_stopped(deadline)` is True once the engine is stopping it.
+handover: Optional[Any] = None
 
 
 class Draining(RuntimeError):
@@ -326,13 +331,16 @@ class Drainer:
         self._uninstall = uninstall  # the package's: flushes the queued events first
         self._exit = exit
         self.thread: Optional[threading.Thread] = None
+        self.handed: Optional[Any] = None  # the engine this drain was handed over to
 
     def start(self, grace_s: float) -> bool:
         global _ready
         if self.thread is not None:
             return False  # one drain per process; a repeated request changes nothing
         _ready = False
-        refuse_new_calls()
+        self.handed = handover
+        if self.handed is None:
+            refuse_new_calls()
         self.thread = threading.Thread(target=self._run, args=(grace_s,),
                                        name="torch-watchdog-drain", daemon=True)
         self.thread.start()
@@ -349,6 +357,8 @@ class Drainer:
             failed = _run_callbacks(deadline)
             if failed:
                 notes.append(failed)
+            if self.handed is not None:
+                notes.append(self._hand_over(deadline))
             left = wait_idle(deadline)
             if _refused:
                 notes.append(f"{_refused} call(s) begun during the drain refused (Draining)")
@@ -356,23 +366,33 @@ class Drainer:
                 note = agent.warm.save("drain")
                 if note:
                     notes.append(note)
-            if cfg.restart_file:
+            if cfg.restart_file and self.handed is None:
                 why = write_restart_file(cfg.restart_file, pid, "drain")
                 if why:
                     notes.append(f"restart file not written: {why}")
             took = time.monotonic() - started
             detail = "; ".join(notes) or None
+            code = cfg.drain_exit_code if self.handed is None else None
             emit(events.Drain(t=time.time(), pid=pid, phase="drained", grace_s=grace_s,
-                              seconds=took, in_flight=left, exit_code=cfg.drain_exit_code,
+                              seconds=took, in_flight=left, exit_code=code,
                               detail=events.clip(detail, 500)))
             if agent.control is not None:
                 agent.control.send({"v": 1, "kind": "drained", "pid": pid, "in_flight": left,
                                     "seconds": round(took, 3),
-                                    "exit_code": cfg.drain_exit_code, "detail": detail})
+                                    "exit_code": code, "detail": detail})
         except Exception as e:
             agent.on_error(e)
         finally:
             self._leave(cfg.drain_exit_code)
+
+    def _hand_over(self, deadline: float) -> str:
+        """Wait for the engine to stop this process; past `deadline`, drain as usual."""
+        name = getattr(self.handed, "name", "the engine")
+        if self.handed.wait_stopped(deadline):
+            return f"stopped by {name}"
+        self.handed = None
+        refuse_new_calls()
+        return f"{name} did not stop this process within the grace: calls refused, exiting"
 
     def _leave(self, code: int) -> None:
         try:
@@ -384,7 +404,8 @@ class Drainer:
                 stream.flush()
             except Exception:
                 pass
-        self._exit(code)
+        if self.handed is None:  # else the engine stops the process
+            self._exit(code)
 
 
 def _run_callbacks(deadline: float) -> Optional[str]:

@@ -4,12 +4,14 @@ A server is a group of processes reloaded together: 8 replicas are 8 servers; a 
 job on 8 GPUs, or a gunicorn master and its workers, is one. The sidecar groups processes by
 it. In order:
 1. `install(server=...)` / `TORCH_WATCHDOG_SERVER` (checked by `check_name`);
-2. a rank of a `torch.distributed` job (WORLD_SIZE > 1 in its environment, as torchrun,
+2. a Ray Serve replica: `serve:<application>/<deployment>/<rank>`, from Serve's replica
+   context (serve.py: the rank is the replica's slot, taken again by its replacement);
+3. a rank of a `torch.distributed` job (WORLD_SIZE > 1 in its environment, as torchrun,
    `mp.spawn` launchers and Kubernetes' PyTorchJob set it): the systemd service it runs in,
    else `dist:<MASTER_ADDR>:<MASTER_PORT>` (the job's store, one per job on a host), else
    `torchrun:<TORCHELASTIC_RUN_ID>`. Every rank of the job, whatever its session (torchrun
    starts each rank in a session of its own) and its GPUs: tensor parallel cannot lose a rank;
-3. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`), else
+4. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`), else
    `pgid:<process group>`; then, when CUDA_VISIBLE_DEVICES is set, `/cuda:<its value>`
    (`pgid:7212/cuda:0`). Replicas started by one supervisor with a GPU each are one server per
    GPU set; a master's workers (forked, or spawned by multiprocessing as uvicorn does) inherit
@@ -125,6 +127,11 @@ def server_name(explicit: Optional[str] = None, *,
     automatic part (no /proc, an odd cgroup file, odd variables: the process group)."""
     if explicit:
         return explicit
+    from torch_watchdog.agent.serve import replica_name  # it imports this module
+
+    replica = replica_name()
+    if replica is not None:
+        return replica
     env = os.environ if env is None else env
     try:
         unit = unit_from_cgroup(read_cgroup())
