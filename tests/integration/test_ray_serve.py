@@ -211,8 +211,11 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
         during = [r for r in list(client.done) if began <= r[0] <= end]
         failed = [r for r in during if not isinstance(r[2], dict)]
         final = status(mport)
+        # every server the sidecar ever knew is one of the deployment's slots (a replacement
+        # given a spare rank for a while would show as serve:llm/Model/2, then no pid)
+        ever = sorted(s["server"] for s in final["servers"])
         live = [a for a in final["actions"] if a["action"] in KINDS]
-        line = {"servers_before": {n: ps for n, ps in sorted(before.items())},
+        line = {"servers_ever": ever, "servers_before": {n: ps for n, ps in sorted(before.items())},
                 "servers_after": {n: ps for n, ps in sorted(after.items())},
                 "reload": entry["detail"], "back_s": round(entry["seconds"], 2),
                 "requests_during_reload": len(during), "failed_during_reload": len(failed),
@@ -220,6 +223,7 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
                 "failed_in_all": sum(not isinstance(r[2], dict) for r in client.done),
                 "ready_s": round(ready_s, 1), "scenario_s": round(time.monotonic() - t0, 1)}
         print("\nray-serve:", json.dumps(line))
+        assert all(n.startswith("serve:llm/Model/") for n in ever), ever
         assert len(during) >= 20, line  # enough requests for 1 % to mean something
         assert len(failed) <= 0.01 * len(during), (line, failed[:5])
         assert [a["server"] for a in live if a["action"] == "execute"] == \
