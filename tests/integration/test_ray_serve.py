@@ -134,18 +134,22 @@ class Family:
         while not self.stop.wait(0.5):
             self.note()
 
-    def kill(self) -> list[int]:
-        """SIGKILL what is left of them; returns their pids."""
+    def kill(self, grace_s: float = 15.0) -> list[str]:
+        """What is left of them `grace_s` after the driver stopped, SIGKILLed; returns them
+        (pid and command line)."""
         self.stop.set()
         self.thread.join(2)
-        left = [p for p in self.seen.values() if p.is_running()]
+        _, left = psutil.wait_procs([p for p in self.seen.values() if p.is_running()],
+                                    timeout=grace_s)
+        named = []
         for p in left:
             try:
+                named.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
                 p.kill()
             except psutil.Error:
                 pass
         psutil.wait_procs(left, timeout=10)
-        return [p.pid for p in left]
+        return named
 
 
 def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(short_tmp):
