@@ -26,7 +26,7 @@ import traceback
 from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent import drain, identity, imports, serve, settings
+from torch_watchdog.agent import drain, identity, imports, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
 from torch_watchdog.agent.drain import Draining, on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
@@ -185,9 +185,9 @@ class Agent:
             self._emit_calls()
 
     def _renamed(self) -> bool:
-        """A Ray Serve replica's name follows the rank Serve gives it (serve.py): given after
+        """A Ray Serve replica's name follows the rank Serve gives it (agent/serve.py): given after
         the agent started, or changed when Serve renumbers its replicas."""
-        name = serve.replica_name()
+        name = identity.replica_name()
         if name is None or name == self.server:
             return False
         self.server = name

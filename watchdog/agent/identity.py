@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Callable, Mapping, Optional
+import sys
+from typing import Any, Callable, Mapping, Optional
 
 MAX_NAME_CHARS = 255  # systemd's own bound for a unit name (UNIT_NAME_MAX - 1)
+SERVE_PREFIX = "serve:"
 CGROUP_FILE = "/proc/self/cgroup"
 
 
@@ -119,6 +121,36 @@ def _clip(name: str) -> Optional[str]:
         return None
 
 
+def replica_name(context: Any = None) -> Optional[str]:
+    """`serve:<application>/<deployment>/<rank>` for `context` (default: this process's
+    replica context, if `ray.serve` is loaded and this is a replica), else None: outside a
+    replica, or before Serve gave the replica its rank. Never raises."""
+    if context is None:
+        context = _current_context()
+    if context is None:
+        return None
+    try:
+        rank = context.rank
+        rank = getattr(rank, "rank", rank)  # a ReplicaRank (its global `rank`), or an int
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            return None
+        name = f"{SERVE_PREFIX}{context.app_name}/{context.deployment}/{rank}"
+        return check_name(name[:MAX_NAME_CHARS])
+    except Exception:
+        return None
+
+
+def _current_context() -> Any:
+    serve = sys.modules.get("ray.serve")
+    get = getattr(serve, "get_replica_context", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except Exception:  # RayServeException: not a replica (a driver that imported ray.serve)
+        return None
+
+
 def server_name(explicit: Optional[str] = None, *,
                 env: Optional[Mapping[str, str]] = None,
                 read_cgroup: Callable[[], str] = _read_cgroup,
@@ -127,8 +159,6 @@ def server_name(explicit: Optional[str] = None, *,
     automatic part (no /proc, an odd cgroup file, odd variables: the process group)."""
     if explicit:
         return explicit
-    from torch_watchdog.agent.serve import replica_name  # it imports this module
-
     replica = replica_name()
     if replica is not None:
         return replica

@@ -28,43 +28,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Optional
 
 from torch_watchdog.agent import drain
-from torch_watchdog.agent.identity import MAX_NAME_CHARS, check_name
+from torch_watchdog.agent.identity import replica_name
 
-PREFIX = "serve:"
+__all__ = ["replica_name", "check_health", "stopping", "WatchdogReplica", "ReplicaDraining"]
+
 STOPPING_WAIT_S = 5.0  # how long __del__ waits for the agent's reply and flush
-
-
-def replica_name(context: Any = None) -> Optional[str]:
-    """`serve:<application>/<deployment>/<rank>` for `context` (default: this process's
-    replica context, if `ray.serve` is loaded and this is a replica), else None: outside a
-    replica, or before Serve gave the replica its rank. Never raises."""
-    if context is None:
-        context = _current_context()
-    if context is None:
-        return None
-    try:
-        rank = context.rank
-        rank = getattr(rank, "rank", rank)  # a ReplicaRank (its global `rank`), or an int
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            return None
-        name = f"{PREFIX}{context.app_name}/{context.deployment}/{rank}"
-        return check_name(name[:MAX_NAME_CHARS])
-    except Exception:
-        return None
-
-
-def _current_context() -> Any:
-    serve = sys.modules.get("ray.serve")
-    get = getattr(serve, "get_replica_context", None)
-    if get is None:
-        return None
-    try:
-        return get()
-    except Exception:  # RayServeException: not a replica (a driver that imported ray.serve)
-        return None
 
 
 class ReplicaDraining(RuntimeError):
@@ -106,8 +76,8 @@ def stopping(timeout_s: float = STOPPING_WAIT_S) -> None:
     its events before Serve kills the process. Otherwise (a scale-down, a redeploy): the
     agent's queued events are flushed. Never raises; waits `timeout_s` at most."""
     try:
-        from torch_watchdog import agent
-
+        # the package, loaded before any of its modules (an import here would be a cycle)
+        agent = sys.modules["torch_watchdog.agent"]
         current = agent.current()
         if current is None or replica_name() is None:
             return
