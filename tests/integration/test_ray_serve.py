@@ -7,14 +7,16 @@ with the agent and the WatchdogReplica mixin; the real sidecar daemon in host-me
 new length. One replica keeps 4 MB per distinct length until the sidecar forecasts it over
 its process budget. Asserted: the sidecar sees two servers named after the deployment's
 replicas (`serve:llm/Model/0` and `/1`, what the replicas say of themselves); the growing one
-is drained through Serve (its health check fails, Serve stops it gracefully and starts a
-replacement, which says hello under the same name and serves); the other replica keeps its
+is drained through Serve (its health check fails, Serve's controller logs it and stops the
+replica gracefully, the agent replies "stopped by Ray Serve", and a replacement says hello under
+the same name and serves); the other replica keeps its
 process and serves throughout; at most 1 % of the requests made during the reload failed;
 the sidecar's sample log replayed takes the same decisions. `pytest -s` prints the figures;
 `RAY_SERVE_DEBUG=1` also the sidecar's and the driver's logs.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -197,6 +199,10 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
         assert entry["server"] == "serve:llm/Model/1", entry
         assert "stopped by Ray Serve" in entry["detail"], entry["detail"]
         assert not psutil.pid_exists(grower)
+        # Serve's controller did it: the replica failed its health check, stopped gracefully
+        logs = glob.glob(os.path.join(tmp, "ray", "session_*", "logs", "serve", "controller_*"))
+        said = "".join(open(f, errors="replace").read() for f in logs)
+        assert "failed health check, stopping it" in said, (logs, said[-2000:])
 
         # the replacement: the same name, a new process, serving; the other one untouched
         began = entry["t"]
