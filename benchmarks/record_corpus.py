@@ -3,6 +3,12 @@ once, each with its own real sidecar (dry run: it decides, does nothing, and the
 into its OOM, which is the label) writing the sample log that `benchmarks/judgment.py` replays.
 
     python3 benchmarks/record_corpus.py --out DIR [--only NAME ...] [--seconds 240]
+    python3 benchmarks/record_corpus.py --out DIR --real-oom 400 --only NAME ... [--suffix S]
+
+`--real-oom FREE_MIB`: real device OOMs, no emulated GPU: the scenarios run one at a time, each
+server's ballast leaving FREE_MIB of the device free once warm (server.py --ballast-free-mib),
+and its sidecar is told no budget (it reads the device's own). `--suffix` names the runs
+(`leak-medium-expandable` with `--alloc-conf expandable_segments:True`).
 
 Per scenario, DIR/<name>/ gets samples.jsonl.gz (the fixture), progress.jsonl (the truth: the
 budget, when growth began, the crash) and sidecar.log.gz. A first pass compiles each model once
@@ -46,8 +52,9 @@ def progress(path: str) -> list[dict]:
 class Run:
     """One sidecar and its server(s)."""
 
-    def __init__(self, name: str, servers: list[str], base: str, env: dict, seconds: float):
-        self.name, self.servers = name, servers
+    def __init__(self, name: str, servers: list[str], base: str, env: dict, seconds: float,
+                 server_args: tuple = ()):
+        self.name, self.servers, self.server_args = name, servers, server_args
         self.dir = os.path.join(base, name)
         os.makedirs(os.path.join(self.dir, "state"))
         self.sock = os.path.join(self.dir, "ev.sock")
@@ -73,7 +80,8 @@ class Run:
             self.procs[server] = subprocess.Popen(
                 [sys.executable, SERVER, "--scenario", server, "--socket", self.sock,
                  "--progress", self.progress_path(server), "--event-log",
-                 os.path.join(self.dir, f"events-{server}.jsonl"), "--seconds", str(seconds)],
+                 os.path.join(self.dir, f"events-{server}.jsonl"), "--seconds", str(seconds),
+                 *self.server_args],
                 cwd=ROOT, env={**env, **extra}, stdout=subprocess.DEVNULL,
                 stderr=open(os.path.join(self.dir, f"server-{server}.err"), "w"))
 
@@ -96,7 +104,9 @@ policy: {{dry_run: true}}
         if self.budget is None:
             got = next((p for p in progress(self.progress_path(self.servers[0]))
                         if p["kind"] == "budget"), None)
-            if got is not None:
+            if got is not None and got.get("real"):  # the device's own: nothing to tell
+                self.budget = False
+            elif got is not None:
                 self.budget = got["bytes"]
                 self.write_config()
                 self.sidecar.send_signal(signal.SIGHUP)
@@ -147,17 +157,24 @@ def main() -> int:
     p.add_argument("--only", nargs="*")
     p.add_argument("--seconds", type=float, default=240.0)
     p.add_argument("--limit", type=float, default=480.0, help="stop everything after this")
+    p.add_argument("--real-oom", type=int, metavar="FREE_MIB",
+                   help="real device OOMs, one run at a time, a ballast leaving FREE_MIB free")
+    p.add_argument("--suffix", default="", help="appended to each run's name")
+    p.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the servers")
     a = p.parse_args()
     base = tempfile.mkdtemp(prefix="tw-corpus-")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(base, "inductor"),
                TORCHINDUCTOR_COMPILE_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    if a.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf
     started = time.monotonic()
+    prewarm = () if a.real_oom is not None else ("bucketed-control", "resnet-variable-images")
     warm = [subprocess.Popen([sys.executable, SERVER, "--scenario", s, "--prewarm", "--socket",
                               os.path.join(base, "none.sock"), "--progress",
                               os.path.join(base, f"prewarm-{s}.jsonl"), "--event-log",
                               os.path.join(base, f"prewarm-{s}.events")], cwd=ROOT, env=env)
-            for s in ("bucketed-control", "resnet-variable-images")]
+            for s in prewarm]
     for w in warm:
         w.wait()
     print(f"prewarm {time.monotonic() - started:.0f} s", flush=True)
@@ -166,11 +183,26 @@ def main() -> int:
     grouped.update({s: [s] for s in SCENARIOS if s not in in_group})
     if a.only:
         grouped = {k: v for k, v in grouped.items() if k in a.only}
+    os.makedirs(a.out, exist_ok=True)
+    if a.real_oom is not None:
+        summary = {}
+        for name, servers in grouped.items():
+            run = Run(name + a.suffix, servers, base, env, a.seconds,
+                      ("--ballast-free-mib", str(a.real_oom)))
+            run.start_servers()
+            deadline = time.monotonic() + a.limit
+            while not run.check() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            summary[run.name] = run.finish(a.out)
+            print(run.name, json.dumps(summary[run.name]), flush=True)
+        with open(os.path.join(a.out, "summary.json"), "w") as fh:
+            json.dump(summary, fh, indent=1)
+        print(f"total {time.monotonic() - started:.0f} s")
+        return 0
     runs = [Run(name, servers, base, env, a.seconds) for name, servers in grouped.items()]
     for r in runs:
         r.start_servers()
     deadline = time.monotonic() + a.limit
-    os.makedirs(a.out, exist_ok=True)
     summary, pending = {}, list(runs)
     while pending and time.monotonic() < deadline:
         for r in [r for r in pending if r.check()]:

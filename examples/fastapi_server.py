@@ -4,10 +4,21 @@
     .venv/bin/uvicorn examples.fastapi_server:app --port 8000 --workers 2
 
 It runs as is on a CPU (a tiny stand-in model; `backend="eager"` keeps the compile short).
+
+Warm-up: each worker compiles before it takes requests, at lengths 1 and 16. The first call
+compiles the model for its static shape; the second, at a new length, makes Dynamo compile it
+again with the length dynamic (automatic dynamic shapes), and every later length reuses that
+graph. So the sidecar counts 2 compiles per worker at start, one of them a recompile: expected,
+and over before the first request.
+
+Requests are checked before they reach the model: a missing or non-string `text`, an empty one
+(a (1, 0) tensor would make torch.compile fail inside Dynamo, which the sidecar would count as
+a recompile) or one over 512 characters gets a 422 saying which.
 """
 import torch_watchdog.agent.auto          # first, before the model is compiled
 import torch
 from fastapi import FastAPI, Response
+from pydantic import BaseModel, Field
 import torch_watchdog.agent
 
 app = FastAPI()
@@ -33,10 +44,14 @@ async def draining(request, exc):
     return Response(status_code=503, headers={"Retry-After": "1"})  # retried elsewhere
 
 
+class Prompt(BaseModel):                  # a bad request: 422 with the reason
+    text: str = Field(min_length=1, max_length=512)
+
+
 @app.post("/generate")
-async def generate(req: dict):
+async def generate(req: Prompt):
     with torch.inference_mode():
-        return {"tokens": llm(tokenize(req["text"])).argmax(-1).tolist()}
+        return {"tokens": llm(tokenize(req.text)).argmax(-1).tolist()}
 
 
 @app.get("/healthz")                      # readiness: 503 once a drain began

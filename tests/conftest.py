@@ -1,6 +1,7 @@
 """Shared fixtures: a real Unix datagram receiver that decodes with the shared schema."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -94,6 +95,24 @@ def with_root() -> str:
     """PYTHONPATH for a child process: this checkout first, keeping what the environment had
     (on the GPU machine, a --target directory of carried wheels)."""
     return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+
+@contextlib.contextmanager
+def restart_requester(path: str):
+    """A live process that asked for a restart the agent's way (drain.write_restart_file: the
+    request names it, and it holds the file open): yields it, killed after."""
+    import sys
+    code = ("import sys, time; from torch_watchdog.agent.drain import write_restart_file; "
+            "why = write_restart_file(sys.argv[1], 'drain'); print(why or 'ok', flush=True); "
+            "time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=with_root()))
+    try:
+        assert proc.stdout.readline().strip() == "ok"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class Collector:

@@ -163,6 +163,7 @@ def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> in
     if problems:
         log.error("bad config", path=config_path, problems=problems)
         return 2
+    previous_log = dev.rotate_sample_log(cfg.sample_log) if setup is not None else None
     daemon = Daemon(cfg, config_path, log)
     try:
         daemon.start()
@@ -175,8 +176,8 @@ def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> in
         # once the socket is bound and the port taken: what it prints is then true
         from torch_watchdog.sidecar.present.web import local_url
         lines = dev.write_env(setup, cfg.agent.socket_path)
-        print(dev.banner(setup, lines, local_url(cfg.metrics_address, cfg.metrics_port)),
-              flush=True)
+        print(dev.banner(setup, lines, local_url(cfg.metrics_address, cfg.metrics_port),
+                         previous_log), flush=True)
     return daemon.run()
 
 
@@ -282,47 +283,57 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:  # the standby launcher: its own parser, everything after `--` is
-        from torch_watchdog import launcher  # the server's; imported lazily (never torch)
-        return launcher.main(argv[1:])
-    p = argparse.ArgumentParser(prog="torch-watchdog", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand but `run` (the launcher's own parser: launcher.build_parser)."""
+    p = argparse.ArgumentParser(
+        prog="torch-watchdog", description="Watch PyTorch inference servers that use "
+        "torch.compile: the agent's events, GPU memory, the time to OOM, alerts and a graceful "
+        "reload before the crash. Exit codes: 0 ok, 1 runtime failure, 2 bad input.")
     p.add_argument("--version", action="version", version=f"torch-watchdog {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    lp = sub.add_parser("listen", help="print the agent's events as they arrive")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="`torch-watchdog COMMAND --help` says more")
+
+    def command(name: str, what: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=what, description=what)
+
+    lp = command("listen", "print the agent's events as they arrive: binds the socket the "
+                 "agents send to, in place of a sidecar (to see what an agent sends)")
     lp.add_argument("--socket", default=os.environ.get("TORCH_WATCHDOG_SOCKET",
-                                                   AgentSocketConfig().socket_path))
+                                                   AgentSocketConfig().socket_path),
+                    help="the datagram socket to bind (default: $TORCH_WATCHDOG_SOCKET, else "
+                    "%(default)s)")
     lp.add_argument("--json", action="store_true", help="one JSON object per line")
-    ep = sub.add_parser("events", help="check an agent event log (.jsonl or .jsonl.gz)")
-    ep.add_argument("files", nargs="+")
-    rp = sub.add_parser("replay", help="run fold/forecast/decide over recorded traces")
+    ep = command("events", "check an agent event log (.jsonl or .jsonl.gz): every line "
+                 "decoded, a summary per kind")
+    ep.add_argument("files", nargs="+", help="the agent's event logs (TORCH_WATCHDOG_EVENT_LOG)")
+    rp = command("replay", "run fold/forecast/decide over recorded traces")
     rp.add_argument("traces", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, "
                     "recorded traces")
     rp.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
     rp.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    rep = sub.add_parser("report", help="an HTML post-mortem of event logs and recorded traces")
+    rep = command("report", "an HTML post-mortem of event logs and recorded traces")
     rep.add_argument("files", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, the "
                      "sidecar's sample log, recorded traces")
-    rep.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    rep.add_argument("-o", "--output", default="report.html",
+                     help="the HTML file to write (default: %(default)s)")
     rep.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
     rep.add_argument("--json", action="store_true", help="also print the report's numbers")
-    cp = sub.add_parser("check-config", help="validate a sidecar config file")
-    cp.add_argument("file")
-    sp = sub.add_parser("sidecar", help="run the daemon")
+    cp = command("check-config", "validate a sidecar config file")
+    cp.add_argument("file", help="the YAML config; every problem is listed at once (exit 2)")
+    sp = command("sidecar", "run the daemon")
     sp.add_argument("--config", help="YAML config (config/watchdog.yaml documents every key)")
     sp.add_argument("--dev", nargs="?", const=DEV_DIR, metavar="DIR",
                     help="no root: state, socket and sample log in DIR (default "
                     "./.torch-watchdog, its watchdog.yaml written the first time); prints the "
                     "server's environment and saves it in DIR/env")
-    stp = sub.add_parser("status", help="summarise a running sidecar (its /status.json)")
+    stp = command("status", "summarise a running sidecar (its /status.json)")
     stp.add_argument("--url", help="the sidecar's HTTP address, e.g. http://127.0.0.1:9464 "
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
-    sub.add_parser("run", help="the standby launcher: torch-watchdog run [options] -- python "
+    command("run", "the standby launcher: torch-watchdog run [options] -- python "
                    "server.py args... (see torch-watchdog run --help)")
-    dp = sub.add_parser("demo", help="a small torch.compile server, the agent and the sidecar, "
+    dp = command("demo", "a small torch.compile server, the agent and the sidecar, "
                         "end to end (CPU is enough)")
     dp.add_argument("--short", action="store_true",
                     help="CI mode: fewer requests, a smaller budget, shorter timings")
@@ -334,7 +345,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="auto: cuda if torch sees a GPU, else cpu")
     dp.add_argument("--port", type=_port, default=None,
                     help="the sidecar's status page and /metrics port (default: a free one)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the standby launcher: its own parser, everything after `--` is
+        from torch_watchdog import launcher  # the server's; imported lazily (never torch)
+        return launcher.main(argv[1:])
+    args = build_parser().parse_args(argv)
     try:
         code = _run(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then one more case below

@@ -218,8 +218,12 @@ class Mitigation(Event):
     name: str                     # "graph_budget", "recompile_guard" or "padding"
     action: str                   # "engaged" or "unavailable"; padding: "engaged" (a first
                                   # plan), "plan" (buckets added), "refused" (padding changed an
-                                  # output, or failed: off for that model), "checks_capped"
-                                  # (sampled checks stopped), "check_pool_off" (no private pool)
+                                  # output, or failed: off for that model), "signature_off" (a
+                                  # padded call failed where the unpadded one did not: off for
+                                  # that call signature), "caller_error" (a call failed padded
+                                  # and unpadded alike: the caller's; padding stays on; once per
+                                  # exception type), "checks_capped" (sampled checks stopped),
+                                  # "check_pool_off" (no private pool)
     detail: str
     model: Optional[str] = None   # padding: the watched model
     error: Optional[float] = None  # padding refused: the relative error seen at real positions

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from torch_watchdog.procfs import start_ticks
 
@@ -588,21 +588,32 @@ class Launcher:
         return code
 
 
-def parse(argv: list[str]):
+def build_parser() -> Any:
     import argparse
     p = argparse.ArgumentParser(prog="torch-watchdog run", description=__doc__.splitlines()[0])
     p.add_argument("--preload", default="", help="extra modules for the standby to import, "
                    "comma-separated (e.g. transformers)")
     p.add_argument("--no-default-preload", action="store_true",
                    help=f"preload only --preload (default list: {','.join(DEFAULT_PRELOAD)})")
-    p.add_argument("--restart", choices=("on-drain", "always"), default="on-drain")
+    p.add_argument("--restart", choices=("on-drain", "always"), default="on-drain",
+                   help="on-drain (default): start again after the drain exit code only; any "
+                   "other exit ends the launcher with the server's status (systemd or the "
+                   "kubelet apply their own policy); always: start again after any exit")
     p.add_argument("--min-interval-s", type=float, default=1.0,
-                   help="--restart always: at least this long between starts")
-    p.add_argument("--drain-exit-code", type=int, default=DRAIN_EXIT_CODE)
+                   help="--restart always: at least this long between starts, in seconds "
+                   "(default: %(default)s)")
+    p.add_argument("--drain-exit-code", type=int, default=DRAIN_EXIT_CODE,
+                   help="the server's exit status that means 'drained: start the next "
+                   "generation', the agent's drain_exit_code (default: %(default)s)")
     p.add_argument("--no-standby", action="store_true", help="plain starts only")
     p.add_argument("--no-recorded-preload", action="store_true",
                    help="the standby imports the preload list only, not what the serving "
                    "generation had imported by its first answer")
+    return p
+
+
+def parse(argv: list[str]):
+    p = build_parser()
     if "--" in argv:
         i = argv.index("--")
         opts, cmd = argv[:i], argv[i + 1:]

@@ -11,6 +11,11 @@ allocator) the server raises it itself, as a real GPU's cudaGraphInstantiate wou
 The budget goes to `--progress` ({"kind": "budget"}), which `benchmarks/record_corpus.py`
 hands to the sidecar (`forecast.process_budget_bytes`, SIGHUP).
 
+`--ballast-free-mib N` (record_corpus.py --real-oom): no emulated GPU. Where the budget would be
+taken, a ballast tensor leaves N MiB of the real device free, and the scenario runs into the
+device's own out-of-memory error; the "budget" line then says what this process could reach
+(its NVML memory plus what the device had free), with `real: true`. One server per GPU.
+
 Progress lines (`t` = wall clock): start, compiled, budget {bytes}, growth (the scenario's own
 growth starts), served {requests} every 50th, crash {error} or stopped.
 
@@ -58,6 +63,11 @@ SCENARIOS: dict[str, dict] = {
     "shared-flat": {"model": "gpt2", "headroom": 400},
     "huge-request": {"model": "gpt2", "headroom": 500, "huge_after": 60.0},
     "bucketed-control": {"model": "gpt2", "headroom": 400},
+    "batchseq-growth": {"model": "gpt2", "headroom": 500, "traffic": "variable",
+                        "batch": (1, 2, 4, 8)},
+    # 385 sizes whose graphs fit under the budget: the shape space saturates, no OOM
+    "gpt2-saturating": {"model": "gpt2", "headroom": 450, "traffic": "variable",
+                        "sizes": (16, 401, 1)},
 }
 
 stopping = False
@@ -85,13 +95,13 @@ def build(kind: str):
                 return self.m(input_ids=ids, use_cache=False).logits
 
         wrapped = Logits(model)
-        return model, wrapped, lambda n: torch.randint(0, 50000, (1, n), device="cuda")
+        return model, wrapped, lambda n, b=1: torch.randint(0, 50000, (b, n), device="cuda")
     import timm
 
     model = timm.create_model("resnet50", pretrained=False).cuda().half().eval()
     model = model.to(memory_format=torch.channels_last)
-    return model, model, lambda n: torch.randn(1, 3, n, n, device="cuda", dtype=torch.half
-                                               ).to(memory_format=torch.channels_last)
+    return model, model, lambda n, b=1: torch.randn(b, 3, n, n, device="cuda", dtype=torch.half
+                                                    ).to(memory_format=torch.channels_last)
 
 
 class Budget:
@@ -120,6 +130,14 @@ class Budget:
         self.cap()
         threading.Thread(target=self._run, daemon=True).start()
 
+    def ballast(self, free_mib: int) -> tuple[torch.Tensor, int]:
+        """A tensor leaving `free_mib` of the real device free; and the NVML memory this
+        process can then reach (its own now plus what the device has free)."""
+        free = self.nvml.nvmlDeviceGetMemoryInfo(self.handle).free
+        kept = torch.empty(max(0, free - free_mib * MiB), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        return kept, self.used() + self.nvml.nvmlDeviceGetMemoryInfo(self.handle).free
+
     def cap(self) -> None:
         used = self.used()
         self.full = self.full or used >= self.budget
@@ -146,6 +164,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prewarm", action="store_true",
                    help="compile for a bucket and a variable size (the shared cache), then exit")
+    p.add_argument("--ballast-free-mib", type=int, default=None,
+                   help="a real device OOM: a ballast leaves this much free, no emulated GPU")
     a = p.parse_args()
     sc = SCENARIOS[a.scenario]
     fh = open(a.progress, "a")
@@ -163,7 +183,22 @@ def main() -> int:
     budget = Budget()
     rng = random.Random(a.seed)
     gpt2 = sc["model"] == "gpt2"
-    sizes = list(range(32, 1025)) if gpt2 else list(range(*sc.get("sizes", (96, 641, 4))))
+    sizes = list(range(*sc.get("sizes", (32, 1025, 1) if gpt2 else (96, 641, 4))))
+    batches = sc.get("batch", (1,))
+
+    taken: list[int] = []  # the budget's bytes, once taken
+
+    def take_budget(headroom: int) -> None:
+        """The emulated GPU's budget, or (--ballast-free-mib) the real device's ballast."""
+        taken.append(headroom)
+        if a.ballast_free_mib is None:
+            budget.set(budget.used() + headroom)
+            put(fh, "budget", bytes=budget.budget, headroom=headroom)
+            return
+        ballast, reach = budget.ballast(a.ballast_free_mib)
+        kept.append(ballast)
+        put(fh, "budget", bytes=reach, headroom=reach - budget.used(), real=True,
+            ballast=ballast.numel())
     buckets = SEQ_BUCKETS if gpt2 else [224]
     i, kept, sessions = 0, [], {}
     try:
@@ -178,8 +213,7 @@ def main() -> int:
                 put(fh, "stopped", requests=5)
                 return 0
             if sc.get("budget_at") == "compile":
-                budget.set(budget.used() + sc["headroom"] * MiB)
-                put(fh, "budget", bytes=budget.budget, headroom=sc["headroom"] * MiB)
+                take_budget(sc["headroom"] * MiB)
             if sc.get("plateau"):  # a KV pool sized to the GPU, as LLM servers allocate
                 kept.append(torch.empty(20 << 30, dtype=torch.uint8, device="cuda"))
             started, warm_until = time.monotonic(), time.monotonic() + WARM_S
@@ -194,12 +228,11 @@ def main() -> int:
                 warm = now >= warm_until
                 if warm and not grown:
                     grown = True
-                    if budget.budget is None:
+                    if not taken:
                         used = budget.used()
                         total = (int(used / sc["plateau"]) if sc.get("plateau")
                                  else used + sc["headroom"] * MiB)
-                        budget.set(total)
-                        put(fh, "budget", bytes=total, headroom=total - used)
+                        take_budget(total - used)
                     put(fh, "growth")
                     last = now
                 variable = warm and sc.get("traffic") == "variable" or \
@@ -246,7 +279,7 @@ def main() -> int:
                 n = rng.choice(sizes)
                 if not variable:
                     n = next((b for b in buckets if b >= n), buckets[-1])
-                ids = make(n)
+                ids = make(n, rng.choice(batches) if warm else 1)
                 served(ids)
                 if warm and sc.get("sessions") and now - last >= 1.5:  # a session's cache, kept
                     last = now

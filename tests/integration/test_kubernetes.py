@@ -17,7 +17,7 @@ import threading
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, restart_requester
 from torch_watchdog.sidecar import config as sidecar_config
 from torch_watchdog.sidecar.actions import evict, executors
 
@@ -155,29 +155,34 @@ def _start_time(pid: int) -> str:
 def test_the_liveness_backstop_fails_only_while_the_requesting_process_lives(tmp_path):
     marker = str(tmp_path / "restart-requested")
     assert _liveness(marker) == 0                                  # no request
-    live = subprocess.Popen(["sleep", "60"])
-    try:
-        with open(marker, "w") as fh:
-            fh.write(f"{live.pid} {_start_time(live.pid)}\n")
+    with restart_requester(marker) as asker:                       # the agent's own request
         assert _liveness(marker) != 0                              # asked, still running
+        pid, ticks = open(marker).read().split()[:2]
         with open(marker, "w") as fh:                              # same pid, other process
-            fh.write(f"{live.pid} {int(_start_time(live.pid)) + 1}\n")
+            fh.write(f"{pid} {int(ticks) + 1}\n")
         assert _liveness(marker) == 0
-        for junk in ("", "drain\n", "12ab 34\n", f"{live.pid}\n", "* *\n"):  # malformed
+        for junk in ("", "drain\n", "12ab 34\n", f"{pid}\n", "* *\n"):  # malformed
             with open(marker, "w") as fh:
                 fh.write(junk)
             assert _liveness(marker) == 0, junk
         with open(marker, "w") as fh:
-            fh.write(f"{live.pid} {_start_time(live.pid)}")         # no newline: still read
+            fh.write(f"{pid} {ticks}")                             # no newline: still read
         assert _liveness(marker) != 0
-        # the file the agent writes when it drains: the probe reads it as such
-        from torch_watchdog.agent.drain import write_restart_file
-        assert write_restart_file(marker, live.pid, "drain") is None
-        assert _liveness(marker) != 0
-    finally:
-        live.kill()
-        live.wait()
+        # forged: a live process that did not write the file (a sleep, pid 1) runs on for
+        # ever; the probe would fail for ever, restarting a healthy server every minute
+        other = subprocess.Popen(["sleep", "60"])
+        try:
+            for forged in (f"{other.pid} {_start_time(other.pid)}\n", f"1 {_start_time(1)}\n"):
+                with open(marker, "w") as fh:
+                    fh.write(forged)
+                assert _liveness(marker) == 0, forged
+        finally:
+            other.kill()
+            other.wait()
+        assert asker.poll() is None
     # the process that asked is gone (the container restarted, the file outlived it)
+    with open(marker, "w") as fh:
+        fh.write(f"{pid} {ticks}\n")
     assert _liveness(marker) == 0
 
 

@@ -76,6 +76,7 @@ def booted() -> Iterator["Box"]:
                 "/etc/systemd/system/llm.service": SERVER_UNIT,
                 CONFIG: BASE_CONFIG,
                 "/opt/llm/server.py": _read(HERE, "server.py"),
+                "/opt/llm/plain_server.py": _read(HERE, "plain_server.py"),
                 "/opt/tw-test/impostor.py": _read(HERE, "impostor.py"),
                 "/opt/tw-test/probe.py": _read(HERE, "probe.py"),
                 "/opt/tw-fault/sitecustomize.py": _read(HERE, "fault_sitecustomize.py"),

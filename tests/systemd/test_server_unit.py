@@ -127,3 +127,21 @@ def test_a_server_that_never_comes_back_ends_reload_failed(machine, server):
     assert machine.show(SERVER, "ActiveState")["ActiveState"] in ("inactive", "failed")
     assert machine.main_pid(IMPOSTOR) == impostor
     assert machine.status()["actions_total"].get("reload_failed") == 1
+
+
+def test_a_server_that_does_not_catch_draining_is_drained_and_started_again(machine, server):
+    """The unit runs a loop that catches nothing (plain_server.py): the drain's first refused
+    call ends its main thread, yet it exits 75 and RestartForceExitStatus=75 starts it again
+    (Restart=no: nothing else would)."""
+    machine.dropin(SERVER, "zz-test-plain", "[Service]\nExecStart=\nExecStart=/opt/llm/bin/"
+                   "python /opt/llm/plain_server.py\nRestart=no\n")
+    machine.sh(f"systemctl restart {SERVER}")
+    old = machine.wait(lambda: machine.main_pid(SERVER), 20, "the plain server running", SERVER)
+    reload_now(machine, "agent", hello_timeout_s=60)
+    entry = reloaded(machine, 90)
+    assert entry["ok"] is True, json.dumps(entry)
+    assert "exit code 75" in entry["detail"], entry
+    new = machine.wait(lambda: machine.main_pid(SERVER) not in (0, old) and
+                       machine.main_pid(SERVER), 30, "the plain server started again", SERVER)
+    assert f"back: pid {new} said hello" in entry["detail"], entry
+    assert "status=75" in machine.journal(SERVER)

@@ -123,3 +123,29 @@ def test_demo_takes_the_port_it_is_given_and_refuses_one_that_is_none(tmp_path, 
         cli.main(["demo", "--port", "70000"])
     assert exit_.value.code == 2
     assert "--port: must be a TCP port 1..65535, got 70000" in capsys.readouterr().err
+
+
+def _every_parser():
+    import argparse
+
+    from torch_watchdog import cli, launcher
+    top = cli.build_parser()
+    yield "torch-watchdog", top
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"torch-watchdog {name}", sub
+    yield "torch-watchdog run (launcher)", launcher.build_parser()
+
+
+def test_every_subcommand_and_option_says_what_it_is_for():
+    """`--help` had options with no text (listen --socket, events FILES, run --restart,
+    --drain-exit-code) and a top-level description reading "command-line entry point"."""
+    missing = []
+    for prog, parser in _every_parser():
+        if not parser.description or "entry point" in parser.description:
+            missing.append(f"{prog}: description")
+        for action in parser._actions:
+            if action.dest != "help" and not action.help:
+                missing.append(f"{prog}: {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, missing

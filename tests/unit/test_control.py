@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from tests.conftest import wait_for
+from tests.conftest import restart_requester, wait_for
 from torch_watchdog.agent import drain
 from torch_watchdog.sidecar.actions import control
 
@@ -150,15 +150,10 @@ def test_garbage_from_the_sidecar_end_never_starts_a_drain(short_tmp):
         listener.close()
 
 
-def test_a_restart_request_stands_only_while_its_process_runs(tmp_path):
-    import subprocess
-    import sys
-
-    from torch_watchdog.agent.drain import clear_stale_restart_file, write_restart_file
+def test_a_restart_request_stands_only_while_the_process_that_wrote_it_runs(tmp_path):
+    from torch_watchdog.agent.drain import clear_stale_restart_file
     path = str(tmp_path / "restart-requested")
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert write_restart_file(path, live.pid, "drain") is None
+    with restart_requester(path):
         clear_stale_restart_file(path)
         assert os.path.exists(path)  # that process still runs: the request stands
         pid, ticks, _ = open(path).read().split()
@@ -167,7 +162,6 @@ def test_a_restart_request_stands_only_while_its_process_runs(tmp_path):
             open(path, "w").write(stale)
             clear_stale_restart_file(path)
             assert not os.path.exists(path), stale
-    finally:
-        live.kill()
-        live.wait()
-    assert write_restart_file(path, live.pid, "drain") is not None  # gone: no start time
+        open(path, "w").write(f"{pid} {ticks} drain\n")
+    clear_stale_restart_file(path)  # the process that asked is gone
+    assert not os.path.exists(path)

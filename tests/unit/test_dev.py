@@ -53,3 +53,20 @@ def test_a_directory_others_may_write_is_refused(tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--dev",
                            str(shared)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "give --dev a directory of your own" in done.stderr
+
+
+def test_each_run_has_a_sample_log_of_its_own_and_five_earlier_ones_are_kept(tmp_path):
+    """A report of `--dev`'s samples.jsonl covered every run since the first (3 servers over
+    7 min); now the last run's is set aside at start, named after its last write."""
+    log = tmp_path / "samples.jsonl"
+    assert dev.rotate_sample_log(str(log)) is None          # no earlier run
+    for i in range(7):
+        log.write_text(f'{{"run": {i}}}\n')
+        os.utime(log, (1_800_000_000 + i, 1_800_000_000 + i))
+        moved = dev.rotate_sample_log(str(log))
+        assert moved is not None and not log.exists()
+        assert open(moved).read() == f'{{"run": {i}}}\n'
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert len(kept) == dev.KEEP_LOGS and kept[-1] == "samples-20270115T080006Z.jsonl", kept
+    log.write_text("")
+    assert dev.rotate_sample_log(str(log)) is None and log.exists()  # empty: nothing to keep

@@ -268,19 +268,38 @@ def test_a_users_own_pad_and_unpad_pair(emitted):
     assert got[0] == 10 and model.on
 
 
-def test_a_padded_call_that_fails_is_served_unpadded_and_padding_goes_off(emitted):
-    def strict(x):
-        if x.shape[1] % 7:
-            raise ValueError("lengths must be multiples of 7")
+def test_a_padded_call_that_fails_is_served_unpadded_and_that_signature_goes_off(emitted):
+    shapes = []
+
+    def picky(x):
+        shapes.append(x.shape[1])
+        if x.shape[1] == 16:
+            raise ValueError("no length 16 here")
         return x + 1
 
-    model = watch(strict, "strict", pad=pad.Tokens(buckets=(16,)))
+    model = watch(picky, "picky", pad=pad.Tokens(buckets=(16, 24)))
     assert torch.equal(model(ids(14) * 0), torch.ones(1, 14, dtype=torch.long))
-    assert not model.on
     (event,) = [e for e in emitted if e.kind == "mitigation"]
-    assert event.action == "refused" and "multiples of 7" in event.detail
-    with pytest.raises(ValueError):  # the model's own error, unpadded, is the caller's
-        model(ids(3))
+    assert event.action == "signature_off" and "no length 16 here" in event.detail
+    assert "[1, 16]" in event.detail and model.on  # that signature only
+    shapes.clear()
+    assert torch.equal(model(ids(3) * 0), torch.ones(1, 3, dtype=torch.long))
+    assert shapes == [3]  # served unpadded at once, not padded first
+    assert torch.equal(model(ids(20) * 0), torch.ones(1, 20, dtype=torch.long))
+    assert 24 in shapes  # the other bucket is padded still
+
+
+def test_a_padded_call_that_fails_otherwise_unpadded_raises_the_unpadded_error(emitted):
+    def odd(x):
+        if x.shape[1] == 16:
+            raise ValueError("padded")
+        raise TypeError("the caller's, unpadded")
+
+    model = watch(odd, "odd", pad=pad.Tokens(buckets=(16,)))
+    with pytest.raises(TypeError):
+        model(ids(5))
+    (event,) = [e for e in emitted if e.kind == "mitigation"]
+    assert event.action == "signature_off" and "TypeError" in event.detail and model.on
 
 
 # -- the plan -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ drain handed to Serve (the process left for Serve to stop) or, Serve not stoppin
 the grace, drained as usual (exit 75). No ray here: a stand-in `ray.serve` module."""
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -118,17 +119,34 @@ class FakeAgent:
         self.errors.append(e)
 
 
+@pytest.fixture
+def drainer():
+    """A Drainer of a FakeAgent whose exits are only recorded; its hold on the interpreter's
+    exit (a drain's atexit hook) is lifted after the test."""
+    made = []
+
+    def make():
+        agent, exits = FakeAgent(), []
+        made.append(drain.Drainer(agent, lambda: None, exit=exits.append))
+        return made[-1], agent, exits
+
+    yield make
+    for d in made:
+        atexit.unregister(d._hold_exit)
+
+
 def drained(agent: FakeAgent) -> events.Drain:
     (done,) = [e for e in agent.emitted if e.phase == "drained"]
     return done
 
 
-def test_a_drain_handed_to_serve_refuses_no_call_and_leaves_the_exit_to_serve(short_tmp,
-                                                                             monkeypatch):
+def test_a_drain_handed_to_serve_refuses_no_call_and_leaves_the_exit_to_serve(
+        short_tmp, monkeypatch, drainer):
     serve.check_health()  # Serve's controller health-checks this replica
-    agent, exits, refused = FakeAgent(restart_file=f"{short_tmp}/restart"), [], []
+    refused = []
     monkeypatch.setattr(drain, "refuse_new_calls", lambda: refused.append(True))
-    drainer = drain.Drainer(agent, lambda: None, exit=exits.append)
+    drainer, agent, exits = drainer()
+    agent.config.restart_file = f"{short_tmp}/restart"
     assert drainer.start(30.0)
     assert not drain.ready() and not refused  # calls go on until Serve routes elsewhere
     with pytest.raises(serve.ReplicaDraining):
@@ -145,10 +163,9 @@ def test_a_drain_handed_to_serve_refuses_no_call_and_leaves_the_exit_to_serve(sh
     assert not os.path.exists(f"{short_tmp}/restart")  # no pod restart asked
 
 
-def test_a_drain_serve_does_not_carry_out_within_the_grace_ends_as_usual():
+def test_a_drain_serve_does_not_carry_out_within_the_grace_ends_as_usual(drainer):
     serve.check_health()
-    agent, exits = FakeAgent(), []
-    drainer = drain.Drainer(agent, lambda: None, exit=exits.append)
+    drainer, agent, exits = drainer()
     assert drainer.start(0.3)
     drainer.thread.join(5)
     assert exits == [75]
@@ -156,9 +173,8 @@ def test_a_drain_serve_does_not_carry_out_within_the_grace_ends_as_usual():
     assert done.exit_code == 75 and "did not stop this process" in done.detail
 
 
-def test_without_serve_health_checks_a_drain_is_the_usual_one():
-    agent, exits = FakeAgent(), []
-    drainer = drain.Drainer(agent, lambda: None, exit=exits.append)
+def test_without_serve_health_checks_a_drain_is_the_usual_one(drainer):
+    drainer, agent, exits = drainer()
     assert drainer.start(0.3)
     drainer.thread.join(5)
     assert exits == [75] and drained(agent).exit_code == 75

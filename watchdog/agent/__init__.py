@@ -126,7 +126,7 @@ class Agent:
         self.budget.release()
         self.guard.release()
         self._emit_calls()
-        self.emitter.stop()
+        self.emitter.stop(last=self._heartbeat)
         if self.control is not None:
             self.control.close()
 
@@ -178,10 +178,7 @@ class Agent:
             self.emitter.emit(self.hello())
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_s
-            self._seq += 1
-            self.emitter.emit(events.Heartbeat(
-                t=time.time(), pid=os.getpid(), seq=self._seq, uptime_s=now - self.started,
-                queue_depth=self.emitter.depth(), errors=self.errors, lost=self.emitter.lost()))
+            self.emitter.emit(self._heartbeat())
             self._emit_calls()
 
     def _renamed(self) -> bool:
@@ -192,6 +189,14 @@ class Agent:
             return False
         self.server = name
         return True
+
+    def _heartbeat(self) -> events.Heartbeat:
+        """The next heartbeat: every tick's `heartbeat_s`, and the last one at stop()."""
+        self._seq += 1
+        return events.Heartbeat(
+            t=time.time(), pid=os.getpid(), seq=self._seq,
+            uptime_s=time.monotonic() - self.started, queue_depth=self.emitter.depth(),
+            errors=self.errors, lost=self.emitter.lost())
 
     def _emit_calls(self) -> None:
         now = time.monotonic()

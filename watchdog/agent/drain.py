@@ -20,13 +20,22 @@ kubelet) starts the server again:
    exits with `drain_exit_code` (75, EX_TEMPFAIL) through os._exit: atexit handlers do not
    run; the server's own cleanup belongs in an on_drain callback.
 
+Whatever the server's code does meanwhile, the drain ends with `drain_exit_code`: a server
+that does not catch `Draining` (its main thread dies of it), calls sys.exit, or simply returns
+would otherwise end the interpreter, and its daemon threads with it, before the drain thread's
+exit, with another status that no supervisor restarts. From the drain's start an atexit hook
+(`_hold_exit`) keeps the interpreter from finishing: it waits for the drain thread's own exit,
+and past the grace deadline exits with the drain code itself.
+
 A call in hand is seen through inflight.calls_in_flight(): the C path's count of calls in
 progress, or the frame of a watched call on the Python path, on any thread. The wait also
 asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
 """
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import socket
 import struct
@@ -40,6 +49,8 @@ from torch_watchdog.procfs import start_ticks
 from torch_watchdog.agent import inflight, registry
 from torch_watchdog.agent.forks import _AFTER_FORK
 
+log = logging.getLogger("torch_watchdog.agent")
+
 EX_TEMPFAIL = 75
 # no watched call completed for this long, and none in hand: drained. Long enough for the
 # server's own loop, descheduled on a loaded machine, to see ready() False between two requests
@@ -47,6 +58,7 @@ QUIET_S = 0.25
 BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
 MAX_LINE = 4096         # a control message is ~60 bytes
 MAX_GRACE_S = 3600.0
+EXIT_MARGIN_S = 5.0     # past the grace deadline: the drain's own steps (save, flush) overran
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _ready = True
@@ -276,50 +288,91 @@ def wait_idle(deadline: float, quiet_s: float = QUIET_S) -> int:
         time.sleep(0.005)
 
 
-def write_restart_file(path: str, pid: int, reason: str) -> Optional[str]:
+_held: list[int] = []  # the restart file this process wrote, open until its exit
+
+
+def write_restart_file(path: str, reason: str) -> Optional[str]:
     """The restart request an exec liveness probe reads (deploy/kubernetes/deployment.yaml):
-    one line "<pid> <start time in clock ticks, /proc/<pid>/stat field 22> <reason>". The probe
-    fails only while that very process still runs (the file is on a volume that outlives the
-    container, and a pid alone could be reused); None, or why it was not written."""
+    one line "<pid> <start time in clock ticks, /proc/<pid>/stat field 22> <reason>" naming
+    this process, which then holds the file open until it exits. The request stands only while
+    the process it names runs *and* holds that very file (`request_stands`): a file naming
+    another live process (forged, or a pid 1 that outlives every server) stands for nothing,
+    and a pid alone could be reused. None, or why it was not written."""
+    pid = os.getpid()
+    line = f"{pid} {start_ticks(pid)} {reason}\n".encode()
     try:
         # a new file of a name no one can guess (O_EXCL: never through a link someone
         # planted), renamed over `path` (which replaces a link, never follows it)
-        durable.write_atomic(path, f"{pid} {start_ticks(pid)} {reason}\n".encode(),
-                             prefix=".restart-requested.")
-        return None
-    except (OSError, ValueError, IndexError) as e:
+        durable.write_atomic(path, line, prefix=".restart-requested.")
+        fd, _ = durable.open_trusted(path)
+    except (OSError, ValueError) as e:
         return f"{path}: {getattr(e, 'strerror', None) or e}"
+    if os.pread(fd, 64, 0) != line:  # replaced meanwhile: not ours to hold
+        os.close(fd)
+        return f"{path}: replaced by another process as it was written"
+    _held.append(fd)
+    return None
+
+
+def _holds(pid: int, st: os.stat_result, limit: int = 1 << 16) -> bool:
+    """Whether process `pid` has the file `st` open (its /proc/<pid>/fd, at most `limit`
+    descriptors read); False where that is not readable."""
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as fds:
+            for i, fd in enumerate(fds):
+                if i >= limit:
+                    return False
+                try:
+                    held = os.stat(fd.path)
+                except OSError:
+                    continue
+                if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def request_stands(path: str) -> tuple[bool, str]:
+    """Whether the restart request at `path` stands: a plain file of this uid or root
+    (another user's could name any live process), whose pid and start time name a process
+    that runs and holds that file open (its writer, see write_restart_file). With why not."""
+    try:
+        fd, st = durable.open_trusted(path)
+    except FileNotFoundError:
+        return False, "no request"
+    except (OSError, durable.Untrusted) as e:  # a link, a FIFO, another's: stands for nothing
+        return False, f"not a request: {getattr(e, 'strerror', None) or e}"
+    try:
+        pid, ticks = (int(v) for v in os.read(fd, 64).split()[:2])
+    except (OSError, ValueError):
+        return False, "malformed"
+    finally:
+        os.close(fd)
+    try:
+        alive = pid > 0 and start_ticks(pid) == ticks
+    except (OSError, ValueError, IndexError):
+        alive = False
+    if not alive:
+        return False, f"pid {pid} (start {ticks}) no longer runs"
+    if not _holds(pid, st):
+        return False, f"pid {pid} runs but did not write it (it does not hold the file)"
+    return True, f"pid {pid} asked and still runs"
 
 
 def clear_stale_restart_file(path: str) -> None:
-    """At install: a request whose process no longer runs no longer stands: that pid gone, or
-    now another process (its start time differs, as the liveness probe checks), or our own pid
-    (a restarted container's server is pid 1 again)."""
-    # only a plain file written by this uid (or root) is a request: another user's could name
-    # any live process and fail the liveness probe for good; 64 bytes at most
-    try:
-        fd, _ = durable.open_trusted(path)
-    except FileNotFoundError:
+    """At install: a request that does not stand (request_stands) is removed, with a warning:
+    left by a process that is gone (the volume outlives the container), forged, or our own
+    pid's (a restarted container's server is pid 1 again). One that stands is another process
+    of this server still exiting: the probe goes on failing for it."""
+    stands, why = request_stands(path)
+    if stands or why == "no request":
         return
-    except (OSError, durable.Untrusted):  # a link, a FIFO, another's: it stands for nothing
-        pid = ticks = None
-    else:
-        try:
-            pid, ticks = (int(v) for v in os.read(fd, 64).split()[:2])
-        except (OSError, ValueError):
-            pid = ticks = None
-        finally:
-            os.close(fd)
     try:
-        stands = pid is not None and pid > 0 and pid != os.getpid() and \
-            start_ticks(pid) == ticks
-    except (OSError, ValueError, IndexError):
-        stands = False
-    if not stands:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        os.unlink(path)
+    except OSError:
+        return
+    log.warning("torch-watchdog agent: removed the restart request %s: %s", path, why)
 
 
 class Drainer:
@@ -331,20 +384,50 @@ class Drainer:
         self._uninstall = uninstall  # the package's: flushes the queued events first
         self._exit = exit
         self.thread: Optional[threading.Thread] = None
+        self.deadline = 0.0
+        self.left = False  # _leave ran (with os._exit: never seen)
+        self._begun = threading.Event()  # the drain thread was started
         self.handed: Optional[Any] = None  # the engine this drain was handed over to
 
     def start(self, grace_s: float) -> bool:
         global _ready
         if self.thread is not None:
             return False  # one drain per process; a repeated request changes nothing
+        self.deadline = time.monotonic() + grace_s + EXIT_MARGIN_S
+        self.thread = threading.Thread(target=self._run, args=(grace_s,),
+                                       name="torch-watchdog-drain", daemon=True)
+        atexit.register(self._hold_exit)  # before the first Draining can end the main thread
         _ready = False
         self.handed = handover
         if self.handed is None:
             refuse_new_calls()
-        self.thread = threading.Thread(target=self._run, args=(grace_s,),
-                                       name="torch-watchdog-drain", daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError:  # no new thread once the interpreter shuts down: on this one
+            self.thread = threading.current_thread()
+            self._begun.set()
+            self._run(grace_s)
+            return True
+        self._begun.set()
         return True
+
+    def _hold_exit(self) -> None:
+        """At interpreter exit during the drain (the server's main thread ended: an uncaught
+        Draining, sys.exit, a return): the drain thread goes on to its own exit; this waits
+        for it, and exits with the drain code should it overrun. Never returns (a drain handed
+        to an engine, which stops the process itself: once drained)."""
+        code = self.agent.config.drain_exit_code
+        try:
+            log.warning("torch-watchdog agent: the server's code is leaving during a drain; "
+                        "exiting with %d once drained", code)
+            self._begun.wait(max(0.0, self.deadline - time.monotonic()))
+            thread = self.thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, self.deadline - time.monotonic()))
+        except BaseException:  # a second Ctrl-C, anything: the drain code all the same
+            pass
+        if not self.left:
+            self._leave(code)
 
     def _run(self, grace_s: float) -> None:
         agent, cfg = self.agent, self.agent.config
@@ -367,7 +450,7 @@ class Drainer:
                 if note:
                     notes.append(note)
             if cfg.restart_file and self.handed is None:
-                why = write_restart_file(cfg.restart_file, pid, "drain")
+                why = write_restart_file(cfg.restart_file, "drain")
                 if why:
                     notes.append(f"restart file not written: {why}")
             took = time.monotonic() - started
@@ -395,6 +478,7 @@ class Drainer:
         return f"{name} did not stop this process within the grace: calls refused, exiting"
 
     def _leave(self, code: int) -> None:
+        self.left = True
         try:
             self._uninstall()  # flushes the queued events (the "drained" one) to the sidecar
         except Exception:
@@ -422,8 +506,12 @@ def _run_callbacks(deadline: float) -> Optional[str]:
                 error.append(e)
 
         t = threading.Thread(target=call, name="torch-watchdog-on-drain", daemon=True)
-        t.start()
-        t.join(max(0.0, deadline - time.monotonic()))
+        try:
+            t.start()
+        except RuntimeError:  # no new thread at interpreter shutdown: on this one
+            call()
+        else:
+            t.join(max(0.0, deadline - time.monotonic()))
         name = getattr(fn, "__qualname__", repr(fn))
         if t.is_alive():
             problems.append(f"on_drain {name} still running at the grace deadline")

@@ -27,6 +27,7 @@ DROP_REASONS = ("queue_full", "socket", "log")
 SENT, FULL, DOWN = "sent", "full", "down"
 URGENT = frozenset({"oom", "recompile_limit", "mitigation"})
 FULL_RETRY_S = 1.0
+LAST_WAIT_S = 0.5   # the final heartbeat's retries on a full receiver, at exit
 
 
 YIELD_EVERY = 8   # events encoded (~3-5 us each) between two hand-backs of the GIL
@@ -126,15 +127,51 @@ class Emitter:
                                         name="torch-watchdog-agent", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Flush what is queued (best effort within `timeout`), then close the sinks."""
+    def stop(self, timeout: float = 2.0,
+             last: Optional[Callable[[], events.Event]] = None) -> None:
+        """Flush what is queued (best effort within `timeout`), send `last()` (the agent's
+        final heartbeat: built once the queue is flushed, its `lost` counts every drop up to
+        then, which no later heartbeat would tell), then close the sinks."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is threading.current_thread():
+            self._guard(self.drain)
+        elif thread is not None:
+            thread.join(timeout)
+        if last is not None:
+            self._guard(lambda: self._send_last(last(), thread is not None and thread.is_alive()
+                                                and thread is not threading.current_thread()))
         for sink in (self._socket, self._log):
             if sink is not None:
                 sink.close()
+
+    def _send_last(self, event: events.Event, sender_busy: bool) -> None:
+        """One event, sent now and retried on a full receiver for LAST_WAIT_S at most: the
+        last word at exit. A sender thread still running (past stop's timeout) keeps its own
+        socket and log: this uses a socket of its own and leaves the log alone."""
+        data = events.encode(event)
+        logged = self._log is not None and not sender_busy and self._log.write(data)
+        sent = False
+        if self._socket is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            deadline = time.monotonic() + LAST_WAIT_S
+            try:
+                while not sent:
+                    try:
+                        sock.sendto(data, self._socket.path)
+                        sent = True
+                    except BlockingIOError:  # the receiver's queue is full: it reads on
+                        if time.monotonic() >= deadline:
+                            break
+                        time.sleep(0.002)
+                    except OSError:  # no sidecar
+                        break
+            finally:
+                sock.close()
+        if sent or logged:
+            self.sent += 1
 
     def after_fork(self) -> bool:
         """In a forked child, from the at-fork hook: no inherited lock taken, no I/O but closing

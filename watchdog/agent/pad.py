@@ -58,8 +58,12 @@ the padding for the user, and checks that it is exact.
   the pool: that block outlives the pool until the caller drops it (once per model).
 
 Nothing here raises into the server: a policy that fails, a padded call that fails, outputs that
-cannot be sliced, all turn padding off (with the event) and run the call unpadded; the model's
-own exception from that unpadded call is the caller's, as without padding.
+cannot be sliced, all run the call unpadded; the model's own exception from that unpadded call
+is the caller's, as without padding. Where the unpadded call fails the same way (an exception
+of the same type: a token id beyond the vocabulary, a bad request), the error is the caller's
+and padding stays on (counted, a `caller_error` event once per exception type); where it does
+not, padding did it, and padding goes off for that call signature (`signature_off`) or, with
+no signature yet (the policy could not read or pad the call), for the model (`refused`).
 """
 from __future__ import annotations
 
@@ -87,6 +91,7 @@ from torch_watchdog.agent.pad_policies import (  # noqa: F401 (the module's API)
 
 MAX_SIZES = 16_384            # distinct lengths remembered per model (the plan's input)
 MAX_SIGNATURES = 4_096        # call signatures whose check is remembered per model
+MAX_TOLD_ERRORS = 16          # exception types of the caller's told in an event, per model
 PLAN_FIRST_AT = 32            # calls before the first plan; then at 2x, 4x, ... calls
 
 
@@ -240,6 +245,21 @@ def _tag(v: Any) -> Any:
     return type(v).__name__
 
 
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {events.clip(str(e), 300)}"
+
+
+def _shapes(key: tuple) -> str:
+    """A signature's tensor shapes (positional, then keywords by name), for a message."""
+    try:
+        args, kwargs = key
+        tags = [*args, *(tag for _, tag in sorted(kwargs, key=lambda kv: kv[0]))]
+        return ", ".join(str(list(t[1])) for t in tags if isinstance(t, tuple) and
+                         len(t) == 3 and isinstance(t[1], torch.Size)) or "these shapes"
+    except Exception:
+        return "these shapes"
+
+
 def signature(args: tuple, kwargs: dict) -> tuple:
     """What a check of a padded call vouches for: its padded arguments' shapes, dtypes and
     devices, which keywords it passes and the value of each flag (a mask passed or not,
@@ -283,6 +303,10 @@ class Padded:
         self._since = perf_counter_ns()
         self.max_error: dict[str, float] = {}
         self.refused: Optional[str] = None
+        # signatures whose padded call failed where the unpadded one did not: served unpadded
+        self.off_signatures: dict[Any, str] = {}
+        self.caller_errors = 0               # calls that failed padded and unpadded alike
+        self._told_errors: set[str] = set()
         self._plan_at = PLAN_FIRST_AT
         self._planning = False
         self._reported: Any = None           # (calls, on, checks) at the last padding event
@@ -308,8 +332,12 @@ class Padded:
             ns = None if got is None else tuple(map(int, got)) if isinstance(got, tuple) \
                 else (int(got),)
         except Exception as e:
-            self._refuse(f"the policy could not read the call: {type(e).__name__}: {e}")
-            return model(*args, **kwargs)
+            failed = e
+        else:
+            failed = None
+        if failed is not None:  # outside the except: the caller's traceback is its own call's
+            return self._unpadded(failed, "the policy could not read the call", None, args,
+                                  kwargs)
         if not ns or min(ns) < 1:
             return model(*args, **kwargs)
         self._observe(ns)
@@ -326,13 +354,17 @@ class Padded:
             pargs, pkwargs = self.policy.pad(args, kwargs, n, b)
             key = signature(pargs, pkwargs)
         except Exception as e:
-            self._refuse(f"padding failed: {type(e).__name__}: {e}")
+            failed = e
+        if failed is not None:
+            return self._unpadded(failed, "padding", None, args, kwargs)
+        if key in self.off_signatures:
             return model(*args, **kwargs)
         try:
             out = model(*pargs, **pkwargs)
-        except Exception as e:  # perhaps padding's doing: never again, and serve this one
-            self._refuse(f"the padded call failed: {type(e).__name__}: {events.clip(str(e), 300)}")
-            return model(*args, **kwargs)
+        except Exception as e:  # the caller's error, or padding's: the unpadded call tells
+            failed = e
+        if failed is not None:
+            return self._unpadded(failed, "the padded call", key, args, kwargs)
         pads = tuple(y - x for x, y in zip(ns, bs))
         checked = self.checked.get(key)
         if checked is None or not (all(map(int.__le__, pads, checked[0])) or
@@ -346,6 +378,43 @@ class Padded:
         except Exception as e:
             self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
             return model(*args, **kwargs)
+
+    def _unpadded(self, failed: Exception, what: str, key: Any, args: tuple,
+                  kwargs: dict) -> Any:
+        """`what` raised `failed`: the call runs unpadded. An exception of the same type there
+        is the caller's (a token id beyond the vocabulary fails padded or not): raised to the
+        caller, padding stays on. An unpadded call that succeeds, or fails otherwise, says
+        padding did it: padding goes off for calls of this signature (`key`), or for the model
+        where there is none yet, and the caller gets the unpadded outcome."""
+        try:
+            out = self.__wrapped__(*args, **kwargs)
+        except Exception as e:
+            if type(e) is type(failed):
+                self._caller_error(e)
+            else:
+                self._off(key, f"{what} failed: {_error(failed)}; unpadded: {_error(e)}")
+            raise
+        self._off(key, f"{what} failed: {_error(failed)}")
+        return out
+
+    def _caller_error(self, e: Exception) -> None:
+        """Counted; told once per exception type (bad requests are routine: no event each)."""
+        self.caller_errors += 1
+        name = type(e).__name__
+        if name not in self._told_errors and len(self._told_errors) < MAX_TOLD_ERRORS:
+            self._told_errors.add(name)
+            self._emit("caller_error", f"{self.name}: a call failed padded and unpadded alike "
+                       f"({_error(e)}): the caller's error, raised to it; padding stays on")
+
+    def _off(self, key: Any, why: str) -> None:
+        """Padding off for the calls of signature `key` (the whole model where None, or past
+        MAX_SIGNATURES such signatures)."""
+        if key is None or len(self.off_signatures) >= MAX_SIGNATURES:
+            self._refuse(why)
+            return
+        self.off_signatures[key] = why
+        self._emit("signature_off", f"padding off for {self.name}'s calls padded to "
+                   f"{_shapes(key)}: {why}")
 
     def _within_share(self) -> bool:
         """Sampled checks take at most `check_share` of the time since the model was wrapped

@@ -76,6 +76,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _intro(demo: Any, out: TextIO) -> None:
+    from torch_watchdog.demo.profile import MEASURED_ON
+
     p = demo.p
     print(f"torch-watchdog demo ({p.name}): a small transformer under torch.compile, fed "
           "variable-length requests,\nwatched by the agent (in the server) and the real sidecar "
@@ -84,9 +86,10 @@ def _intro(demo: Any, out: TextIO) -> None:
           f"  status page  {demo.url}/   (live while the demo runs; /status.json, /metrics)\n"
           "Expect: compiles and recompiles with their reasons, the recompile limit and the eager "
           "fallback, memory growing\nper distinct length, a reload decided by the memory policy, "
-          f"the server started again and serving.\nIt takes ~{p.expected_s[0]} s (measured on "
-          f"2 CPU cores; ~{p.expected_s[1]} s on a first run, which compiles cold: later runs "
-          "reuse\ntorch's compile cache).\n", file=out, flush=True)
+          f"the server started again and serving.\nIt took ~{p.expected_s[0]} s on "
+          f"{MEASURED_ON} (~{p.expected_s[1]} s on a first run, which\ncompiles cold; later "
+          "runs reuse torch's compile cache): a slower or busier machine takes longer.\n",
+          file=out, flush=True)
 
 
 def _keep(demo: Any, out: TextIO) -> None:

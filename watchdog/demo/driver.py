@@ -229,7 +229,9 @@ class Demo:
             self.progress()
             if self.tl.facts.served_again >= self.p.serve_again:
                 self.say(f"the restarted server has served {self.tl.facts.served_again} "
-                         "requests: the demo is over; stopping the server and the sidecar")
+                         "requests: the demo is over; " + (
+                             "the server and the sidecar keep running (--keep)" if self.keep
+                             else "stopping the server and the sidecar"))
                 return True
             time.sleep(0.1)
         self.say(f"gave up after {self.p.timeout_s:.0f} s")

@@ -5,14 +5,19 @@ or the systemd units); a first try on a laptop or a dev box should not need eith
 makes DIR (default `./.torch-watchdog`, mode 0700), writes `DIR/watchdog.yaml` there the first
 time (state, socket and sample log inside DIR; kept afterwards, so edits stay) and
 `DIR/env` every time: the exact environment the server needs, as `export` lines to source in
-the server's shell. The socket's directory is the user's own and no one else's, so the drain
-channel trusts it (agent/drain.py `dir_owner`) without `control_uid`.
+the server's shell. Each run has a sample log of its own: the last run's is renamed
+`samples-<its last write, UTC>.jsonl` at start (the newest KEEP_LOGS kept), so
+`torch-watchdog report DIR/samples.jsonl` covers this run's servers only. The socket's
+directory is the user's own and no one else's, so the drain channel trusts it (agent/drain.py
+`dir_owner`) without `control_uid`.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import stat
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,6 +25,7 @@ DEFAULT_DIR = ".torch-watchdog"
 MAX_SOCKET_PATH = 107          # a Unix socket path has at most 107 bytes (sun_path, Linux)
 CONFIG_NAME = "watchdog.yaml"
 ENV_NAME = "env"
+KEEP_LOGS = 5                  # earlier runs' sample logs kept beside this run's
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,24 @@ def socket_problem(socket_path: str) -> Optional[str]:
     return None
 
 
+def rotate_sample_log(path: Optional[str]) -> Optional[str]:
+    """Before the daemon opens it: an earlier run's sample log at `path` renamed
+    `<stem>-<its last write, UTC>.jsonl` (the oldest beyond KEEP_LOGS removed); where it went,
+    or None (no earlier log, or it could not be moved: then appended to, as without --dev)."""
+    if not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    stem, ext = os.path.splitext(path)
+    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(os.path.getmtime(path)))
+    moved = f"{stem}-{when}{ext}"
+    try:
+        os.replace(path, moved)
+        for old in sorted(glob.glob(glob.escape(stem) + "-*" + ext))[:-KEEP_LOGS]:
+            os.unlink(old)
+    except OSError:
+        return None
+    return moved
+
+
 def write_env(setup: DevSetup, socket_path: str) -> list[str]:
     lines = env_lines(setup.root, socket_path)
     tmp = setup.env_path + ".tmp"
@@ -83,12 +107,14 @@ def write_env(setup: DevSetup, socket_path: str) -> list[str]:
     return lines
 
 
-def banner(setup: DevSetup, lines: list[str], metrics_url: str) -> str:
+def banner(setup: DevSetup, lines: list[str], metrics_url: str,
+           previous_log: Optional[str] = None) -> str:
     """What `--dev` prints before the daemon's log: where things are, how to connect a server."""
     said = "written" if setup.created else "kept from an earlier run"
     return "\n".join([
         f"torch-watchdog sidecar: dev mode, files in {setup.root}",
         f"  config: {setup.config_path} ({said})",
+        *([f"  the last run's sample log: {previous_log}"] if previous_log else []),
         f"  status page and /metrics: {metrics_url}",
         f"Start the server with this environment (saved in {setup.env_path}):",
         *(f"  {line}" for line in lines),

@@ -334,6 +334,11 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
     chart = _chart(series, marks, col, budget)
     fc = _forecast_in_force(log, acts, config, col.rel)
     total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
+    shapes["now"] = now = compiled_now(total("records"), total("compiles") + total("recompiles"))
+    if now["what"] == "CUDA graphs" and per_graph is not None:
+        for row in shapes["advisor"]:  # the graphs recorded, less one per bucket
+            row["memory_saved_bytes"] = round(max(0, now["count"] - row["graphs_after"])
+                                              * per_graph[0] * 1e6)
     counted = shapes["basis"] in ("requests", "distinct shapes") and shapes["distinct"]
     summary = {
         # the server's own span (from its first to its last sample with a process of its
@@ -498,6 +503,16 @@ def _shapes(requests: Counter, log: _ServerLog, per_graph: Optional[tuple],
             "total": sum(flat.values()), "counts": sorted(counts.items()),
             "advisor": rows, "recommended": recommended(rows), "recompile_limit": limit,
             "mb_per_graph": None if per_graph is None else per_graph[0]}
+
+
+def compiled_now(recordings: int, compiles: int) -> dict[str, Any]:
+    """What the server built for its sizes in this log, which buckets would bound: CUDA graphs
+    where it recorded any (one per size under reduce-overhead), else Dynamo compiles (one per
+    size with dynamic=False; with automatic dynamic shapes, one graph serves every size and
+    buckets save no compile)."""
+    if recordings:
+        return {"what": "CUDA graphs", "count": recordings}
+    return {"what": "compiles", "count": compiles}
 
 
 def recommended(rows: list) -> Optional[dict]:

@@ -304,7 +304,7 @@ def human_value(key: str, value: Any) -> str:
         return f"+{human_duration(value)}"
     if key.startswith("seconds_") or key.endswith(("_seconds", "_s")):
         return human_duration(value)
-    if key.endswith("_mb") or key == "mb_so_far":
+    if key.endswith("_mb") or key in ("mb_so_far", "mb_per_graph"):
         return human_bytes(value * 1e6)
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -314,7 +314,8 @@ def human_value(key: str, value: Any) -> str:
 LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_linear": "linear trend: OOM in",
           "seconds_to_oom_discovery": "discovery model: OOM in",
           "seconds_to_oom_unexplained": "unexplained growth: OOM in", "decided_t": "decided at",
-          "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run"}
+          "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run",
+          "mb_so_far": "grown so far", "window_s": "window"}
 
 
 def _label(key: str) -> str:
@@ -357,10 +358,14 @@ def _shapes_html(sh: dict, level: int) -> str:
 def _advisor_html(sh: dict, best: dict, level: int) -> str:
     rows, limit = sh["advisor"], sh.get("recompile_limit")
     known = any(r["memory_saved_bytes"] is not None for r in rows)
+    # what the server built in this log, and at most one per bucket after
+    now = sh.get("now") or {"what": "graphs / compiles", "count": None}
+    before = now["count"]
     cells = "".join(
         f"<tr><td class=num>{len(r['boundaries'])}</td><td>{_e(_list(r['boundaries']))}</td>"
         f"<td class=num>{100 * r['padding_ratio']:.1f} %</td><td class=num>"
-        f"{r['graphs_before']:,} → {r['graphs_after']:,}</td>"
+        + (f"{r['graphs_before']:,} → {r['graphs_after']:,}" if before is None else
+           f"{before:,} → {min(before, r['graphs_after']):,}") + "</td>"
         + (f"<td class=num>{human_bytes(r['memory_saved_bytes'])}</td>" if known else "")
         + "</tr>" for r in rows)
     saved_head = "<th>memory saved</th>" if known else ""
@@ -371,6 +376,12 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
     else:
         notes.append("Memory saved: not known (no memory per CUDA graph was measured in this "
                      "run).")
+    if now["what"] == "compiles" and before is not None and before < sh["distinct"]:
+        notes.append(f"The server compiled {before} time{'s' if before != 1 else ''} for "
+                     f"{sh['distinct']:,} sizes (automatic dynamic shapes: one graph serves "
+                     "every size) and recorded no CUDA graph: buckets save no compile here; "
+                     "under mode=\"reduce-overhead\" on a GPU they bound the CUDA graphs, one "
+                     "per size otherwise.")
     if limit is not None:
         notes.append(f"The server compiles per size (dynamic=False) and hit its recompile limit "
                      f"of {limit}: no more than {limit} buckets, or the sizes past the limit "
@@ -378,7 +389,7 @@ def _advisor_html(sh: dict, best: dict, level: int) -> str:
     return (f"<h{level}>Bucket advisor</h{level}><p>Pad each request up to the next boundary: "
             "one CUDA graph (or compile) per bucket instead of per size.</p><table><tr>"
             "<th>buckets</th><th>boundaries</th><th>padding overhead</th>"
-            f"<th>graphs / compiles</th>{saved_head}</tr>{cells}</table>"
+            f"<th>{_e(now['what'])}</th>{saved_head}</tr>{cells}</table>"
             + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
             + f"<p>Suggested: {len(best['boundaries'])} buckets.</p>"
             f"<pre>{_e(apply_code(best['boundaries'], limit))}</pre>")

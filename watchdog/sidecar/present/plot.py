@@ -117,6 +117,8 @@ def histogram(counts: Mapping[int, int], *, boundaries: Sequence[int] = (), widt
         return _empty(title, "no shapes", width)
     lo, hi = min(sizes), max(sizes + list(boundaries))
     bin_w = max(1, math.ceil((hi - lo + 1) / _MAX_BINS))
+    if bin_w > 1:  # each bar is a range of sizes: the title says how wide
+        title = title.replace(" per size", f" per {bin_w} sizes")
     bins: dict[int, int] = {}
     for size, n in counts.items():
         if n > 0:
