@@ -6,7 +6,8 @@ HTTP proxy, each with the agent and the WatchdogReplica mixin (docs/deploy.md, "
 
 GET /?n=N runs the model on N tokens and answers the replica's pid, its server name and its
 Serve rank. The replica whose pid is in DIR/grow keeps 4 MB per distinct N (a leak of host
-memory). Prints "ready" once both replicas answered; on SIGTERM shuts Serve and Ray down.
+memory). Prints "ready" once both replicas answered; on SIGTERM, or its parent's death, shuts
+Serve and Ray down.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import urllib.request
 from ray import serve
 
 from torch_watchdog.agent.serve import WatchdogReplica
+from torch_watchdog.launcher import PR_SET_PDEATHSIG, _prctl
 
 MB = 1 << 20
 
@@ -73,10 +75,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tmp", required=True)
     args = ap.parse_args()
+    parent = os.getppid()
     import ray
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # the test killed (a CI timeout, Ctrl-C): SIGTERM here too, and Ray is shut down below
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        stop.set()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * MB,
              _temp_dir=os.path.join(args.tmp, "ray"), log_to_driver=False)
     try:
