@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" numpy
-	$(PY) -m pip install -q -e ".[agent,test]"
+	$(PY) -m pip install -q -e ".[agent,test,serve]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -17,7 +17,8 @@ trap 'rm -rf "$work"' EXIT
 tests=(tests/integration/test_agent_torch.py tests/integration/test_agent_process.py
        tests/integration/test_agent_fork.py tests/chaos/test_agent_faults.py
        tests/unit/test_timing.py tests/unit/test_hotpath_build.py tests/unit/test_emitter.py tests/unit/test_events.py
-       tests/unit/test_identity.py tests/unit/test_config.py tests/unit/test_torch_layouts.py)
+       tests/unit/test_identity.py tests/unit/test_config.py tests/unit/test_torch_layouts.py
+       tests/unit/test_serve.py tests/integration/test_serve_agent.py)
 status=0
 for version in "$@"; do
   start=$SECONDS

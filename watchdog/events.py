@@ -62,6 +62,15 @@ class Hello(Event):
     kind = "hello"
 
 
+def serve_deployment(server: str) -> Optional[str]:
+    """`<application>/<deployment>` of a Ray Serve replica's name (`serve:app/Model/1`,
+    agent/serve.py), else None: what alerts are grouped by across replicas and nodes."""
+    if not server.startswith("serve:"):
+        return None
+    head, sep, rank = server[len("serve:"):].rpartition("/")
+    return head if sep and head and rank.isdigit() else None
+
+
 def per_start(server: str) -> Optional[tuple[str, str]]:
     """(kind, the rest) of an automatic server name that changes with each start
     (`pgid:7212/cuda:0` -> ("pgid", "cuda:0"), `dist:<addr>:<port>` -> ("dist", "")); None for

@@ -169,6 +169,8 @@ class Agent:
         if self.warm is not None and self.warm.due():
             self.warm.save_in_background(self.on_error)
         now = time.monotonic()
+        if self.config.server is None and self._renamed():
+            self._next_hello = now  # the sidecar learns the new name at once
         devices = self._devices or self.hooks.devices()  # known once CUDA is up
         if now >= self._next_hello or devices != self._devices:
             self._devices = devices
@@ -178,6 +180,15 @@ class Agent:
             self._next_heartbeat = now + self.config.heartbeat_s
             self.emitter.emit(self._heartbeat())
             self._emit_calls()
+
+    def _renamed(self) -> bool:
+        """A Ray Serve replica's name follows the rank Serve gives it (agent/serve.py): given after
+        the agent started, or changed when Serve renumbers its replicas."""
+        name = identity.replica_name()
+        if name is None or name == self.server:
+            return False
+        self.server = name
+        return True
 
     def _heartbeat(self) -> events.Heartbeat:
         """The next heartbeat: every tick's `heartbeat_s`, and the last one at stop()."""

@@ -63,6 +63,11 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _ready = True
 _callbacks: list[Callable[[], Any]] = []
+# A serving engine that replaces this process itself (agent/serve.py: Ray Serve, once its
+# health check reaches the agent), set by that integration: a drain then refuses no call and
+# does not exit, as the engine routes new calls elsewhere, lets those in hand finish and stops
+# the process. Its `wait_stopped(deadline)` is True once the engine is stopping it.
+handover: Optional[Any] = None
 
 
 class Draining(RuntimeError):
@@ -386,6 +391,7 @@ class Drainer:
         self.deadline = 0.0
         self.left = False  # _leave ran (with os._exit: never seen)
         self._begun = threading.Event()  # the drain thread was started
+        self.handed: Optional[Any] = None  # the engine this drain was handed over to
 
     def start(self, grace_s: float) -> bool:
         global _ready
@@ -396,7 +402,9 @@ class Drainer:
                                        name="torch-watchdog-drain", daemon=True)
         atexit.register(self._hold_exit)  # before the first Draining can end the main thread
         _ready = False
-        refuse_new_calls()
+        self.handed = handover
+        if self.handed is None:
+            refuse_new_calls()
         try:
             self.thread.start()
         except RuntimeError:  # no new thread once the interpreter shuts down: on this one
@@ -410,7 +418,8 @@ class Drainer:
     def _hold_exit(self) -> None:
         """At interpreter exit during the drain (the server's main thread ended: an uncaught
         Draining, sys.exit, a return): the drain thread goes on to its own exit; this waits
-        for it, and exits with the drain code should it overrun. Never returns."""
+        for it, and exits with the drain code should it overrun. Never returns (a drain handed
+        to an engine, which stops the process itself: once drained)."""
         code = self.agent.config.drain_exit_code
         try:
             log.warning("torch-watchdog agent: the server's code is leaving during a drain; "
@@ -435,6 +444,8 @@ class Drainer:
             failed = _run_callbacks(deadline)
             if failed:
                 notes.append(failed)
+            if self.handed is not None:
+                notes.append(self._hand_over(deadline))
             left = wait_idle(deadline)
             if _refused:
                 notes.append(f"{_refused} call(s) begun during the drain refused (Draining)")
@@ -442,23 +453,33 @@ class Drainer:
                 note = agent.warm.save("drain")
                 if note:
                     notes.append(note)
-            if cfg.restart_file:
+            if cfg.restart_file and self.handed is None:
                 why = write_restart_file(cfg.restart_file, "drain")
                 if why:
                     notes.append(f"restart file not written: {why}")
             took = time.monotonic() - started
             detail = "; ".join(notes) or None
+            code = cfg.drain_exit_code if self.handed is None else None
             emit(events.Drain(t=time.time(), pid=pid, phase="drained", grace_s=grace_s,
-                              seconds=took, in_flight=left, exit_code=cfg.drain_exit_code,
+                              seconds=took, in_flight=left, exit_code=code,
                               detail=events.clip(detail, 500)))
             if agent.control is not None:
                 agent.control.send({"v": 1, "kind": "drained", "pid": pid, "in_flight": left,
                                     "seconds": round(took, 3),
-                                    "exit_code": cfg.drain_exit_code, "detail": detail})
+                                    "exit_code": code, "detail": detail})
         except Exception as e:
             agent.on_error(e)
         finally:
             self._leave(cfg.drain_exit_code)
+
+    def _hand_over(self, deadline: float) -> str:
+        """Wait for the engine to stop this process; past `deadline`, drain as usual."""
+        name = getattr(self.handed, "name", "the engine")
+        if self.handed.wait_stopped(deadline):
+            return f"stopped by {name}"
+        self.handed = None
+        refuse_new_calls()
+        return f"{name} did not stop this process within the grace: calls refused, exiting"
 
     def _leave(self, code: int) -> None:
         self.left = True
@@ -471,7 +492,8 @@ class Drainer:
                 stream.flush()
             except Exception:
                 pass
-        self._exit(code)
+        if self.handed is None:  # else the engine stops the process
+            self._exit(code)
 
 
 def _run_callbacks(deadline: float) -> Optional[str]:

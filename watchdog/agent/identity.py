@@ -4,12 +4,14 @@ A server is a group of processes reloaded together: 8 replicas are 8 servers; a 
 job on 8 GPUs, or a gunicorn master and its workers, is one. The sidecar groups processes by
 it. In order:
 1. `install(server=...)` / `TORCH_WATCHDOG_SERVER` (checked by `check_name`);
-2. a rank of a `torch.distributed` job (WORLD_SIZE > 1 in its environment, as torchrun,
+2. a Ray Serve replica: `serve:<application>/<deployment>/<rank>`, from Serve's replica
+   context (serve.py: the rank is the replica's slot, taken again by its replacement);
+3. a rank of a `torch.distributed` job (WORLD_SIZE > 1 in its environment, as torchrun,
    `mp.spawn` launchers and Kubernetes' PyTorchJob set it): the systemd service it runs in,
    else `dist:<MASTER_ADDR>:<MASTER_PORT>` (the job's store, one per job on a host), else
    `torchrun:<TORCHELASTIC_RUN_ID>`. Every rank of the job, whatever its session (torchrun
    starts each rank in a session of its own) and its GPUs: tensor parallel cannot lose a rank;
-3. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`), else
+4. the systemd service the process runs in, from /proc/self/cgroup (`foo.service`), else
    `pgid:<process group>`; then, when CUDA_VISIBLE_DEVICES is set, `/cuda:<its value>`
    (`pgid:7212/cuda:0`). Replicas started by one supervisor with a GPU each are one server per
    GPU set; a master's workers (forked, or spawned by multiprocessing as uvicorn does) inherit
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Callable, Mapping, Optional
+import sys
+from typing import Any, Callable, Mapping, Optional
 
 MAX_NAME_CHARS = 255  # systemd's own bound for a unit name (UNIT_NAME_MAX - 1)
+SERVE_PREFIX = "serve:"
 CGROUP_FILE = "/proc/self/cgroup"
 
 
@@ -117,6 +121,36 @@ def _clip(name: str) -> Optional[str]:
         return None
 
 
+def replica_name(context: Any = None) -> Optional[str]:
+    """`serve:<application>/<deployment>/<rank>` for `context` (default: this process's
+    replica context, if `ray.serve` is loaded and this is a replica), else None: outside a
+    replica, or before Serve gave the replica its rank. Never raises."""
+    if context is None:
+        context = _current_context()
+    if context is None:
+        return None
+    try:
+        rank = context.rank
+        rank = getattr(rank, "rank", rank)  # a ReplicaRank (its global `rank`), or an int
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            return None
+        name = f"{SERVE_PREFIX}{context.app_name}/{context.deployment}/{rank}"
+        return check_name(name[:MAX_NAME_CHARS])
+    except Exception:
+        return None
+
+
+def _current_context() -> Any:
+    serve = sys.modules.get("ray.serve")
+    get = getattr(serve, "get_replica_context", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except Exception:  # RayServeException: not a replica (a driver that imported ray.serve)
+        return None
+
+
 def server_name(explicit: Optional[str] = None, *,
                 env: Optional[Mapping[str, str]] = None,
                 read_cgroup: Callable[[], str] = _read_cgroup,
@@ -125,6 +159,9 @@ def server_name(explicit: Optional[str] = None, *,
     automatic part (no /proc, an odd cgroup file, odd variables: the process group)."""
     if explicit:
         return explicit
+    replica = replica_name()
+    if replica is not None:
+        return replica
     env = os.environ if env is None else env
     try:
         unit = unit_from_cgroup(read_cgroup())

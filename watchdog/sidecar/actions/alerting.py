@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
+from torch_watchdog import events
 from torch_watchdog.sidecar.actions import alerts
 from torch_watchdog.sidecar.config import AlertsConfig
 from torch_watchdog.sidecar.core.results import PollResult, ServerView
@@ -50,6 +51,9 @@ class Alerting:
 
     def _alerts(self, name: str, fires: dict, view: ServerView, base: dict) -> dict:
         labels = {**base, "server": name}
+        deployment = events.serve_deployment(name)
+        if deployment is not None:  # Alertmanager groups a deployment's replicas on all nodes
+            labels["deployment"] = deployment
         uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
         if uuid:
             labels["gpu_uuid"] = uuid

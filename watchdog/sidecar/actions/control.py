@@ -243,8 +243,9 @@ class ControlServer:
         done = [r for r in replies.values() if r is not None]
         left = sum(int(r.get("in_flight") or 0) for r in done)
         codes = sorted({r.get("exit_code") for r in done if isinstance(r.get("exit_code"), int)})
-        what = (f"drained {len(done)} of {len(asked)} process(es), exit code "
-                f"{'/'.join(map(str, codes)) or '?'}, "
+        # no exit code: the process was handed to an engine that stops it (agent/serve.py)
+        what = (f"drained {len(done)} of {len(asked)} process(es), "
+                + (f"exit code {'/'.join(map(str, codes))}, " if codes else "")
                 + ("calls in hand finished" if not left else f"{left} call(s) still in hand "
                    f"at the grace deadline"))
         extra = [r.get("detail") for r in done if r.get("detail")]
