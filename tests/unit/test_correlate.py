@@ -1,11 +1,13 @@
-"""fold() on hand-built observation sequences (no I/O, fake times)."""
+"""A server's state folded from hand-built observation sequences (no I/O, fake times), as the
+step folds it (tests/folding.py)."""
 import dataclasses
 
 import pytest
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
-from torch_watchdog.sidecar.core.correlate import State, fold
+from tests.folding import fold
+from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, Sample
 
 MB = 1_000_000

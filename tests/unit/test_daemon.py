@@ -476,10 +476,10 @@ def test_an_event_from_the_far_future_is_counted_and_the_server_is_still_forecas
     assert d.host.focus().state.now < clock.t + 1  # the state's clock did not move
 
 
-def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
-    """The daemon builds a server's alerts again only when what they read changed (its
-    `firing`, its view's dicts): every poll's firing alerts equal ones built from scratch,
-    while a cause fires through still polls and its description moves with new recordings."""
+def test_the_alerts_in_the_book_are_those_built_from_each_servers_firing_and_view(short_tmp):
+    """Every poll's firing alerts equal ones built from scratch from each server's `firing`
+    and numbers, while a cause fires through still polls and its description moves with new
+    recordings."""
     from torch_watchdog.sidecar.actions import alerts
     from torch_watchdog.sidecar.config import AlertsConfig
 

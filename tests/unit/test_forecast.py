@@ -92,7 +92,7 @@ def test_the_budget_leaves_out_what_the_driver_reserves():
     never be allocated (NVML v2: free = total - reserved - used). A budget from `total` put
     the OOM ~500 MB too far away and the seed server crashed before the reload."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import DeviceSample, Sample
 
     total, reserved, used = 150_754_820_096, 644_939_776, 149_796_290_560
@@ -129,7 +129,7 @@ def test_a_few_sizes_seen_once_are_not_saturation():
 def _host_mode(rss_by_pid, t=100.0, total=64_000 * MB, available=40_000 * MB):
     """A host-memory server (no GPU): flat memory, folded from real samples."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
     obs = [Sample(t=t + i, processes=tuple(ProcessSample(pid, True, rss)
@@ -161,7 +161,7 @@ def test_host_memory_mode_forecasts_the_server_not_the_machine():
     PSS is, against its cgroup's limit where set, else the machine's available memory on top
     of the server's own."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
     def run(limit=None, grow=0):

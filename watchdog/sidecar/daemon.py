@@ -216,10 +216,9 @@ class Daemon:
         observations = [*received, *outcomes, sample]
         if self.sample_log is not None:  # first: what the step sees is what replay sees
             self.sample_log.observations(observations)
-        cfg = self.cfg
-        decided: list[Action] = step.fold_events(self.host, received, cfg)
-        for obs in (*outcomes, sample):
-            result = step.step(self.host, obs, cfg)
+        decided: list[Action] = []
+        for obs in observations:
+            result = step.step(self.host, obs, self.cfg)
             decided += result.actions
         for action in decided:
             self._act(action)

@@ -1,7 +1,8 @@
 """Fold agent events and source samples into one state, and name the causes of what is seen.
 
-Deterministic and free of I/O: `fold(state, observations, cfg)` only reads its arguments and
-updates `state`; the daemon and `replay` call it the same way.
+Deterministic and free of I/O: `apply(state, observation, cfg)` folds one observation into a
+server's state, and `evaluate_causes(state, cfg)` names what it shows (the step calls both, for
+the live daemon and for replay alike).
 
 Causes (stable names, documented in the README):
 The server's memory is its per-process GPU memory (NVML), else the device's used memory, else
@@ -25,7 +26,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence, cast
+from typing import Any, Callable, Optional, cast
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
@@ -183,10 +184,8 @@ class State:
             mem = floor
         undecided = sum(b for t, b in self.pending_jumps if b > 0 and t > self.now - PENDING_S) \
             if self.pending_jumps else 0
-        # explained_bytes(), inlined: every server evaluates this every poll
-        reg = self.regression
-        explained = max(0.0, (reg.sxy / reg.sxx if reg.sxx > 0 else None) or 0.0) * self.records
-        return max(0.0, mem - start - explained - self.compile_jump_bytes - undecided)
+        return max(0.0, mem - start - self.explained_bytes() - self.compile_jump_bytes -
+                   undecided)
 
     def steady_ms(self, part: str = "all") -> Optional[float]:
         """Mean latency of the calls that were not stalls (from the agent's `calls` windows):
@@ -233,8 +232,9 @@ class State:
 
 
 def _shape_key(shape: Any) -> Any:
+    """A shape as a set member: a tuple of tuples (the agent sends lists), else its repr."""
     try:
-        return tuple(tuple(dims) if isinstance(dims, list) else dims for dims in shape)
+        return tuple([tuple(dims) if isinstance(dims, list) else dims for dims in shape])
     except TypeError:
         return repr(shape)
 
@@ -243,63 +243,26 @@ def _round(value: Optional[float], digits: int) -> Optional[float]:
     return None if value is None else round(value, digits)
 
 
-def fold(state: State, observations: Iterable[Any], cfg: CorrelateConfig,
-         watched: Optional[set[int]] = None, attribution: str = "auto") -> State:
-    """Update `state` with each observation in order, then evaluate the causes (a finding's
-    `t` is the time of the batch's last observation; replay folds one observation at a time)."""
-    for obs in observations:
-        if state.first_t is None:
-            state.first_t = obs.t
-        state.now = max(state.now, obs.t)
-        if isinstance(obs, Sample):
-            _sample(state, obs, cfg, watched, attribution)
-        else:
-            _event(state, obs, cfg)
-    evaluate_causes(state, cfg)  # once per batch (the step: once per poll's sample)
-    return state
-
-
-def fold_sample(state: State, s: Any, cfg: CorrelateConfig, attribution: str = "auto") -> None:
-    """`fold(state, [s], cfg, attribution=...)` for one sample, or anything with a Sample's
-    time, devices, processes, nvml_up and host memory (the step's per-server view of one)."""
+def apply(state: State, obs: events.Event | Sample, cfg: CorrelateConfig,
+          attribution: str = "auto") -> None:
+    """Fold one observation into `state`: an agent event of the server's, or a sample as the
+    server sees it (its processes and GPUs; `attribution`: config gpu.attribution). The causes
+    are evaluated apart (`evaluate_causes`): once a poll, not once an event."""
+    t = obs.t
     if state.first_t is None:
-        state.first_t = s.t
-    state.now = max(state.now, s.t)
-    _sample(state, s, cfg, None, attribution)
-    evaluate_causes(state, cfg)
-
-
-def fold_event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
-    """One agent event, without evaluating the causes (the step evaluates once per poll)."""
-    fold_events(state, (e,), cfg)
-
-
-def fold_events(state: State, evs: Sequence[events.Event], cfg: CorrelateConfig) -> None:
-    """Agent events in turn, without evaluating the causes: step.fold_events hands it the runs
-    of a poll's events from one process (a busy agent's 100 a poll), one call a run instead of
-    one an event."""
-    handlers = _EVENT_HANDLERS
-    pids = state.pids
-    for e in evs:
-        t = e.t
-        if state.first_t is None:
-            state.first_t = t
-        if t > state.now:
-            state.now = t
-        pids.add(e.pid)  # _event(state, e, cfg), inlined: it runs for every event
-        handler = handlers.get(e.kind)
-        if handler is not None:
-            handler(state, e, cfg)
+        state.first_t = t
+    if t > state.now:
+        state.now = t
+    if isinstance(obs, Sample):
+        _sample(state, obs, cfg, attribution)
+        return
+    state.pids.add(obs.pid)
+    handler = _EVENT_HANDLERS.get(obs.kind)
+    if handler is not None:
+        handler(state, obs, cfg)
 
 
 # -- events -------------------------------------------------------------------------------
-def _event(state: State, e: events.Event, cfg: CorrelateConfig) -> None:
-    state.pids.add(e.pid)
-    handler = _EVENT_HANDLERS.get(e.kind)
-    if handler is not None:
-        handler(state, e, cfg)
-
-
 def _on_hello(state: State, e: events.Hello, cfg: CorrelateConfig) -> None:
     state.torch = e.torch
     if state.first_hello_t is None:
@@ -359,17 +322,9 @@ def _on_record(state: State, e: events.CudagraphRecord, cfg: CorrelateConfig) ->
 
 
 def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> None:
-    # the common path of the hottest event (an agent reports every new shape): one lookup per
-    # dict, the shape's key built by a list comprehension (cheaper than a generator)
     name = e.name
-    keys = state.shape_keys.get(name)
-    if keys is None:
-        keys = state.shape_keys[name] = set()
-    shape = e.shape
-    try:
-        key = tuple([tuple(dims) if isinstance(dims, list) else dims for dims in shape])
-    except TypeError:
-        key = _shape_key(shape)
+    keys = state.shape_keys.setdefault(name, set())
+    key = _shape_key(e.shape)
     if key not in keys:
         if state.shape_keys_n < MAX_SHAPE_KEYS:
             keys.add(key)
@@ -377,14 +332,8 @@ def _on_new_shape(state: State, e: events.NewShape, cfg: CorrelateConfig) -> Non
         else:
             state.shape_overflow[name] = state.shape_overflow.get(name, 0) + 1
     # a process's own count covers its new_shape events the sidecar never got (dropped)
-    floors = state.shape_floor
-    floor = floors.get(name, 0)
-    if e.distinct > floor:
-        floor = floors[name] = e.distinct
-    counted = len(keys) + state.shape_overflow.get(name, 0) if state.shape_overflow else \
-        len(keys)
-    if floor > counted:
-        counted = floor
+    floor = state.shape_floor[name] = max(state.shape_floor.get(name, 0), e.distinct)
+    counted = max(floor, len(keys) + state.shape_overflow.get(name, 0))
     was = state.shape_counted.get(name, 0)
     if counted != was:
         state.distinct_shapes += counted - was
@@ -491,14 +440,13 @@ _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
 
 
 # -- samples ------------------------------------------------------------------------------
-def _server_memory(sample: Sample, watched: Optional[set[int]], attribution: str = "auto",
-                   ) -> tuple[Optional[int], Optional[str]]:
-    """Per-process GPU bytes of the watched server when NVML says, else the device's used
+def _server_memory(sample: Sample, attribution: str) -> tuple[Optional[int], Optional[str]]:
+    """Per-process GPU bytes of the server's processes when NVML says, else the device's used
     (`attribution`, config gpu.attribution: "process" never falls back to the device, so a
     shared GPU's other tenants are never taken for the server; "device" always uses it). In a
     pod without hostPID NVML lists host pids that match none of the server's: auto then
     meters the pod's GPUs as a whole."""
-    procs = [p for p in sample.processes if watched is None or p.pid in watched]
+    procs = sample.processes
     per_process = [p.gpu_total for p in procs if p.alive]
     if attribution != "device" and per_process and all(v is not None for v in per_process):
         return sum(cast("list[int]", per_process)), "process"  # all() above: no None
@@ -512,8 +460,7 @@ def _server_memory(sample: Sample, watched: Optional[set[int]], attribution: str
     return None, None
 
 
-def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set[int]],
-            attribution: str = "auto") -> None:
+def _sample(state: State, s: Sample, cfg: CorrelateConfig, attribution: str) -> None:
     if not s.nvml_up and state.gpus:
         # NVML down or late: the GPUs' numbers are unknown now; the last ones must not feed
         # the forecast, and this poll has no memory reading
@@ -522,7 +469,7 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
         return
     if s.devices:
         state.gpu_down = False
-        procs = [p for p in s.processes if p.alive and (watched is None or p.pid in watched)]
+        procs = [p for p in s.processes if p.alive]
         # one pass over the GPUs, summed in order
         gpus, used_sum, total_sum, usable_sum = {}, 0, 0, 0
         for d in s.devices:
@@ -535,23 +482,23 @@ def _sample(state: State, s: Sample, cfg: CorrelateConfig, watched: Optional[set
                 usable_sum + usable
         state.gpus, state.device_used = gpus, used_sum
         state.device_total, state.device_usable = total_sum, usable_sum
-    _host(state, s, watched)
-    mem, source = _server_memory(s, watched, attribution)
+    _host(state, s)
+    mem, source = _server_memory(s, attribution)
     if mem is None:
         return
     assert source is not None  # _server_memory gives a source with every memory reading
-    state.proc_bytes = _per_process(s, watched, source)
+    state.proc_bytes = _per_process(s, source)
     _memory(state, s, mem, source, cfg)
 
 
 
-def _host(state: State, s: Sample, watched: Optional[set[int]]) -> None:
+def _host(state: State, s: Sample) -> None:
     if s.host_total_bytes is not None and s.host_available_bytes is not None:
         state.host_used = s.host_total_bytes - s.host_available_bytes
         state.host_total = s.host_total_bytes
         state.host_available = s.host_available_bytes
         limits = [p.mem_limit_bytes for p in s.processes if p.alive and
-                  p.mem_limit_bytes is not None and (watched is None or p.pid in watched)]
+                  p.mem_limit_bytes is not None]
         state.mem_limit = min(limits) if limits else None
 
 
@@ -585,13 +532,13 @@ def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig
         state.regression.add(recorded, delta)
 
 
-def _per_process(s: Sample, watched: Optional[set[int]], source: str) -> dict[int, int]:
+def _per_process(s: Sample, source: str) -> dict[int, int]:
     """Each live process's memory on the server's meter (none on a device-level meter)."""
     if source == "device":
         return {}
     out = {}
     for p in s.processes:
-        if p.alive and (watched is None or p.pid in watched):
+        if p.alive:
             v = p.gpu_total if source == "process" else p.host_bytes
             if v is not None:
                 out[p.pid] = v

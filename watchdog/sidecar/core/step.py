@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union, cast
+from typing import Any, Optional, Union, cast
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample,
-                                                      RecordUnreadable, ReloadOutcome, Sample)
+from torch_watchdog.sidecar.core.observations import RecordUnreadable, ReloadOutcome, Sample
 from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView, \
     StepResult
 
@@ -117,15 +116,15 @@ Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable]
 
 
 def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
+    if isinstance(obs, events.Event):  # the common observation: thousands a second
+        return StepResult(_on_event(host, obs, cfg))
     if isinstance(obs, Sample):
         actions = _on_sample(host, obs, cfg)
         return StepResult(actions, _poll_result(host, cfg))
     if isinstance(obs, ReloadOutcome):
         return StepResult(_on_outcome(host, obs))
-    if isinstance(obs, RecordUnreadable):  # fails closed: no reload for an hour, and an alert
-        host.record_unreadable = obs.detail
-        return StepResult()
-    return StepResult(_on_event(host, obs, cfg))
+    host.record_unreadable = obs.detail  # fails closed: no reload for an hour, and an alert
+    return StepResult()
 
 
 # -- events -------------------------------------------------------------------------------
@@ -136,43 +135,12 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
         # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
         host.skewed_events += 1
         e = dataclasses.replace(e, t=now)
-    return _fold_run(host, (e,), cfg)
-
-
-def fold_events(host: Host, evs: Sequence[events.Event], cfg: Config) -> list[Action]:
-    """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
-    actions. After the first sample, a run of one process's events on the sidecar's clock (an
-    agent's datagram) is folded as one: only a hello, which starts a run of its own, can
-    change the server they go to, and only a sample changes the clock."""
-    now = host.now
-    if now is None:
-        return [a for e in evs for a in _on_event(host, e, cfg)]
-    skew = cfg.correlate.max_clock_skew_s
+    pid = e.pid
+    host.agents[pid] = e.t
     actions: list[Action] = []
-    i, n = 0, len(evs)
-    while i < n:
-        first = evs[i]
-        j = i + 1
-        if first.kind != "hello" and -skew <= first.t - now <= skew:
-            pid = first.pid
-            while j < n and (e := evs[j]).pid == pid and e.kind != "hello" and \
-                    -skew <= e.t - now <= skew:
-                j += 1
-        run = evs[i:j] if i or j < n else evs
-        actions += _fold_run(host, run, cfg) if j > i + 1 else _on_event(host, first, cfg)
-        i = j
-    return actions
-
-
-def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Action]:
-    """Events of one process, on the sidecar's clock: a hello alone, or a run without one."""
-    last = run[-1]
-    pid = last.pid
-    host.agents[pid] = last.t
-    actions: list[Action] = []
-    if last.kind == "hello":
-        server = _on_hello(host, cast(events.Hello, last), actions)  # kind "hello": a Hello
-    else:  # the common path (thousands a second): the owner is known
+    if isinstance(e, events.Hello):
+        server = _on_hello(host, e, actions)
+    else:  # the common path: the owner is known
         name = host.configured.get(pid) or host.owner.get(pid, DEFAULT_SERVER)
         server = host.servers.get(name) or host.server(name)
     # a configured server's pids are its unit's or pidfile's (and their children) alone: an
@@ -184,9 +152,9 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
             # heard before its hello (the default server), or named anew: one server's only;
             # left in the other, that server's own policy could reload it (a phantom server)
             host.servers[before].pids.pop(pid, None)
-        server.pids[pid] = last.t  # a pid the server may be reloaded through
+        server.pids[pid] = e.t  # a pid the server may be reloaded through
         host.owner[pid] = server.name
-    correlate.fold_events(server.state, run, cfg.correlate)
+    correlate.apply(server.state, e, cfg.correlate)
     if host.now is None:  # an agent log without samples: its causes are still alerted
         correlate.evaluate_causes(server.state, cfg.correlate)
         actions += _decide(host, server, cfg, allow_reload=False)
@@ -308,19 +276,6 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     return actions
 
 
-class _Mine:
-    """The sample as one server sees it (its processes and GPUs): what `correlate._sample`
-    reads of a Sample, without copying the frozen Sample."""
-    __slots__ = ("t", "devices", "processes", "nvml_up", "host_total_bytes",
-                 "host_available_bytes")
-
-    def __init__(self, s: Sample, processes: tuple[ProcessSample, ...],
-                 devices: tuple[DeviceSample, ...]):
-        self.t, self.devices, self.processes, self.nvml_up = s.t, devices, processes, s.nvml_up
-        self.host_total_bytes = s.host_total_bytes
-        self.host_available_bytes = s.host_available_bytes
-
-
 def _forget_silent(host: Host, now: float) -> None:
     for pid, heard in list(host.agents.items()):
         if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
@@ -337,9 +292,8 @@ def _forget_silent(host: Host, now: float) -> None:
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
                  others_busy: int) -> list[Action]:
-    procs, devices = _view(server, s)
-    correlate.fold_sample(server.state, _Mine(s, procs, devices), cfg.correlate,  # its own only
-                          attribution=cfg.gpu.attribution)
+    correlate.apply(server.state, _view(server, s), cfg.correlate, cfg.gpu.attribution)
+    correlate.evaluate_causes(server.state, cfg.correlate)
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
@@ -360,8 +314,7 @@ def _attributable(host: Host, server: Server) -> bool:
     return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
 
 
-def _view(server: Server, s: Sample,
-          ) -> tuple[tuple[ProcessSample, ...], tuple[DeviceSample, ...]]:
+def _view(server: Server, s: Sample) -> Sample:
     """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
     the agents' devices or NVML's per-process lists name one: a device-level meter)."""
     pids, gpus = server.pids, server.gpus
@@ -371,7 +324,7 @@ def _view(server: Server, s: Sample,
             if b and u not in gpus:
                 gpus.add(u)
     devices = tuple([d for d in s.devices if d.uuid in gpus]) or s.devices
-    return procs, devices
+    return dataclasses.replace(s, processes=procs, devices=devices)
 
 
 def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:

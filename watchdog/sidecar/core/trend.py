@@ -58,8 +58,6 @@ class Trend:
         self._changed = -math.inf                            # when recordings last changed
         self._high: collections.deque[tuple[float, int]] = collections.deque()  # max over time
         self._low: collections.deque[tuple[float, int]] = collections.deque()   # min over time
-        self._counted: tuple[Any, list[Step]] = (None, [])  # counted_steps' last answer
-        self._tails: tuple[list[float], list[float]] = ([0.0], [0.0])  # and its sums
 
     @property
     def floor(self) -> Optional[int]:
@@ -117,28 +115,16 @@ class Trend:
         if not steps or not self._t:
             return []
         horizon = since - (self._t[-1] - since)
-        key = (len(steps), steps[0].t, bisect.bisect_right(steps, horizon, key=_step_t))
-        if key == self._counted[0]:  # the same steps within the same horizon
-            return self._counted[1]
         run = [steps[-1]]
         for step in reversed(steps[:-1]):
             if step.t <= horizon or run[-1].t - step.t > STAIR_GAP_S:
                 break
             run.append(step)
-        counted: list[Step] = []
-        if len(run) >= STAIR_STEPS and run[0].t - run[-1].t >= STAIR_SPREAD_S:
-            sizes = sorted(s.size for s in run)
-            limit = OUTLIER * sizes[len(sizes) // 2]
-            counted = [s for s in reversed(run) if s.size <= limit]
-        # sums of the counted sizes from each step on (all, outside recordings): a part's
-        # share is one lookup
-        total, out = [0.0], [0.0]
-        for step in reversed(counted):
-            total.append(total[-1] + step.size)
-            out.append(out[-1] + (step.size if step.outside else 0.0))
-        self._counted = (key, counted)
-        self._tails = (total[::-1], out[::-1])
-        return counted
+        if len(run) < STAIR_STEPS or run[0].t - run[-1].t < STAIR_SPREAD_S:
+            return []
+        sizes = sorted(s.size for s in run)
+        limit = OUTLIER * sizes[len(sizes) // 2]
+        return [s for s in reversed(run) if s.size <= limit]
 
     def records_since(self, since: float) -> Optional[int]:
         """Recordings from the first sample at or after `since` to the last; None without."""
@@ -156,6 +142,7 @@ class Trend:
             return None, None
         last, first = t[j], t[i]
         steps = self.counted_steps(since)
+        tails = _tails(steps)
         sj = sums[j]
         rises = sj[4] - sums[i][4]
         growth: list[float] = []
@@ -168,7 +155,7 @@ class Trend:
             stepped = outside = 0.0
             if steps:  # the counted steps after tk
                 first_in = bisect.bisect_right(steps, tk, key=_step_t)
-                stepped, outside = self._tails[0][first_in], self._tails[1][first_in]
+                stepped, outside = tails[first_in]
                 if part == 1.0:
                     rises += len(steps) - first_in
             growth.append((sj[0] - sk[0] + stepped) / (last - tk))
@@ -181,6 +168,18 @@ class Trend:
 
 def _step_t(step: Step) -> float:
     return step.t
+
+
+def _tails(steps: list[Step]) -> list[tuple[float, float]]:
+    """Per step, the sizes of it and the steps after it, summed (all, and outside recordings),
+    and (0, 0) after the last: a part's share of the steps is one lookup."""
+    total, out = 0.0, 0.0
+    sums = [(total, out)]
+    for step in reversed(steps):
+        total += step.size
+        out += step.size if step.outside else 0.0
+        sums.append((total, out))
+    return sums[::-1]
 
 
 def _rate(rates: list[float], rises: int) -> Optional[float]:

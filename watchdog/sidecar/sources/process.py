@@ -412,7 +412,7 @@ class PssMeter:
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
         now = self.clock()
         # the process reader hands back the same tuple when nothing changed: until a PSS
-        # read is due, the same answer (the snapshot's sums see that nothing changed)
+        # read is due, the same answer (no /proc/<pid>/smaps_rollup read)
         kept = self._kept
         if kept is not None and kept[0] is processes and kept[2] is not None and \
                 now - kept[2] < self.every_s:
