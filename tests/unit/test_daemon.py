@@ -174,6 +174,38 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
     assert [f["cause"] for f in replayed["findings"]] == ["cudagraph_per_shape"]
 
 
+def test_a_replay_of_the_sample_log_keeps_the_cooldown_of_a_reload_before_the_start(short_tmp):
+    """A reload decided before the sidecar started holds the server's cooldown live, and in a
+    replay of the sample log: the record's decisions enter the log as an observation."""
+    import json
+
+    from torch_watchdog.sidecar.offline.replay import run
+    from torch_watchdog.sidecar.offline.traces import Reader, read_all
+
+    log, clock = os.path.join(short_tmp, "samples.jsonl"), Clock()
+    with open(os.path.join(short_tmp, "reloads.json"), "w") as fh:
+        json.dump({"reloads": [{"t": clock.t - 60, "reason": "oom_forecast", "server": "llm",
+                                "ok": True, "detail": "exited after SIGTERM",
+                                "seconds": 3.0}]}, fh)
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "s.sock")),
+                 sample_log=log, state_dir=short_tmp)
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": []}])
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    d.start()
+    try:
+        d.tick()
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    assert d.host.server("llm").policy.reloads == [clock.t - 60]
+    replayed = run(read_all([Reader(log)]), cfg)
+    assert replayed.host.server("llm").policy.reloads == [clock.t - 60]
+    assert replayed.host.server("other").policy.reloads == []
+
+
 def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
     """SIGHUP mid-run with a tighter budget: the sample log records each config in force, so
     its replay alerts when the live sidecar did; `--config` (follow_config=False) overrides."""

@@ -50,7 +50,7 @@ def state_with(level, total, records, requests, distinct, mb_per_graph, rate=100
     for i in range(10):  # request rate from `calls` windows
         s.calls.append((t - 9 + i, int(rate), 1.0, 0, 0.0))
     for i in range(10):  # a flat level
-        s.samples.append((t - 9 + i, level, records, level, total))
+        s.trend.append(t - 9 + i, level, records)
     return s
 
 
@@ -77,7 +77,7 @@ def test_linear_trend_ignores_one_poll_steps():
     level = 1000 * MB
     for i in range(11):
         level += 1 * MB + (3000 * MB if i == 5 else 0)
-        s.samples.append((float(i), level, 0, level, 10_000 * MB))
+        s.trend.append(float(i), level, 0)
     s.device_used = level
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole: the
@@ -112,7 +112,7 @@ def test_bucketed_warm_up_growth_is_not_projected_into_an_oom():
               device_total=1000 * MB)
     for i in range(31):
         level = 894 * MB + i * MB / 3
-        s.samples.append((float(i), level, 9, level, 1000 * MB))
+        s.trend.append(float(i), level, 9)
     s.device_used = int(904 * MB)
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     assert fc.seconds_linear < 1000  # the trend through the warm-up
@@ -205,8 +205,7 @@ def test_a_saturated_model_refuted_by_new_recordings_leaves_the_forecast_to_the_
                   device_used=0, device_total=1000 * MB)
         for i in range(61):
             level = 900 * MB + i * MB
-            s.samples.append((float(i), level, 9 + (records_now - 9) * i // 60, level,
-                              1000 * MB))
+            s.trend.append(float(i), level, 9 + (records_now - 9) * i // 60)
         s.calls.extend((float(t), 20, 1.0, 0, 0.0) for t in range(0, 61, 2))
         s.device_used = int(960 * MB)
         return s

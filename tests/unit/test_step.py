@@ -184,7 +184,7 @@ def test_a_cancelled_decision_then_a_restart_then_fresh_alerts():
 def test_configured_pids_are_owned_by_their_server_whatever_the_agent_says():
     h = Host2()
     s = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
-                            servers={"llm.service": (101,)})
+                            configured={"llm.service": (101,)})
     h.feed(s)
     assert h.host.owner[101] == "llm.service"
     h.feed(hello(h.t + 2, 101, "pgid:55", [A]))
@@ -340,7 +340,7 @@ def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
     server still targets the unit's own pids only (it would have SIGTERMed both on main)."""
     h = Host2()
     configured = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
-                                     servers={"llm.service": (101,)})
+                                     configured={"llm.service": (101,)})
     h.feed(configured)
     h.feed(hello(h.t + 2, 666, "llm.service", [A]))  # the forger
     assert h.host.servers["llm.service"].pids.keys() == {101}

@@ -27,8 +27,8 @@ from torch_watchdog.sidecar.actions.alerting import Alerting
 from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
-from torch_watchdog.sidecar.core.observations import RecordUnreadable, Sample
-from torch_watchdog.sidecar.core.results import Action, ActionKind, ServerView
+from torch_watchdog.sidecar.core.observations import RecordUnreadable, ReloadHistory, Sample
+from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView
 from torch_watchdog.sidecar.discovery import Discovery
 from torch_watchdog.sidecar.intake import BATCH_S, Intake
 from torch_watchdog.sidecar.present.metrics import serve, stop
@@ -58,8 +58,11 @@ class Daemon:
         self.publisher = Publisher(cfg, log)
         self.sample_log = (sample_log.Writer(cfg.sample_log, cfg.sample_log_max_bytes, log)
                            if cfg.sample_log else None)
-        self.host = step.Host()                   # every server's state: the step's alone
-        self.host.history = self.reloads.decisions()  # cooldowns survive a restart
+        self.host = step.Host()  # every server's state: the step's alone, read by no one here
+        # cooldowns survive a restart: stepped now, written to the sample log at start
+        self._history = ReloadHistory(clock(), tuple(self.reloads.decisions()))
+        step.step(self.host, self._history, cfg)
+        self._poll = PollResult.before_any()  # the last poll's result: the pids to read next
         self._configure(cfg)
         self.serve_metrics = serve_metrics
         self.http = None
@@ -95,6 +98,7 @@ class Daemon:
         self.running = True
         if self.sample_log is not None:
             self.sample_log.config(self.clock(), self.cfg)
+            self.sample_log.observations([self._history])
         record = self.reloads.record
         if record.unreadable:  # fails closed: no reload for an hour, said loudly
             self.log.error("reload record unreadable", detail=record.unreadable)
@@ -224,7 +228,8 @@ class Daemon:
             self._act(action)
         poll = result.poll
         assert poll is not None  # a sample's step: what fires and what every server shows
-        self.publisher.log_findings(self.host)
+        self._poll = poll
+        self.publisher.log_findings(poll)
         self.alerting.dispatch(now, poll)
         snapshot = self.publisher.snapshot(sample, poll,
                                            self._counts(time.perf_counter() - started))
@@ -238,12 +243,12 @@ class Daemon:
     def _sample(self, now: float, received: list) -> Sample:
         """Every source, read for the pids the step may ask about."""
         heard = set(map(_PID, received))
+        placed = self._poll.placed_pids
         configured = self.discovery.configured_pids(unplaced=any(
-            e.kind == "hello" and e.pid not in self.host.configured for e in received))
-        pids = {p for ps in configured.values() for p in ps}
-        if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
-            pids |= self.host.pids() | heard
-        pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that
+            e.kind == "hello" and e.pid not in placed for e in received))
+        # the configured servers', those the last poll asked for, and those heard just now
+        # (read for their liveness; believed to be a server's only as the step decides)
+        pids = {p for ps in configured.values() for p in ps} | self._poll.pids_to_read | heard
         self.discovery.note_start_times(pids)
         reading = self.nvml.read(pids)
         processes = self.processes.read(pids, reading.process_gpu_bytes)
@@ -253,7 +258,7 @@ class Daemon:
         return Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                       nvml_down=dict(reading.down), nvml_error=reading.error,
                       query_s=reading.query_s, host_total_bytes=host_total,
-                      host_available_bytes=host_available, servers=configured)
+                      host_available_bytes=host_available, configured=configured)
 
     def _act(self, action: Action) -> None:
         """Carry out what the step decided; decisions and outcomes go to reloads.json first."""

@@ -147,7 +147,7 @@ class State:
     # into one budget let a replica crash with no forecast)
     gpus: dict[str, tuple[int, int, Optional[int]]] = field(default_factory=dict)
     gpu_down: bool = False                               # NVML down or late at the last poll
-    samples: Trend = field(default_factory=Trend)  # (t, memory, recordings) of each poll
+    trend: Trend = field(default_factory=Trend)  # the memory of each poll, and its growth
     regression: Regression = field(default_factory=Regression)
     records_at_last_sample: int = 0
     compile_jump_bytes: int = 0
@@ -179,7 +179,7 @@ class State:
         mem, start = self.mem_bytes, self.mem_start
         if mem is None or start is None:
             return 0.0
-        floor = self.samples.floor  # growth that lasts: a sawtooth's peaks are not counted
+        floor = self.trend.floor  # growth that lasts: a sawtooth's peaks are not counted
         if floor is not None and floor < mem:
             mem = floor
         undecided = sum(b for t, b in self.pending_jumps if b > 0 and t > self.now - PENDING_S) \
@@ -505,17 +505,16 @@ def _host(state: State, s: Sample) -> None:
 def _memory(state: State, s: Sample, mem: int, source: str, cfg: CorrelateConfig) -> None:
     if source != state.mem_source:  # a new meter: never regress across the change
         state.mem_source, state.mem_start, state.mem_bytes = source, mem, mem
-        state.samples = Trend(cfg.jump_bytes)
+        state.trend = Trend(cfg.jump_bytes)
         state.records_at_last_sample = state.records
         return
     assert state.mem_bytes is not None  # set with mem_source, never None again: the same meter
     delta, recorded = mem - state.mem_bytes, state.records - state.records_at_last_sample
     state.mem_bytes, state.records_at_last_sample = mem, state.records
     if _loading(state, s.t):  # loading weights and the first compile are not growth to
-        state.samples = Trend(cfg.jump_bytes)  # forecast: the trend starts after them
-    state.samples.jump_bytes = cfg.jump_bytes
-    state.samples.append((s.t, mem, state.records, state.device_used if s.devices
-                          else state.host_used, state.device_total))
+        state.trend = Trend(cfg.jump_bytes)  # forecast: the trend starts after them
+    state.trend.jump_bytes = cfg.jump_bytes
+    state.trend.append(s.t, mem, state.records)
     if _settling(state, s.t) and state.records == 0:
         state.mem_start = mem
         state.compile_jump_bytes = 0

@@ -109,7 +109,7 @@ def rates(state: State, cfg: ForecastConfig,
           ) -> tuple[Optional[float], Optional[float], Optional[float]]:
     """The forecast's inputs that move with time alone: the memory's growth rate and its rate
     outside recordings over the window, and the request rate."""
-    slope, leak = state.samples.rates(state.now - cfg.window_s)
+    slope, leak = state.trend.rates(state.now - cfg.window_s)
     return slope, leak, _request_rate(state, cfg.window_s)
 
 
@@ -242,7 +242,7 @@ def refuted(state: State, window_s: float, space: Optional[float], scale: float)
     whose mix changed: bucketed for an hour, then every length): the model's history no longer
     says what comes, and the trend does. Cumulative counts fit to hours of bucketed traffic
     called a shape space saturated while new recordings came every second."""
-    seen = state.samples.records_since(state.now - window_s)
+    seen = state.trend.records_since(state.now - window_s)
     if not seen or seen <= REFUTE_RECORDS or space is None or not math.isfinite(space):
         return False
     in_window = sum(c for _, c in _recent_calls(state, window_s))

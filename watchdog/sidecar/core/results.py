@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional, TypedDict, cast
 
 
 class ActionKind(str, enum.Enum):
@@ -122,6 +122,21 @@ class PollResult:
     # the servers known while none has a process left: they left the views (the page waits
     # for a server again and names them); their state and reload history stay
     stopped: tuple[str, ...] = ()
+    # the findings of every server since the last poll's result, in order: (server, finding)
+    new_findings: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # the pids the next poll's sources read: the agents' (their liveness) and, where the
+    # agents' pids are trusted, every server's
+    pids_to_read: frozenset[int] = frozenset()
+    placed_pids: frozenset[int] = frozenset()  # the pids the config placed in a server
+
+    @staticmethod
+    def before_any() -> "PollResult":
+        """The result before the first poll: nothing fires, no server, nothing to read."""
+        empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
+                             "active_causes": (), "pids": [], "gpus": []}
+        return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
+                          focus_causes=[], agents_alive=False, skewed_events=0,
+                          agent_events_lost=0)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 SETTLE_S = 2.0
 LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
@@ -44,14 +44,22 @@ class Step(NamedTuple):
     outside: bool   # outside recordings (counted in the growth outside them)
 
 
+class Sums(NamedTuple):
+    """Running sums from the first sample to one sample, over the envelope's changes but its
+    steps: growth, and outside recordings (growth, seconds, intervals); and its rises."""
+    growth: float = 0.0
+    outside_growth: float = 0.0
+    outside_seconds: float = 0.0
+    outside_intervals: int = 0
+    rises: int = 0
+
+
 class Trend:
     def __init__(self, jump_bytes: int = 16 << 20, maxlen: int = 36_000):
         self.jump_bytes = jump_bytes
         self.maxlen = maxlen
         self._t: list[float] = []
-        # per sample, summed from the first over the envelope's changes but its steps: growth,
-        # and outside recordings: growth, seconds and intervals; and the rises
-        self._sums: list[tuple[float, float, float, int, int]] = []
+        self._sums: list[Sums] = []                        # per sample
         self._records: list[int] = []                      # recordings so far, per sample
         self.steps: list[Step] = []                        # the envelope's steps up, in order
         self._last: Optional[tuple[float, float, int]] = None   # t, envelope, recordings
@@ -64,11 +72,8 @@ class Trend:
         """The lowest memory of the last SUSTAIN_S: what a passing peak does not raise."""
         return self._low[0][1] if self._low else None
 
-    def append(self, sample: tuple[Any, ...]) -> None:
-        """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
-        t, mem, records = sample[0], sample[1], sample[2]
-        if mem is None:
-            return
+    def append(self, t: float, mem: int, records: int) -> None:
+        """One poll: its time, the server's memory then, and the recordings so far."""
         high, low = self._high, self._low  # monotonic deques: the max and the min over time
         while high and high[-1][1] <= mem:
             high.pop()
@@ -81,7 +86,7 @@ class Trend:
         while low[0][0] <= t - SUSTAIN_S:
             low.popleft()
         env = high[0][1]
-        g, lg, ls, ln, up = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0, 0)
+        growth, out_growth, out_seconds, out_n, rises = self._sums[-1] if self._sums else Sums()
         if self._last is not None:
             t0, e0, r0 = self._last
             if records != r0:
@@ -92,13 +97,15 @@ class Trend:
                 self.steps.append(Step(t, change, outside))
                 change = 0.0
             elif change > 0:
-                up += 1
-            g += change
+                rises += 1
+            growth += change
             if outside:
-                lg, ls, ln = lg + change, ls + (t - t0), ln + 1
+                out_growth += change
+                out_seconds += t - t0
+                out_n += 1
         self._last = (t, env, records)
         self._t.append(t)
-        self._sums.append((g, lg, ls, ln, up))
+        self._sums.append(Sums(growth, out_growth, out_seconds, out_n, rises))
         self._records.append(records)
         if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
             del self._t[:-self.maxlen]
@@ -144,7 +151,7 @@ class Trend:
         steps = self.counted_steps(since)
         tails = _tails(steps)
         sj = sums[j]
-        rises = sj[4] - sums[i][4]
+        rises = sj.rises - sums[i].rises
         growth: list[float] = []
         leak: list[float] = []
         for part in PARTS:
@@ -158,11 +165,12 @@ class Trend:
                 stepped, outside = tails[first_in]
                 if part == 1.0:
                     rises += len(steps) - first_in
-            growth.append((sj[0] - sk[0] + stepped) / (last - tk))
-            span, used = sj[2] - sk[2], sj[3] - sk[3]
+            growth.append((sj.growth - sk.growth + stepped) / (last - tk))
+            span = sj.outside_seconds - sk.outside_seconds
+            used = sj.outside_intervals - sk.outside_intervals
             if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
                 continue
-            leak.append((sj[1] - sk[1] + outside) / span)
+            leak.append((sj.outside_growth - sk.outside_growth + outside) / span)
         return _rate(growth, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from torch_watchdog.sidecar.core import correlate, step
-from torch_watchdog.sidecar.core.step import Host
+from torch_watchdog.sidecar.core.host import Host
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.observations import ConfigChange

@@ -28,7 +28,8 @@ from torch_watchdog.sidecar.present.status import padding_rows
 from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar.core.forecast import FOREVER
 from torch_watchdog.sidecar.core.results import ActionKind
-from torch_watchdog.sidecar.core.step import Host
+from torch_watchdog.sidecar.core import host as host_mod
+from torch_watchdog.sidecar.core.host import Host
 from torch_watchdog.sidecar.offline.report_html import render_html
 from torch_watchdog.sidecar.core.observations import ConfigChange, Sample
 from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
@@ -221,7 +222,7 @@ class _Collector:
                     log.saw(self.rel(obs.t))
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
-            server = host.servers.get(step.owner_of(host, obs))
+            server = host.servers.get(host_mod.owner_of(host, obs))
             if server is not None:
                 self._event(self.log(server), obs)
                 self.log(server).saw(self.rel(obs.t))
@@ -274,7 +275,7 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     # took its history) is not a server of the report
     logs = [log for log in col.logs.values() if log.states and log.pids]
     if not logs:  # samples of no server: nothing to attribute, still a page
-        logs = [_ServerLog(step.Server(step.DEFAULT_SERVER))]
+        logs = [_ServerLog(host_mod.Server(host_mod.DEFAULT_SERVER))]
         logs[0].track(0.0)
     acts = [_relative({**a.as_dict(), "t": col.rel(a.t)}, col.rel) for a in actions]
     findings = sorted(((log.server.name, f) for log in logs for _, st in log.states

@@ -3,7 +3,7 @@
 Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the agent's event log (schema v1, lines with `"v"`), decoded strictly;
 - the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received,
-  and a `"kind": "config"` line at start and after each SIGHUP);
+  a `"kind": "config"` line at start and after each SIGHUP, and the reload history at start);
 - the recorded-trace format of tests/fixtures/README.md (`start`, `req`,
   `compile_start`/`compile_end`, `nvml`, `crash`, …): translated into what the agent and the
   sidecar's sources would have
@@ -26,11 +26,13 @@ from torch_watchdog import events
 from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
-                                                      RecordUnreadable, ReloadOutcome, Sample)
-from torch_watchdog.sidecar.sample_log import outcome_from_dict, sample_from_dict, \
-    unreadable_from_dict
+                                                      RecordUnreadable, ReloadHistory,
+                                                      ReloadOutcome, Sample)
+from torch_watchdog.sidecar.sample_log import history_from_dict, outcome_from_dict, \
+    sample_from_dict, unreadable_from_dict
 
-Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable]
+Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable,
+                    ReloadHistory]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -177,6 +179,8 @@ class Reader:
                 out = [outcome_from_dict(obj)]
             elif obj.get("kind") == "record_unreadable":  # ... a record found untrustworthy
                 out = [unreadable_from_dict(obj)]
+            elif obj.get("kind") == "reload_history":  # ... the reloads before its start
+                out = [history_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
                 out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:

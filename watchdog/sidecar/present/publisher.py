@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.observations import Sample
 from torch_watchdog.sidecar.core.results import Action, PollResult
 from torch_watchdog.sidecar.present import snapshot as snapshot_mod
@@ -32,20 +31,13 @@ class Publisher:
         self.actions_total: collections.Counter = collections.Counter()
         self._failed = False
         self._published_t = -1e18
-        self._findings_logged: dict[str, int] = {}  # per server
 
     def count(self, action: Action) -> None:
         self.actions_total[action.kind.value] += 1
 
-    def log_findings(self, host: step.Host) -> None:
-        for name, server in host.servers.items():
-            findings = server.state.findings
-            seen = self._findings_logged.get(name, 0)
-            if seen > len(findings):  # a reset: a new state
-                seen = 0
-            for finding in findings[seen:]:
-                self.log.warning("finding", server=name, **finding.as_dict())
-            self._findings_logged[name] = len(findings)
+    def log_findings(self, poll: PollResult) -> None:
+        for server, finding in poll.new_findings:
+            self.log.warning("finding", server=server, **finding)
 
     def snapshot(self, sample: Sample, poll: PollResult, counts: dict[str, Any]) -> Snapshot:
         """This poll's snapshot; `counts`: the sources' and actions' counters, as the
