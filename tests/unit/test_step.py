@@ -201,7 +201,7 @@ def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_h
     assert list(host.servers) == ["default"]
     step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
     assert list(host.servers) == ["replica-a"]
-    assert host.servers["replica-a"].state.requests == 5
+    assert host.servers["replica-a"].state.calls.requests == 5
 
 
 def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloaded():

@@ -40,8 +40,8 @@ def warming_up(state: State, cfg: PolicyConfig) -> bool:
 
 
 def warmup_start(state: State) -> Optional[float]:
-    if state.first_compile_t is not None:
-        return state.first_compile_t
+    if state.compiles.first_t is not None:
+        return state.compiles.first_t
     return state.first_hello_t if state.first_hello_t is not None else state.first_t
 
 

@@ -149,10 +149,11 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
 def _attributable(host: Host, server: Server) -> bool:
     """Its memory is its own processes' (NVML per process), or no other server shares its
     GPUs: only then can a forecast OOM be pinned on it."""
-    if server.state.mem_source != "device":
+    if server.state.memory.source != "device":
         return True
-    mine = set(server.state.gpus)
-    return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
+    mine = set(server.state.memory.gpus)
+    return not any(mine & set(o.state.memory.gpus) for o in host.servers.values()
+                   if o is not server)
 
 
 def _view(server: Server, s: Sample) -> Sample:
@@ -219,7 +220,7 @@ def _not_done(a: Action, cfg: Config) -> Optional[str]:
 
 def _target(a: Action, server: Server) -> Action:
     return dataclasses.replace(a, server=server.name, pids=tuple(sorted(server.pids)),
-                               gpus=tuple(sorted(server.state.gpus or server.gpus)))
+                               gpus=tuple(sorted(server.state.memory.gpus or server.gpus)))
 
 
 def _action(t: float, kind: ActionKind, reason: str, server: Server,
@@ -231,13 +232,13 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     """The alerts that fire for this server now: its active causes, the OOM forecast (with the
     policy's hysteresis), and a reload from its start until one poll after its outcome."""
     state = server.state
-    if not (state.active or server.policy.forecast_alerted or state.padding or
+    if not (state.active or server.policy.forecast_alerted or state.padding.models or
             server.reload_failed is not None or server.reload_alert is not None):
         return {}  # the common case: nothing fires
     firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
         firing["oom_forecast"] = dict(server.forecast.as_dict())
-    refused = server.state.padding_refused()
+    refused = server.state.padding.refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
     if server.reload_failed is not None:
@@ -313,7 +314,7 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
         focus_view=views[focus.name] if known else server_view(focus, cfg),
         focus_causes=[f.as_dict() for f in focus.state.active.values()],
         agents_alive=host.agents_alive(), skewed_events=host.skewed_events,
-        agent_events_lost=sum(s.state.agent_dropped for s in host.servers.values()),
+        agent_events_lost=sum(s.state.losses.total for s in host.servers.values()),
         stopped=stopped, new_findings=_new_findings(host),
         pids_to_read=frozenset(host.agents).union(host.owner)
         if cfg.server.trust_agent_pids else frozenset(host.agents),
@@ -335,4 +336,4 @@ def server_view(server: Server, cfg: Config) -> ServerView:
     state = server.state
     return {"estimates": state.estimates(cfg.correlate), "forecast": server.forecast.as_dict(),
             "active_causes": tuple(state.active), "pids": sorted(server.pids),
-            "gpus": sorted(state.gpus or server.gpus)}
+            "gpus": sorted(state.memory.gpus or server.gpus)}

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from torch_watchdog import events
@@ -142,7 +143,7 @@ class _ServerLog:
             self.states.append((t, s.state))
         self.state_pids.setdefault(id(s.state), set()).update(s.pids)
         self.pids |= set(s.pids)
-        self.gpus |= set(s.state.gpus or s.gpus)
+        self.gpus |= set(s.state.memory.gpus or s.gpus)
 
     def saw(self, t: float) -> None:
         """A sample with a live process of the server's, or an event of its, at `t` seconds
@@ -152,22 +153,22 @@ class _ServerLog:
     def sample(self, t: float, config: Config, alive: bool = True) -> None:
         s = self.server
         state, fc = s.state, s.forecast
-        if state.mem_source is None or state.mem_bytes is None or not s.pids or not alive:
+        if state.memory.source is None or state.memory.bytes is None or not s.pids or not alive:
             # no process of its own (after a reload, before the new one is known): the step
             # then folds every process's memory, which is not this server's; none alive: its
             # last reading is no longer its memory (the chart stops where it died)
             self.gap = self.sampled is not None
             return
-        series = self.series.setdefault(state.mem_source, _Series())
+        series = self.series.setdefault(state.memory.source, _Series())
         if self.gap or (self.sampled is not None and state is not self.sampled):
             series.breaks.append(t)  # a new process (a reload, a restart): not one line
         self.gap, self.sampled = False, state
-        series.add(t, state.mem_bytes)
+        series.add(t, state.memory.bytes)
         if fc.budget_bytes is not None:
             # where the server's memory meets the budget with everything else as it is now
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
-            other = 0 if fc.level_bytes is None else fc.level_bytes - state.mem_bytes
-            self.budget.setdefault(state.mem_source, _Steps()).add(t, fc.budget_bytes - other)
+            other = 0 if fc.level_bytes is None else fc.level_bytes - state.memory.bytes
+            self.budget.setdefault(state.memory.source, _Steps()).add(t, fc.budget_bytes - other)
         # the nearest forecast the policy would have acted on: during a process's warm-up
         # only one due by its end plus the lead (a fresh process's start-up is not growth)
         if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
@@ -334,7 +335,7 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
     budget = log.budget.get(source) if source else None
     chart = _chart(series, marks, col, budget)
     fc = _forecast_in_force(log, acts, config, col.rel)
-    total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
+    total = lambda attr: sum(attrgetter(attr)(st) for st in states)  # noqa: E731
     counted = shapes["basis"] in ("requests", "distinct shapes") and shapes["distinct"]
     summary = {
         # the server's own span (from its first to its last sample with a process of its
@@ -344,14 +345,15 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
         "memory_start_bytes": series.first if series else None,
         "memory_peak_bytes": series.peak if series else None,
         # the charted meter's last point (the last state may have switched meters)
-        "memory_end_bytes": series.points[-1][1] if series else last.mem_bytes,
+        "memory_end_bytes": series.points[-1][1] if series else last.memory.bytes,
         "memory_source": source,
-        "recordings": total("records"), "compiles": total("compiles"),
-        "recompiles": total("recompiles"), "recompile_limit_hits": total("limit_hits"),
+        "recordings": total("records"), "compiles": total("compiles.compiles"),
+        "recompiles": total("compiles.recompiles"),
+        "recompile_limit_hits": total("compiles.limit_hits"),
         # one source for each number: the shapes the histogram counts
-        "distinct_shapes": shapes["distinct"] if counted else total("distinct_shapes"),
-        "requests": shapes["total"] if shapes["basis"] == "requests" else total("requests"),
-        "stalls": total("stalls"), "stall_seconds": round(total("stall_seconds"), 3),
+        "distinct_shapes": shapes["distinct"] if counted else total("shapes.distinct"),
+        "requests": shapes["total"] if shapes["basis"] == "requests" else total("calls.requests"),
+        "stalls": total("calls.stalls"), "stall_seconds": round(total("calls.stall_seconds"), 3),
         "ooms": total("ooms"), "processes": len(states),
         "first_oom_t": min((t for t, k in chart["marks"] if k == "oom"), default=None),
         "mb_per_graph": per_graph[0] if per_graph else None,
@@ -382,7 +384,7 @@ def _limit(states: list, config: Config) -> tuple[Optional[str], Optional[int]]:
             if f.cause == "recompile_limit_eager_fallback" and hit is None:
                 hit = "agent" if f.detail.get("source") == "agent" else "inferred"
                 hit_limit = f.detail.get("limit")
-        hello = hello or st.recompile_limit
+        hello = hello or st.compiles.limit
     limit = hit_limit or hello or config.correlate.default_recompile_limit
     return hit, limit
 
