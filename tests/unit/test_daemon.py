@@ -597,7 +597,7 @@ def test_a_hello_the_unit_lookup_does_not_place_looks_the_unit_up_again_sooner(m
     unit: taken meanwhile for a server of its own, it got an OOM alert and a reload of its
     own (a second restart, under systemd). Its hello brings the lookup forward (1 s)."""
     from torch_watchdog.sidecar import config as config_mod
-    from torch_watchdog.sidecar import discovery as discovery_mod
+    from torch_watchdog.sidecar.sources import discovery as discovery_mod
     now, looked = [100.0], []
     monkeypatch.setattr(discovery_mod.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(discovery_mod, "_lookup",

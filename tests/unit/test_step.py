@@ -391,7 +391,7 @@ def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_
     not `reload_ok` and no reset; a hello from a new process of the server clears it. An
     outcome read back from the sample log is the same observation (replay = live)."""
     from torch_watchdog.sidecar.actions import alerts
-    from torch_watchdog.sidecar.sample_log import outcome_from_dict, outcome_to_dict
+    from torch_watchdog.sidecar.offline.sample_log import outcome_from_dict, outcome_to_dict
 
     h = Host2()
     for _ in range(10):

@@ -21,16 +21,17 @@ from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar import sample_log
+from torch_watchdog.sidecar.offline import sample_log
 from torch_watchdog.sidecar.actions import control
 from torch_watchdog.sidecar.actions.alerting import Alerting
 from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
+from torch_watchdog.sidecar.core.step import Observation
 from torch_watchdog.sidecar.core.observations import RecordUnreadable, ReloadHistory, Sample
 from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView
-from torch_watchdog.sidecar.discovery import Discovery
-from torch_watchdog.sidecar.intake import BATCH_S, Intake
+from torch_watchdog.sidecar.sources.discovery import Discovery
+from torch_watchdog.sidecar.sources.intake import BATCH_S, Intake
 from torch_watchdog.sidecar.present.metrics import serve, stop
 from torch_watchdog.sidecar.present.publisher import Publisher
 from torch_watchdog.sidecar.present.snapshot import Snapshot
@@ -189,7 +190,8 @@ class Daemon:
         self.cfg = self.discovery.cfg = self.reloads.cfg = self.publisher.cfg = cfg
         self.intake.poll_interval_s = cfg.poll_interval_s
         # a reading older than ~2 polls (at most 1 s) is late: down, never forecast on; a read
-        # waits for a fresh one at most half a poll (FACTS #11: p99 20-100 ms when busy)
+        # waits for a fresh one at most half a poll (NVML's p99 is 20-100 ms on a busy host:
+        # docs/architecture.md)
         self.nvml.deadline_s = min(1.0, 2 * cfg.poll_interval_s)
         self.nvml.wait_s = min(0.05, cfg.poll_interval_s / 2)
 
@@ -212,27 +214,47 @@ class Daemon:
 
     # -- one poll ---------------------------------------------------------------------------
     def tick(self) -> Snapshot:
+        """One poll: what the sources and the agents say, what the step decides on it, what
+        is carried out, and what is shown."""
         started = time.perf_counter()
         now = self.clock()
+        sample, observations = self._observe(now)
+        decided, poll = self._decide(observations)
+        self._carry_out(now, decided, poll)
+        return self._show(sample, observations, decided, poll, time.perf_counter() - started)
+
+    def _observe(self, now: float) -> tuple[Sample, list[Observation]]:
+        """This poll's observations, in the order the step sees them (the agents' events, the
+        reloads' outcomes, the sample last), written to the sample log first: what the step
+        sees is what replay sees."""
         received = self.intake.for_poll()
         outcomes = self.reloads.outcomes(now, received)
         sample = self._sample(now, received)
-        observations = [*received, *outcomes, sample]
-        if self.sample_log is not None:  # first: what the step sees is what replay sees
+        observations: list[Observation] = [*received, *outcomes, sample]
+        if self.sample_log is not None:
             self.sample_log.observations(observations)
+        return sample, observations
+
+    def _decide(self, observations: list[Observation]) -> tuple[list[Action], PollResult]:
         decided: list[Action] = []
+        poll = None
         for obs in observations:
             result = step.step(self.host, obs, self.cfg)
             decided += result.actions
+            poll = result.poll
+        assert poll is not None  # the sample's step, last: what fires and what every server shows
+        self._poll = poll
+        return decided, poll
+
+    def _carry_out(self, now: float, decided: list[Action], poll: PollResult) -> None:
         for action in decided:
             self._act(action)
-        poll = result.poll
-        assert poll is not None  # a sample's step: what fires and what every server shows
-        self._poll = poll
         self.publisher.log_findings(poll)
         self.alerting.dispatch(now, poll)
-        snapshot = self.publisher.snapshot(sample, poll,
-                                           self._counts(time.perf_counter() - started))
+
+    def _show(self, sample: Sample, observations: list[Observation], decided: list[Action],
+              poll: PollResult, poll_s: float) -> Snapshot:
+        snapshot = self.publisher.snapshot(sample, poll, self._counts(poll_s))
         self.ticks += 1
         self.publisher.publish(snapshot, observations, decided, poll, self.ticks)
         self.notifier.watchdog()  # only after a completed tick

@@ -1,9 +1,9 @@
 """Alertmanager v2 alerts: build them (pure) and deliver them (I/O, on a thread of its own).
 
-One alert per active cause. Like Prometheus (ops-anchors §2.3): a firing alert is re-sent every
-`resend_s` with `endsAt` = now + 4 × resend_s, so two lost sends do not resolve it; a resolved
-alert is sent with `endsAt` = now and re-sent for `resolved_retention_s` (Alertmanager is
-stateless). Every URL gets every batch (HA pairs); a failed POST is retried with backoff; the
+One alert per active cause. As Prometheus sends them to Alertmanager: a firing alert is re-sent
+every `resend_s` with `endsAt` = now + 4 × resend_s, so two lost sends do not resolve it; a
+resolved alert is sent with `endsAt` = now and re-sent for `resolved_retention_s` (Alertmanager
+is stateless). Every URL gets every batch (HA pairs); a failed POST is retried with backoff; the
 outbox is bounded (oldest dropped, counted). The daemon's loop only hands over the current set.
 """
 from __future__ import annotations

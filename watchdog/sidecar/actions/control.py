@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import psutil
-from torch_watchdog.sidecar.actions.identity import process_start_time, refusal
+from torch_watchdog.sidecar.actions.identity import refusal
+from torch_watchdog.sidecar.sources.process import process_start_time
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sockets import remove_stale_socket
 

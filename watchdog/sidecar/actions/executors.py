@@ -12,7 +12,7 @@ returns a ReloadOutcome and never raises into the sidecar.
 - `master-hup`: SIGHUP to the master (gunicorn and uvicorn --workers replace their workers),
   then every old worker gone and as many new ones ready;
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
-  model twice on the GPU (ops-anchors §4.1);
+  model twice on the GPU, where the reload is for want of its memory;
 - `http`: POST to the server's own drain/reload hook;
 - `command`: run a command;
 - `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py);

@@ -18,7 +18,7 @@ from torch_watchdog.sidecar.actions.record import CANCELLED, ReloadLog
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.core.results import Action, ActionKind
-from torch_watchdog.sidecar.discovery import Discovery
+from torch_watchdog.sidecar.sources.discovery import Discovery
 
 
 class Reloads:

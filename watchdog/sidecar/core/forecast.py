@@ -4,7 +4,8 @@
   steps (a model load, a ballast) left out;
 - discovery: growth comes from CUDA graphs for *new* sizes, and new sizes dry up as the shape
   space is covered. With requests drawn from S sizes, after n requests the expected distinct
-  sizes are D = S(1 - e^(-n/S)) and the sizes seen twice (so recorded, FACTS #4) are
+  sizes are D = S(1 - e^(-n/S)) and the sizes seen twice (so recorded: a size's first call is a
+  warm-up, its second records the graph) are
   S(1 - e^(-x) - x e^(-x)), x = n/S. S is the value that explains the D distinct shapes seen in
   n requests; the future is x growing at the recent request rate, memory growing by MB/graph
   per recording. The plateau is every size recorded: will it ever run out?

@@ -51,7 +51,7 @@ class Sample:
     processes: tuple[ProcessSample, ...] = ()
     nvml_up: bool = True
     nvml_error: Optional[str] = None
-    query_s: Optional[float] = None  # how long the NVML queries took (FACTS #11: p99 ~100 ms)
+    query_s: Optional[float] = None  # how long the NVML queries took (p99 up to ~100 ms)
     # host memory, for host-memory mode (no GPU: the server's PSS against its cgroup's limit)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None

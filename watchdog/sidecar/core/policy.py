@@ -1,6 +1,6 @@
 """What to do about the folded state and its forecast (pure): alert, reload, or nothing.
 
-Guard rails (DESIGN.md, earlyoom, systemd-oomd): the reload condition must hold for
+Guard rails, as earlyoom and systemd-oomd keep them: the reload condition must hold for
 `hold_polls` consecutive polls; during the server's warm-up, for an OOM forecast before its
 end plus the lead; a cooldown between reloads; at most `max_reloads_per_hour`, then alert
 only. The executor re-checks right before acting.

@@ -28,7 +28,7 @@ from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
                                                       RecordUnreadable, ReloadHistory,
                                                       ReloadOutcome, Sample)
-from torch_watchdog.sidecar.sample_log import history_from_dict, outcome_from_dict, \
+from torch_watchdog.sidecar.offline.sample_log import history_from_dict, outcome_from_dict, \
     sample_from_dict, unreadable_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable,

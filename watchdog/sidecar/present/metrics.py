@@ -5,7 +5,7 @@ it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()
 `torch_watchdog_last_poll_timestamp_seconds` says when that was. A scrape never raises: a family
 that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
 
-Conventions (DESIGN.md "Habits → Metrics"): prefix `torch_watchdog_`, base units, counters end
+Conventions (Prometheus's naming practice): prefix `torch_watchdog_`, base units, counters end
 in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server`; no pid or shape
 labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is

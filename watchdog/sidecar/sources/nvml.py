@@ -26,20 +26,22 @@ from torch_watchdog.sidecar.core.observations import DeviceSample
 # interval (config.poll_interval_s); the daemon passes min(1.0, 2 * poll_interval_s).
 DEADLINE_S = 0.2
 # How long `read()` waits for the reading it asked for when the worker was idle: a healthy read
-# completes in 1-100 ms (FACTS #11, p99 on a busy host), so most polls get fresh numbers; a slow
-# or hung NVML costs one poll at most this much, and later polls nothing (the worker is busy).
+# completes in 1-100 ms (p99 on a busy H200 host: docs/architecture.md), so most polls get fresh
+# numbers; a slow or hung NVML costs one poll at most this much, and later polls nothing (the
+# worker is busy).
 WAIT_S = 0.05
 # Re-init backoff: the first failure after a good reading retries at once (a driver reload
 # recovers at the next poll, as before); then BACKOFF_MIN_S, doubling, capped at BACKOFF_MAX_S.
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 CLOSE_WAIT_S = 1.0  # close() waits this long for a busy worker; a hung one is left behind
 
-# Errors meaning "this binding's call does not exist in the installed driver" (ops-anchors §1.3:
-# old drivers lack the _v2 symbols; the unversioned process call turns FunctionNotFound into
+# Errors meaning "this binding's call does not exist in the installed driver" (old drivers lack
+# the _v2 symbols; nvidia-ml-py's unversioned process call turns FunctionNotFound into
 # NVMLLibraryMismatchError, which is NOT an NVMLError subclass).
 _VERSION_ERRORS = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch",
                    "NVMLLibraryMismatchError")
-# The process list is refused or unsupported (MIG without privileges, containers, vGPU): FACTS #12.
+# The process list is refused or unsupported (MIG without privileges, containers without the
+# host's pid namespace, vGPU): the sidecar then meters the device as a whole.
 _DENIED_ERRORS = ("NVMLError_NoPermission", "NVMLError_NotSupported")
 # The library or driver is gone (unloaded, reloaded, upgraded under us): the session is dead.
 _GONE_ERRORS = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded",
@@ -59,8 +61,8 @@ class NvmlReading:
     process_gpu_bytes: dict[int, dict[str, Optional[int]]] = field(default_factory=dict)
     up: bool = True  # at least one device read, within the deadline
     error: Optional[str] = None
-    # wall time of the reading's NVML calls, init and enumeration excluded (FACTS #11: p99
-    # 20-100 ms on a busy host)
+    # wall time of the reading's NVML calls, init and enumeration excluded (p99 20-100 ms on a
+    # busy host: docs/architecture.md)
     query_s: float = 0.0
     down: dict[str, str] = field(default_factory=dict)  # device uuid -> why it is not in devices
     age_s: float = 0.0  # how long ago (source clock) the reading's NVML calls completed
@@ -482,8 +484,8 @@ class _Session:
             if pid not in pids:
                 continue
             used = info.usedGpuMemory
-            # struct-layout mismatches made bindings read pids or garbage as memory
-            # (ops-anchors §1.3)
+            # a binding whose struct layout does not match the driver's reads pids or garbage
+            # as memory: a value beyond the GPU's size is not a reading
             if used is not None and not 0 <= used <= total:
                 used = None
             if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
@@ -497,8 +499,8 @@ class _Session:
             version = self.memory_version = getattr(nvml, "nvmlMemory_v2", None)
         if self.memory_v2 and version is not None:
             try:
-                # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 reads
-                # ~900 MB higher on an A100 (ops-anchors §1.3)
+                # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 counts
+                # the reserved part as used (hundreds of MB on a data-centre GPU)
                 return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
             except _errors(nvml, _VERSION_ERRORS):
                 self.memory_v2 = False  # old driver: don't pay for the failing call every poll

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
+from torch_watchdog.procfs import start_ticks
 from torch_watchdog.sidecar.core.observations import ProcessSample
 
 SYSTEMCTL_TIMEOUT_S = 5.0
@@ -442,3 +443,21 @@ class PssMeter:
         out = tuple(out)
         self._kept = (processes, out, oldest)
         return out
+
+
+def process_start_time(pid: int) -> Optional[float]:
+    """When `pid` started, wall-clock seconds, to a clock tick (10 ms); None when there is no
+    such process. psutil's create_time() adds /proc/stat's btime, whole seconds: up to 1 s
+    early, enough for a pid reused within that second to look older
+    than the decision. The process's age on the boot clock, both read now, is exact."""
+    try:
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / _CLK_TCK
+        return time.time() - age
+    except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
