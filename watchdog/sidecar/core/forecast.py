@@ -150,8 +150,20 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
     return views
 
 
+@dataclass(frozen=True)
+class Discovery:
+    """The discovery model's inputs: the shape space `space`; `saturated`, every size of it
+    recorded (no more growth from recordings); else the observed/expected recordings `scale`,
+    the bytes a recording costs and the request rate."""
+    space: Optional[float]
+    saturated: bool = False
+    scale: float = 1.0
+    per_graph: float = 0.0
+    rate: Optional[float] = None
+
+
 def _discovery(state: State, cfg: ForecastConfig, min_records: int,
-               request_rate: Optional[float]) -> Optional[dict[str, Any]]:
+               request_rate: Optional[float]) -> Optional[Discovery]:
     """The discovery model's inputs, or None when it does not apply (yet)."""
     n, distinct = state.calls.requests, state.shapes.distinct
     space = shape_space(n, distinct)
@@ -159,7 +171,7 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
         # every size is recorded (bucketed traffic: 9 sizes in hundreds of requests): the
         # recordings' growth is over; a trend through the warm-up would forecast an OOM that
         # never comes. Growth outside recordings still counts (a leak)
-        return {"saturated": True, "space": space}
+        return Discovery(space, saturated=True)
     b = state.memory.mb_per_graph
     if b is None or b <= 0 or state.records < min_records or space is None \
             or not math.isfinite(space):
@@ -169,12 +181,11 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     scale = state.records / model_now if model_now > 0 else 1.0
     if refuted(state, cfg.window_s, space, scale):
         return None
-    return {"saturated": False, "space": space, "scale": scale, "per_graph": b * 1e6,
-            "rate": request_rate}
+    return Discovery(space, scale=scale, per_graph=b * 1e6, rate=request_rate)
 
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
-                   model: Optional[dict[str, Any]]) -> Forecast:
+                   model: Optional[Discovery]) -> Forecast:
     def seconds_at(rate: Optional[float]) -> float:
         if v.uuid is None and v.level >= v.budget:
             # over a configured or host budget already: an OOM now, growing or not (flat at
@@ -190,13 +201,14 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
                                   gpu_uuid=v.uuid, seconds_unexplained=unexplained)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
-    space = model["space"]
-    if model["saturated"]:
+    space = model.space
+    if model.saturated:
         return Forecast(v.budget, v.level, linear, FOREVER, v.level, space, **common)
-    per_graph, scale, n = model["per_graph"] * v.share, model["scale"], state.calls.requests
+    assert space is not None  # a model that is not saturated has a finite shape space
+    per_graph, scale, n = model.per_graph * v.share, model.scale, state.calls.requests
     plateau = v.level + per_graph * max(0.0, scale * space - state.records)
     seconds = _seconds_to(v.level, v.budget, per_graph, state.records, n, space * scale, space,
-                          model["rate"])
+                          model.rate)
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
 
 

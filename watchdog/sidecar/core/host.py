@@ -11,15 +11,48 @@ a hello naming one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.core.results import Action
+from torch_watchdog.sidecar.core.results import Reload
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
+
+
+@dataclass(frozen=True)
+class ReloadUnderWay:
+    """The `reload` alert while a reload is carried out."""
+    method: str
+    seconds_to_oom: Optional[float]
+    cause: str
+
+    def detail(self) -> dict[str, Any]:
+        return {"outcome": "in progress", "method": self.method,
+                "seconds_to_oom": self.seconds_to_oom, "cause": self.cause}
+
+
+@dataclass(frozen=True)
+class ReloadEnded:
+    """The `reload` alert once a reload's outcome is known (shown for one poll), and the
+    `reload_failed` alert's detail."""
+    outcome: str
+    seconds: float
+    cause: Optional[str]   # None: an outcome for a reload this sidecar did not carry out
+
+    def detail(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "reload_seconds": round(self.seconds, 3),
+                "done": True, "cause": self.cause}
+
+
+@dataclass(frozen=True)
+class ReloadFailure:
+    """The last reload did not bring the server back: alerted until a new process of it says
+    hello (one not among `old_pids`)."""
+    ended: ReloadEnded
+    old_pids: frozenset[int]
 
 
 @dataclass
@@ -31,16 +64,14 @@ class Server:
     pids: dict[int, float] = field(default_factory=dict)
     gpus: set[str] = field(default_factory=set)    # UUIDs: agents' devices, NVML's lists
     forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
-    pending: Optional[Action] = None        # decided: carried out next poll if it holds
-    reloading: Optional[Action] = None      # carried out: waiting for its outcome
-    reload_alert: Optional[dict[str, Any]] = None  # the `reload` alert's detail while it lasts
+    pending: Optional[Reload] = None        # decided: carried out next poll if it holds
+    reloading: Optional[Reload] = None      # carried out: waiting for its outcome
+    reload_alert: Union[ReloadUnderWay, ReloadEnded, None] = None  # the `reload` alert
     # alert cause -> detail, as of the last poll
     firing: dict[str, dict[str, Any]] = field(default_factory=dict)
     parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
     uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
-    # the last reload did not bring it back: the `reload_failed` alert's detail (and the pids
-    # it had), until a new process of it says hello
-    reload_failed: Optional[dict[str, Any]] = None
+    reload_failed: Optional[ReloadFailure] = None
     findings_shown: int = 0     # its state's findings already in a poll's result
 
     @property

@@ -25,12 +25,14 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, Server, adopt, all_gone,
-                                              claim, forget_silent, owner_of, place_configured)
+from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, ReloadEnded, ReloadFailure,
+                                              ReloadUnderWay, Server, adopt, all_gone, claim,
+                                              forget_silent, owner_of, place_configured)
 from torch_watchdog.sidecar.core.observations import (RecordUnreadable, ReloadHistory,
                                                       ReloadOutcome, Sample)
-from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView, \
-    StepResult
+from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
+                                                 PollResult, Reload, ReloadFailed, ReloadNotDone,
+                                                 ReloadOk, Restart, ServerView, StepResult)
 
 # driver -> cause (Forecast.driver: None when no OOM is forecast)
 CAUSE_OF: dict[Optional[str], str] = {
@@ -101,13 +103,14 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
     if e.pid not in server.pids and all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
         # baseline; folding it into the old state calls its model load "unexplained growth"
-        actions.append(_action(e.t, ActionKind.RESTART, "server_restarted", server,
-                               {"old_pids": sorted(server.pids), "new_pid": e.pid}))
+        actions.append(Restart(e.t, "server_restarted",
+                               {"old_pids": sorted(server.pids), "new_pid": e.pid},
+                               *_target(server)))
         _reset(host, server)
     server.gpus.update(e.devices)
     if server.uid is None or server.uid == 0 or len(server.pids) == 0:
         server.uid = e.uid
-    if server.reload_failed is not None and e.pid not in server.reload_failed["old_pids"]:
+    if server.reload_failed is not None and e.pid not in server.reload_failed.old_pids:
         server.reload_failed = None  # back after all
     if isinstance(e.ppid, int):
         server.parents.add(e.ppid)
@@ -182,50 +185,49 @@ def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
     fell = fc.level_bytes is None or before is None or fc.level_bytes < before
     if fc.seconds > 2 * cfg.policy.reload_lead_s and fell:
         policy.forget_reload(server.policy, decision.t)
-        return [dataclasses.replace(decision, t=t, kind=ActionKind.CANCEL, decided_t=decision.t)]
+        return [Cancel(t, decision.reason, decision.detail, decision.server, decision.pids,
+                       decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
     server.reloading = decision
-    server.reload_alert = {"outcome": "in progress", "method": cfg.reload.method,
-                           "seconds_to_oom": server.forecast.as_dict()["seconds_to_oom"],
-                           "cause": decision.cause}
-    return [dataclasses.replace(decision, t=t, kind=ActionKind.EXECUTE, decided_t=decision.t)]
+    server.reload_alert = ReloadUnderWay(cfg.reload.method,
+                                         server.forecast.as_dict()["seconds_to_oom"],
+                                         decision.cause)
+    return [Execute(t, decision.reason, decision.detail, decision.server, decision.pids,
+                    decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
 
 
 def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[Action]:
     fc = server.forecast
     if server.busy:  # one decision at a time per server
         allow_reload = False
-    decided = policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload)
-    out = []
-    for a in decided:
-        a = _target(a, server)
-        if a.kind is ActionKind.RELOAD:
-            a = dataclasses.replace(a, cause=CAUSE_OF.get(fc.driver, "oom_forecast"),
-                                    not_done=_not_done(a, cfg))
-            host.history.append((a.t, server.name))
-            if a.not_done is None:
-                server.pending = a
-        out.append(a)
+    out: list[Action] = []
+    for v in policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload):
+        if v.kind is not ActionKind.RELOAD:
+            out.append(Alert(v.t, v.reason, v.detail, *_target(server)))
+            continue
+        decision = Reload(v.t, v.reason, v.detail, *_target(server),
+                          cause=CAUSE_OF.get(fc.driver, "oom_forecast"), dry_run=v.dry_run,
+                          not_done=_not_done(v.dry_run, cfg))
+        host.history.append((decision.t, server.name))
+        if decision.not_done is None:
+            server.pending = decision
+        out.append(decision)
     return out
 
 
-def _not_done(a: Action, cfg: Config) -> Optional[str]:
+def _not_done(dry_run: bool, cfg: Config) -> Optional[str]:
     """Why a reload decision will not be carried out; None: it will be (next poll, if it
     still holds)."""
-    if a.dry_run:
+    if dry_run:
         return "dry run"
     if cfg.reload.method == "none":
         return "reload.method is none"
     return None
 
 
-def _target(a: Action, server: Server) -> Action:
-    return dataclasses.replace(a, server=server.name, pids=tuple(sorted(server.pids)),
-                               gpus=tuple(sorted(server.state.memory.gpus or server.gpus)))
-
-
-def _action(t: float, kind: ActionKind, reason: str, server: Server,
-            detail: dict[str, Any]) -> Action:
-    return _target(Action(t, kind, reason, detail), server)
+def _target(server: Server) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """An action's target: the server, its pids and its GPUs."""
+    return (server.name, tuple(sorted(server.pids)),
+            tuple(sorted(server.state.memory.gpus or server.gpus)))
 
 
 def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
@@ -242,11 +244,10 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
     if server.reload_failed is not None:
-        firing["reload_failed"] = {k: v for k, v in server.reload_failed.items()
-                                   if k != "old_pids"}
+        firing["reload_failed"] = server.reload_failed.ended.detail()
     if server.reload_alert is not None:
-        firing["reload"] = dict(server.reload_alert)
-        if server.reload_alert.get("done"):
+        firing["reload"] = server.reload_alert.detail()
+        if isinstance(server.reload_alert, ReloadEnded):  # shown once
             server.reload_alert = None
     return firing
 
@@ -255,19 +256,18 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
 def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
     server = host.server(o.server)
     decision, server.reloading = server.reloading, None
-    server.reload_alert = {"outcome": o.detail, "reload_seconds": round(o.seconds, 3),
-                           "done": True, "cause": decision.cause if decision else None}
+    ended = ReloadEnded(o.detail, o.seconds, decision.cause if decision else None)
+    server.reload_alert = ended
     # carried out but not back (no new hello in time): reload_failed, alerted until it is back
-    kind = (ActionKind.RELOAD_OK if o.ok else ActionKind.RELOAD_FAILED if o.failed
-            else ActionKind.RELOAD_NOT_DONE)
-    action = _action(o.t, kind, "oom_forecast", server, dict(server.reload_alert))
+    kind = ReloadOk if o.ok else ReloadFailed if o.failed else ReloadNotDone
+    action = kind(o.t, "oom_forecast", ended.detail(), *_target(server))
     if not o.ok and o.retry_after_s is not None and decision is not None:
         # refused for now (a PodDisruptionBudget): no cooldown, not counted; asked again
         policy.forget_reload(server.policy, decision.t)
         server.policy.not_before = o.t + o.retry_after_s
     old = set(decision.pids) if decision else set(server.pids)
     if o.failed:
-        server.reload_failed = {**server.reload_alert, "old_pids": sorted(old)}
+        server.reload_failed = ReloadFailure(ended, frozenset(old))
     if o.ok:  # the old processes are gone: the new ones start a fresh state, keeping the
         # replacements heard during the reload (a rolling reload's, whose hellos came first)
         fresh = {pid: t for pid, t in server.pids.items() if pid not in old}

@@ -13,6 +13,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from torch_watchdog.sidecar.core.results import Action, Reload
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 MAX_POINTS = 2000
@@ -142,7 +143,8 @@ class History:
         if action == "reload":
             self.mark(t, "reload")
 
-    def update(self, snap: Snapshot, observations: Iterable[Any], actions: Iterable[Any]) -> None:
+    def update(self, snap: Snapshot, observations: Iterable[Any],
+               actions: Iterable[Action]) -> None:
         """One tick: the memory level, the events' marks, the step's actions (`results.Action`)."""
         if self.first_t is None:
             self.first_t = snap.t
@@ -158,7 +160,7 @@ class History:
         self.observe(observations)
         for a in actions:
             self.act(a.t, a.kind.value, a.reason, a.shown(), a.server, a.pids)
-            if a.not_done is not None:  # a reload decided but not carried out
+            if isinstance(a, Reload) and a.not_done is not None:  # decided, not carried out
                 self.act(a.t, "reload_not_done", a.reason,
                          {"outcome": f"not carried out: {a.not_done}"})
 
