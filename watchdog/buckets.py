@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Advice:
     graphs_after: int                    # len(boundaries)
     memory_saved_bytes: Optional[int]    # graphs saved * bytes_per_graph; None if unknown
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "boundaries": list(self.boundaries),
             "padding_tokens": self.padding_tokens,
@@ -133,11 +133,11 @@ def _optimal_group_ends(sizes: list[int], weights: list[int], k: int) -> list[in
     return ends[::-1]
 
 
-def _next_layer(prev: list, sizes: list[int], count_prefix: list[int],
-                token_prefix: list[int], layer: int) -> tuple[list, list[int]]:
+def _next_layer(prev: list[Any], sizes: list[int], count_prefix: list[int],
+                token_prefix: list[int], layer: int) -> tuple[list[Any], list[int]]:
     """One more group: for each end j >= layer, the best previous end i in [layer-1, j-1]."""
     n = len(sizes)
-    cur: list = [math.inf] * n
+    cur: list[Any] = [math.inf] * n
     split = [0] * n
     # a[i] - s_j * b[i] + (s_j * C[j+1] - S[j+1]) is prev[i] + cost(i+1, j)
     a = [prev[i] + token_prefix[i + 1] for i in range(n)]
@@ -174,7 +174,7 @@ def extend(counts: Mapping[int, int], fixed: Sequence[int], add: int,
     if add <= 0:
         return tuple(fixed)
     edges = [0, *fixed]
-    gaps: list[tuple[dict, Optional[int]]] = []
+    gaps: list[tuple[dict[int, int], Optional[int]]] = []
     for lo, hi in zip(edges, [*fixed, None]):
         sub = {s: n for s, n in counts.items() if n > 0 and s > lo and (hi is None or s <= hi)}
         if sub:

@@ -66,8 +66,8 @@ class Daemon:
         self._poll = PollResult.before_any()  # the last poll's result: the pids to read next
         self._configure(cfg)
         self.serve_metrics = serve_metrics
-        self.http = None
-        self.signals: collections.deque = collections.deque()
+        self.http: Optional[tuple[Any, Any]] = None
+        self.signals: collections.deque[Any] = collections.deque()
         self.running = False
         self.ticks = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -141,7 +141,9 @@ class Daemon:
         datagrams as they come (the kernel queues only ~11 per socket)."""
         deadline = time.monotonic() + max(0.0, timeout)
         intake = self.intake
-        watch = [self._wake_r] + ([intake.receiver] if intake.watching else [])
+        watch: list[Any] = [self._wake_r]  # file descriptors and objects with fileno()
+        if intake.watching:
+            watch.append(intake.receiver)
         while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select(watch, [], [], left)
             # nothing came in the wait's last stretch: the poll need not ask the socket again
@@ -262,7 +264,7 @@ class Daemon:
             self.notifier.status(_status_line(poll.focus or "no server yet", poll.focus_view))
         return snapshot
 
-    def _sample(self, now: float, received: list) -> Sample:
+    def _sample(self, now: float, received: list[Any]) -> Sample:
         """Every source, read for the pids the step may ask about."""
         heard = set(map(_PID, received))
         placed = self._poll.placed_pids

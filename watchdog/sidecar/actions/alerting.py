@@ -7,7 +7,7 @@ its own thread.
 from __future__ import annotations
 
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from torch_watchdog.sidecar.actions import alerts
 from torch_watchdog.sidecar.config import AlertsConfig
@@ -35,7 +35,7 @@ class Alerting:
             return
         base = {"service": self.cfg.service, "instance": self.cfg.instance or
                 socket.gethostname()}
-        firing: dict = {}
+        firing: dict[tuple[Any, ...], dict[str, Any]] = {}
         for name, fires in poll.firing.items():
             if fires:  # the common case: nothing of it fires
                 firing.update(self._alerts(name, fires, poll.views[name], base))
@@ -44,14 +44,15 @@ class Alerting:
         self.book.update(firing, now)
         self.sender.submit(self.book.due(now))
 
-    def _alerts(self, name: str, fires: dict, view: ServerView, base: dict) -> dict:
+    def _alerts(self, name: str, fires: dict[str, dict[str, Any]], view: ServerView,
+                base: dict[str, str]) -> dict[tuple[Any, ...], dict[str, Any]]:
         labels = {**base, "server": name}
         uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
         if uuid:
             labels["gpu_uuid"] = uuid
         return alerts.build(fires, view["estimates"], view["forecast"], labels)
 
-    def counts(self) -> dict[str, dict]:
+    def counts(self) -> dict[str, dict[str, Any]]:
         """The sender's counters by url: sent, failed posts, dropped alerts."""
         s = self.sender
         return {"sent": dict(s.sent) if s else {}, "failed": dict(s.failed) if s else {},

@@ -44,6 +44,6 @@ def refusal(pid: int, decided_t: Optional[float] = None,
 
 def parent_of(pid: int) -> Optional[int]:
     try:
-        return psutil.Process(pid).ppid()
+        return int(psutil.Process(pid).ppid())
     except psutil.Error:
         return None

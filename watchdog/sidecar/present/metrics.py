@@ -66,7 +66,7 @@ def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
     return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
 
 
-def _servers(s: Snapshot) -> list:
+def _servers(s: Snapshot) -> list[Any]:
     """(server, estimates, forecast, active causes) of each server; a Snapshot built without
     servers (an old caller) is one server, "default"."""
     if s.servers:
@@ -99,14 +99,15 @@ def _causes(s: Snapshot) -> Samples:
             for cause in CAUSES]
 
 
-def _padded(s: Snapshot) -> Iterator[tuple[str, str, dict]]:
+def _padded(s: Snapshot) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(server, model, padding view) of every model padded by the agent (`watch(pad=...)`)."""
     for name, est, _, _ in _servers(s):
         for model, v in sorted((est.get("padding") or {}).items()):
             yield name, str(model), v
 
 
-def _pad(key: str, get: Optional[Callable[[dict], Any]] = None) -> Callable[[Snapshot], Samples]:
+def _pad(key: str, get: Optional[Callable[[dict[str, Any]], Any]] = None,
+         ) -> Callable[[Snapshot], Samples]:
     return lambda s: [((name, model), get(v) if get else v.get(key))
                       for name, model, v in _padded(s)]
 

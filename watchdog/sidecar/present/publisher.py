@@ -28,7 +28,7 @@ class Publisher:
         self.registry = make_registry(self.collector)
         self.history = History()                   # the status page's series, marks, actions
         self.status: Optional[StatusView] = None   # read by HTTP threads
-        self.actions_total: collections.Counter = collections.Counter()
+        self.actions_total: collections.Counter[str] = collections.Counter()
         self._failed = False
         self._published_t = -1e18
 
@@ -59,7 +59,7 @@ class Publisher:
         self.collector.update(snap)
         return snap
 
-    def publish(self, snap: Snapshot, observations: list, decided: list[Action],
+    def publish(self, snap: Snapshot, observations: list[Any], decided: list[Action],
                 poll: PollResult, polls: int) -> None:
         """The status page's view of this poll: one reference swap, read by HTTP threads."""
         cfg = self.cfg

@@ -95,7 +95,8 @@ class NvmlSource:
         self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
         self._late = False
         self._late_count = 0
-        self._shown: tuple = (None, None, None)  # (per_pid, pids, presented): the last copy
+        # (per_pid, pids, presented): the last copy
+        self._shown: tuple[Any, ...] = (None, None, None)
         # a source dropped without close() stops its worker (tests, a replaced daemon source)
         weakref.finalize(self, self._shared.stop_worker)
 
@@ -156,7 +157,7 @@ class NvmlSource:
         self._late = False
 
     # -- presentation (read()'s caller thread) ------------------------------------------------
-    def _present(self, res: Optional[_Result], now: float, pids: frozenset,
+    def _present(self, res: Optional[_Result], now: float, pids: frozenset[Any],
                  busy_since: Optional[float], first_asked: Optional[float]) -> NvmlReading:
         deadline = self.deadline_s
         stalled = busy_since is not None and now - busy_since > deadline
@@ -203,7 +204,7 @@ class _Shared:
     def __init__(self, session: "_Session"):
         self.cond = threading.Condition()
         self.session = session
-        self.want: Optional[frozenset] = None   # the pids of the newest unserved request
+        self.want: Optional[frozenset[Any]] = None   # the pids of the newest unserved request
         self.asked = self.served = 0            # request tickets
         self.first_asked: Optional[float] = None
         self.busy_since: Optional[float] = None  # source clock when the worker took a request
@@ -216,7 +217,7 @@ class _Shared:
         """Under cond. At most one worker: while a stopped one is still stuck in a call, no
         second one starts (False), and reads report late until it comes back and exits."""
         if self.thread is not None and self.thread.is_alive():
-            return not self.stop.is_set()
+            return self.stop is not None and not self.stop.is_set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=_work, args=(self, self.stop), name="nvml-worker",
                                        daemon=True)  # a hung NVML call must not block exit
@@ -242,7 +243,7 @@ def _work(sh: _Shared, stop: threading.Event) -> None:
             pids, ticket = sh.want, sh.asked
             sh.want, sh.busy_since = None, sh.session.clock()
         try:
-            res = sh.session.read(set(pids))
+            res = sh.session.read(set(pids or ()))
         except Exception as exc:  # a bug here must not kill the worker (reads would go late)
             t = sh.session.clock()
             res = _Result(t=t, query_s=0.0, error=f"NVML read failed: {_describe(exc)}")
@@ -272,7 +273,7 @@ class _Session:
         self.last_samples: dict[str, DeviceSample] = {}
         self.last_devices: tuple[DeviceSample, ...] = ()
         self.last_per_pid: dict[int, dict[str, Optional[int]]] = {}
-        self.proc_calls: Optional[list] = None  # the process-list calls that may work here
+        self.proc_calls: Optional[list[Any]] = None  # the process-list calls that may work here
         self.memory_version: Any = None         # the binding's v2 struct version, looked up
         self.retry_at: Optional[float] = None   # session down: the next init attempt
         self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
@@ -280,7 +281,7 @@ class _Session:
         self.why: dict[str, str] = {}           # per device, when it ended with devices down
         self.streak = 0                         # failures since the last clean reading
         self.retry_now = False                  # the next failure retries without waiting
-        self.errors: Counter = Counter()
+        self.errors: Counter[str] = Counter()
         self.inits = self.shutdowns = 0
 
     def read(self, pids: set[int]) -> _Result:
@@ -514,7 +515,7 @@ def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
     return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
 
 
-def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:
+def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
     # backends (fakes, older bindings) may lack some classes; `except ()` then catches nothing
     return tuple(cls for cls in (getattr(nvml, name, None) for name in names)
                  if isinstance(cls, type) and issubclass(cls, BaseException))

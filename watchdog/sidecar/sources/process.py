@@ -69,7 +69,7 @@ class ProcessReader:
         self.proc = proc
         self.rss_every_s, self.clock = rss_every_s, clock
         self._rss_due: dict[int, float] = {}            # pid -> when its RSS is read next
-        self._out: tuple = ()                           # the last answer (reused when equal)
+        self._out: tuple[ProcessSample, ...] = ()  # the last answer (reused when equal)
         # pid -> (its pidfd, or -1; its statm, or its stat without a pidfd), open
         self._fds: dict[int, tuple[int, int]] = {}
         self._last: dict[int, ProcessSample] = {}       # pid -> its last sample (reused)
@@ -90,7 +90,7 @@ class ProcessReader:
         gpu = gpu or {}
         fds, last, out, due = self._fds, self._last, [], self._rss_due
         exited = {fd for fd, _ in self._exits.poll(0)} if self._exits is not None and fds \
-            else ()
+            else set()
         now = self.clock() if gpu else 0.0
         wanted = sorted(pids)
         same = len(wanted) == len(self._out)
@@ -145,7 +145,7 @@ class ProcessReader:
             _close(self._meminfo)
             self._meminfo = None
 
-    def _stat(self, pid: int, exited) -> tuple[bool, Optional[int]]:
+    def _stat(self, pid: int, exited: set[int]) -> tuple[bool, Optional[int]]:
         # pid 0 means "the caller's process group" to kill() and psutil reports it as existing
         if pid <= 0:
             return False, None
@@ -187,7 +187,7 @@ class ProcessReader:
                 _close(pidfd)
             return _read_psutil(pid)
         self._fds[pid] = (pidfd, fd)
-        if pidfd >= 0:
+        if pidfd >= 0 and self._exits is not None:  # a pidfd: pidfd_open, so poll() too
             self._exits.register(pidfd, select.POLLIN)
         try:
             return self._parse(os.pread(fd, 1024, 0), pidfd)
@@ -263,7 +263,7 @@ def read_pidfile(path: str) -> Optional[int]:
     return pid if pid > 0 else None
 
 
-def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run
+def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run
                   ) -> Optional[int]:
     """The MainPID of a systemd unit; None when it isn't running or systemctl can't tell."""
     try:
@@ -293,7 +293,7 @@ CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd")  # v2 (unified), v1 
 MAX_CGROUP_PIDS = 65_536  # a unit's processes, read from the kernel; more is not a server
 
 
-def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run,
               roots: tuple[str, ...] = CGROUP_ROOTS) -> Optional[tuple[int, ...]]:
     """Every process of a systemd unit: the pids in its cgroup (and the cgroups below it, with
     Delegate=yes), which is what systemd itself stops and signals. None when the unit's cgroup
@@ -322,7 +322,7 @@ def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = sub
     return None
 
 
-def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run,
                 ) -> Optional[str]:
     """The unit's cgroup path (`/system.slice/llm.service`); None when it is inactive or
     systemctl cannot tell."""
@@ -408,7 +408,8 @@ class PssMeter:
         self.last: dict[int, tuple[float, int, int, Optional[int]]] = {}
         # the last call's processes, its answer, and its oldest PSS read (None: a read failed,
         # so the next call reads again)
-        self._kept: Optional[tuple] = None
+        self._kept: Optional[tuple[tuple[ProcessSample, ...], tuple[ProcessSample, ...],
+                                   Optional[float]]] = None
 
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
         now = self.clock()
@@ -418,7 +419,9 @@ class PssMeter:
         if kept is not None and kept[0] is processes and kept[2] is not None and \
                 now - kept[2] < self.every_s:
             return kept[1]
-        out, seen, oldest = [], set(), math.inf
+        out: list[ProcessSample] = []
+        seen: set[int] = set()
+        oldest: Optional[float] = math.inf
         for p in processes:
             if not p.alive or p.rss_bytes is None:
                 out.append(p)
@@ -440,9 +443,9 @@ class PssMeter:
                                            mem_limit_bytes=limit))
         for pid in self.last.keys() - seen:
             del self.last[pid]
-        out = tuple(out)
-        self._kept = (processes, out, oldest)
-        return out
+        answer = tuple(out)
+        self._kept = (processes, answer, oldest)
+        return answer
 
 
 def process_start_time(pid: int) -> Optional[float]:
@@ -455,7 +458,7 @@ def process_start_time(pid: int) -> Optional[float]:
         return time.time() - age
     except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
         try:
-            return psutil.Process(pid).create_time()
+            return float(psutil.Process(pid).create_time())
         except psutil.Error:
             return None
 
