@@ -107,7 +107,7 @@ def test_one_replica_reloads_at_a_time_then_the_other():
 
 def bucketed(h: Host2, polls: int, leak: int = 0) -> None:
     """Replica A: 8 bucket sizes, recorded at warm-up, thousands of requests since."""
-    for i in range(polls):
+    for _ in range(polls):
         h.feed(calls(h.t + 0.1, 101, 100, 8))
         h.poll(grow_a=leak)
 

@@ -57,7 +57,8 @@ def alertname(cause: str) -> str:
     return "TorchCompile" + "".join(part.capitalize() for part in cause.split("_"))
 
 
-def describe(cause: str, detail: dict[str, Any], estimates: Mapping[str, Any],
+# over the complexity bound: one clause per number an alert may cite
+def describe(cause: str, detail: dict[str, Any], estimates: Mapping[str, Any],  # noqa: C901
              forecast: Mapping[str, Any]) -> str:
     """What was seen and what is coming, in numbers."""
     parts = []

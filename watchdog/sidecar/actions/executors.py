@@ -24,6 +24,7 @@ the `reload_failed` outcome; 0 skips the check, for a server without the agent).
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -125,6 +126,10 @@ def _signal(pid: int, sig: int) -> Optional[psutil.Process]:
         return None
 
 
+def _master_or_worker_gone(master: int, worker: int) -> bool:
+    return not psutil.pid_exists(master) or not psutil.pid_exists(worker)
+
+
 def _gone(p: psutil.Process) -> bool:
     """Exited (a zombie its master has not reaped yet counts as exited)."""
     try:
@@ -195,7 +200,7 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
                               hello_timeout_s, give_up=master_gone)
         ready = new is not None and hellos.wait_served(
             new.pid, hello_timeout_s - (time.monotonic() - began),
-            give_up=lambda: master_gone() or not psutil.pid_exists(new.pid))
+            give_up=functools.partial(_master_or_worker_gone, master, new.pid))
         if not ready:
             gone = "the master exited" if master_gone() else \
                 f"no hello from its replacement within {hello_timeout_s:g} s" if new is None else \

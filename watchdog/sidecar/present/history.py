@@ -49,7 +49,8 @@ class Thinned:
         self._bucket, self._in_bucket = None, 0
         if len(self.items) >= self.cap:
             odd = self.items[-1:] if len(self.items) % 2 else []
-            self.items = [self.pick(a, b) for a, b in zip(self.items[0::2], self.items[1::2])]
+            self.items = [self.pick(a, b) for a, b in zip(self.items[0::2], self.items[1::2],
+                                                                     strict=False)]
             self.items += odd
             self.stride *= 2
 

@@ -377,7 +377,8 @@ class _Session:
                        retry_at=self.retry_at)
 
     # -- one reading ------------------------------------------------------------------------
-    def _read_devices(self, start: float, pids: set[int]) -> _Result:
+    # over the complexity bound: NVML's fallbacks per call, in the order tried
+    def _read_devices(self, start: float, pids: set[int]) -> _Result:  # noqa: C901
         nvml = self.nvml
         samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
@@ -430,7 +431,8 @@ class _Session:
             error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
                 _summary(down, prefix="")
         devices = self.last_devices
-        if len(devices) != len(samples) or any(a is not b for a, b in zip(samples, devices)):
+        if len(devices) != len(samples) or \
+                any(a is not b for a, b in zip(samples, devices, strict=True)):
             devices = self.last_devices = tuple(samples)
         if per_pid == self.last_per_pid:
             per_pid = self.last_per_pid  # the same object: read() presents it as it did

@@ -119,7 +119,7 @@ class ProcessReader:
                 del last[pid]
             for pid in [p for p in due if p not in keep]:
                 del due[pid]
-        if same and all(a is b for a, b in zip(out, self._out)):
+        if same and all(a is b for a, b in zip(out, self._out, strict=False)):
             return self._out  # nothing changed: the same tuple (the step compares it first)
         self._out = tuple(out)
         return self._out
@@ -159,7 +159,8 @@ class ProcessReader:
             self._drop(pid)  # it has exited: its pid may be another process's now
         return self._open(pid)
 
-    def _open(self, pid: int) -> tuple[bool, Optional[int]]:
+    # over the complexity bound: the pidfd and the /proc files, each with its own failure
+    def _open(self, pid: int) -> tuple[bool, Optional[int]]:  # noqa: C901
         if not self._page:
             return _read_psutil(pid)
         pidfd = -1
