@@ -30,12 +30,12 @@ lint: install
 test: install lint typecheck
 	$(PY) -m pytest -q tests
 
-# mypy --strict on the sidecar's pure core and the event schema. mypy needs the source folder
-# named like the package (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/
+# mypy --strict on the whole sidecar and the event schema. mypy needs the source folder named
+# like the package (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/
 # (git-ignored)
 typecheck: install
 	mkdir -p .mypy-src && ln -sfn ../watchdog .mypy-src/torch_watchdog
-	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar.core -p torch_watchdog.events
+	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar -p torch_watchdog.events
 
 # On a machine with a CUDA GPU and torch already installed (see docs/gpu-tests.md).
 test-gpu:

@@ -35,10 +35,11 @@ sys.path.insert(0, ROOT)
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: E402
 
 from torch_watchdog.sidecar.actions.record import CANCELLED, ReloadLog  # noqa: E402
-from torch_watchdog.sidecar.config import PolicyConfig  # noqa: E402
+from torch_watchdog.sidecar.config import Config, PolicyConfig  # noqa: E402
 from torch_watchdog.sidecar.core import policy, step  # noqa: E402
 from torch_watchdog.sidecar.core.correlate import State  # noqa: E402
 from torch_watchdog.sidecar.core.forecast import Forecast  # noqa: E402
+from torch_watchdog.sidecar.core.observations import ReloadHistory  # noqa: E402
 from torch_watchdog.sidecar.present import web  # noqa: E402
 from torch_watchdog.sidecar.present.metrics import (SnapshotCollector, make_registry,  # noqa: E402
                                                      stop)
@@ -67,7 +68,7 @@ def first_reload(decisions: list, horizon_s: float = 7200) -> float:
     """Seconds from START to the first reload the policy decides, seeded with `decisions`
     as the daemon seeds it, under a forecast calling for one every poll (10 s polls)."""
     host = step.Host()
-    host.history = decisions
+    step.step(host, ReloadHistory(START, tuple(decisions)), Config())
     ps = host.server("a").policy
     fc = Forecast(budget_bytes=1, level_bytes=1, seconds_linear=10.0)
     for i in range(int(horizon_s / 10)):

@@ -279,7 +279,7 @@ def regressions(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
       alerts on runs without an OOM."""
     out = []
     # a scoreboard from before the scales (rows at top level) is the one at x1
-    scales = before["scales"] if "scales" in before else {"1": before}
+    scales = before.get("scales", {"1": before})
     for k, board in now["scales"].items():
         was_board = scales.get(k)
         if was_board is None:

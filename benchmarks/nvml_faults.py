@@ -94,7 +94,8 @@ def loop(seconds: float, poll) -> dict:
 
 
 def scenario(name: str, seconds: float, make) -> None:
-    old = loop(seconds, lambda nvml=make(): inline_read(nvml))
+    nvml = make()
+    old = loop(seconds, lambda: inline_read(nvml))
     source = NvmlSource(make(), deadline_s=2 * INTERVAL_S)
     try:
         source.read({100}, wait_s=5.0)  # init and enumeration are not what is measured

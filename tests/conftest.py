@@ -134,7 +134,7 @@ class Collector:
         while not self._stop:
             try:
                 data = self.sock.recv(events.MAX_DATAGRAM_BYTES + 1)
-            except (socket.timeout, OSError):
+            except OSError:  # socket.timeout is a TimeoutError, an OSError
                 continue
             self.datagrams += 1
             for line in data.split(b"\n"):  # a datagram carries one or more events

@@ -1,6 +1,7 @@
 """The decisions every fixture replays to, written once and compared byte for byte.
 
-For each recorded trace and sample log in tests/fixtures/ and each of two configs (the default,
+For each recorded trace and sample log in tests/fixtures/ and tests/fixtures/corpus/, and each
+of two configs (the default,
 following the configs a sample log recorded; and `reload.method: signal` with the sample log's
 configs ignored, so decisions are re-checked, carried out or cancelled), one JSON line per
 observation the step acted on: the actions it returned and every server's firing alerts where
@@ -31,7 +32,9 @@ CONFIGS = {"default": (Config(), True),
 
 
 def fixtures() -> list[str]:
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(FIX, "*.jsonl.gz")))
+    """Names relative to tests/fixtures/ ("corpus/<name>.jsonl.gz" for the corpus's)."""
+    return sorted(os.path.relpath(p, FIX) for pattern in ("*.jsonl.gz", "corpus/*.jsonl.gz")
+                  for p in glob.glob(os.path.join(FIX, pattern)))
 
 
 def _dumps(obj: Any) -> str:
@@ -67,8 +70,8 @@ def path(name: str, config: str) -> str:
 
 
 def write() -> None:
-    os.makedirs(GOLDEN, exist_ok=True)
     for name in fixtures():
+        os.makedirs(os.path.dirname(path(name, "default")), exist_ok=True)
         for config in CONFIGS:
             text = "\n".join(decisions(name, config)) + "\n"
             with gzip.GzipFile(path(name, config), "wb", mtime=0) as f:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Advice:
     graphs_after: int                    # len(boundaries)
     memory_saved_bytes: Optional[int]    # graphs saved * bytes_per_graph; None if unknown
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "boundaries": list(self.boundaries),
             "padding_tokens": self.padding_tokens,
@@ -66,7 +66,7 @@ def varying_dimension(shapes: Iterable[Sequence[int]]) -> Optional[int]:
     shapes = [tuple(shape) for shape in shapes]
     if not shapes or len({len(shape) for shape in shapes}) != 1:
         return None
-    distinct = [len(set(column)) for column in zip(*shapes)]
+    distinct = [len(set(column)) for column in zip(*shapes, strict=True)]  # one rank: checked
     best = max(distinct, default=1)
     if best <= 1:
         return None
@@ -98,8 +98,8 @@ def _check_arguments(counts: Mapping[int, int], max_buckets: int,
 
 def _advice(sizes: list[int], weights: list[int], boundaries: tuple[int, ...],
             bytes_per_graph: Optional[float]) -> Advice:
-    real = sum(s * n for s, n in zip(sizes, weights))
-    pad = padding(dict(zip(sizes, weights)), boundaries) if sizes else 0
+    real = sum(s * n for s, n in zip(sizes, weights, strict=True))
+    pad = padding(dict(zip(sizes, weights, strict=True)), boundaries) if sizes else 0
     saved = None
     if bytes_per_graph is not None:
         saved = int(round((len(sizes) - len(boundaries)) * bytes_per_graph))
@@ -118,7 +118,7 @@ def _optimal_group_ends(sizes: list[int], weights: list[int], k: int) -> list[in
     """
     n = len(sizes)
     count_prefix, token_prefix = [0], [0]
-    for s, c in zip(sizes, weights):
+    for s, c in zip(sizes, weights, strict=True):
         count_prefix.append(count_prefix[-1] + c)
         token_prefix.append(token_prefix[-1] + s * c)
     best = [sizes[j] * count_prefix[j + 1] - token_prefix[j + 1] for j in range(n)]
@@ -133,11 +133,11 @@ def _optimal_group_ends(sizes: list[int], weights: list[int], k: int) -> list[in
     return ends[::-1]
 
 
-def _next_layer(prev: list, sizes: list[int], count_prefix: list[int],
-                token_prefix: list[int], layer: int) -> tuple[list, list[int]]:
+def _next_layer(prev: list[Any], sizes: list[int], count_prefix: list[int],
+                token_prefix: list[int], layer: int) -> tuple[list[Any], list[int]]:
     """One more group: for each end j >= layer, the best previous end i in [layer-1, j-1]."""
     n = len(sizes)
-    cur: list = [math.inf] * n
+    cur: list[Any] = [math.inf] * n
     split = [0] * n
     # a[i] - s_j * b[i] + (s_j * C[j+1] - S[j+1]) is prev[i] + cost(i+1, j)
     a = [prev[i] + token_prefix[i + 1] for i in range(n)]
@@ -161,7 +161,8 @@ def _next_layer(prev: list, sizes: list[int], count_prefix: list[int],
     return cur, split
 
 
-def extend(counts: Mapping[int, int], fixed: Sequence[int], add: int,
+# over the complexity bound: the search's layers and its divide and conquer in one place
+def extend(counts: Mapping[int, int], fixed: Sequence[int], add: int,  # noqa: C901
            multiple: int = 1) -> tuple[int, ...]:
     """`fixed` plus at most `add` boundaries that minimise padding of `counts` given `fixed`
     (a plan only ever grows: each bucket is a recorded CUDA graph). Sizes above the largest
@@ -174,8 +175,8 @@ def extend(counts: Mapping[int, int], fixed: Sequence[int], add: int,
     if add <= 0:
         return tuple(fixed)
     edges = [0, *fixed]
-    gaps: list[tuple[dict, Optional[int]]] = []
-    for lo, hi in zip(edges, [*fixed, None]):
+    gaps: list[tuple[dict[int, int], Optional[int]]] = []
+    for lo, hi in zip(edges, [*fixed, None], strict=True):
         sub = {s: n for s, n in counts.items() if n > 0 and s > lo and (hi is None or s <= hi)}
         if sub:
             gaps.append((sub, hi))

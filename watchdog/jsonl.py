@@ -110,7 +110,7 @@ class JsonLines:
         self.path = path
         self._reconnect_s = reconnect_s
         self._max_bytes = max_bytes
-        self._file = None
+        self._file: Optional[IO[bytes]] = None
         self._size = 0
         self._retry_at = 0.0
 
@@ -133,6 +133,7 @@ class JsonLines:
             return False
 
     def _rotate(self) -> None:
+        assert self._file is not None  # rotated only while open
         self._file.close()
         os.replace(self.path, self.path + ".1")
         self._file = open(self.path, "ab", buffering=0)

@@ -60,7 +60,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 
 from torch_watchdog import events  # noqa: E402
-from torch_watchdog.sidecar import sample_log  # noqa: E402
+from torch_watchdog.sidecar.offline import sample_log  # noqa: E402
 from torch_watchdog.sidecar.core.observations import ConfigChange, Sample  # noqa: E402
 
 CORPUS = os.path.join(ROOT, "tests", "fixtures", "corpus")

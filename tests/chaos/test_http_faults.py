@@ -133,7 +133,7 @@ def closed_by_server_after(sock: socket.socket, timeout_s: float,
         try:
             if sock.recv(1) == b"":
                 return time.monotonic() - started
-        except socket.timeout:
+        except TimeoutError:
             with contextlib.suppress(OSError):
                 sock.send(byte)
         except ConnectionResetError:

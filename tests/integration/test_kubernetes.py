@@ -64,7 +64,7 @@ def test_every_manifest_passes_the_kubernetes_schemas():
             "prometheusrule.yaml", "fleet/pdb.yaml", "fleet/rbac.yaml",
             "node/daemonset.yaml"} <= set(found)
     kinds = set()
-    for file, docs in found.items():
+    for docs in found.values():
         for doc in docs:
             kinds.add(doc["kind"])
             if doc["kind"] in CRDS:

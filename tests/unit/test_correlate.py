@@ -1,11 +1,13 @@
-"""fold() on hand-built observation sequences (no I/O, fake times)."""
+"""A server's state folded from hand-built observation sequences (no I/O, fake times), as the
+step folds it (tests/folding.py)."""
 import dataclasses
 
 import pytest
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import CorrelateConfig
-from torch_watchdog.sidecar.core.correlate import State, fold
+from tests.folding import fold
+from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, Sample
 
 MB = 1_000_000
@@ -46,8 +48,8 @@ def test_mb_per_graph_from_per_poll_regression_with_steps_left_out():
     obs.append(sample(t + 70, mem))  # no compile claimed the step within a minute
     s = run(obs)
     assert s.records == 120
-    assert s.mb_per_graph == pytest.approx(0.5, rel=1e-6)
-    assert s.regression.confidence == pytest.approx(1.0)
+    assert s.memory.mb_per_graph == pytest.approx(0.5, rel=1e-6)
+    assert s.memory.regression.confidence == pytest.approx(1.0)
     causes = [f.cause for f in s.findings]
     assert "cudagraph_per_shape" in causes
     # the 500 MB step came at no compile: it is growth nothing explains
@@ -60,7 +62,7 @@ def test_a_step_during_a_compile_is_the_compiles():
     obs = [compile_(1.0), sample(20.0, 1000 * MB), record(20.5), sample(21.0, 1000 * MB),
            sample(25.0, 1600 * MB), compile_(26.0, "0/1", seconds=3.0), sample(26.5, 1600 * MB)]
     s = run(obs)
-    assert s.compile_jump_bytes == 600 * MB and s.unexplained_bytes() == 0
+    assert s.memory.compile_jump_bytes == 600 * MB and s.unexplained_bytes() == 0
     assert not s.findings
 
 
@@ -88,7 +90,7 @@ def test_falls_back_to_device_memory_without_per_process_numbers():
     obs = [Sample(t=1.0, devices=(DeviceSample("GPU-a", 10 * MB, 100 * MB),),
                   processes=(ProcessSample(7, True, 1, {"GPU-a": None}),))]
     s = run(obs)
-    assert s.mem_source == "device" and s.mem_bytes == 10 * MB
+    assert s.memory.source == "device" and s.memory.bytes == 10 * MB
 
 
 def test_agent_reported_limit_hit_is_the_fallback():
@@ -100,7 +102,7 @@ def test_agent_reported_limit_hit_is_the_fallback():
     (f,) = s.findings
     assert f.cause == "recompile_limit_eager_fallback" and f.detail["source"] == "agent"
     assert f.as_dict()["cause"] == f.cause and f.detail["last_reason"] == "size"
-    assert s.recompile_limit == 3 and s.limit_hits == 1
+    assert s.compiles.limit == 3 and s.compiles.limit_hits == 1
 
 
 def new_shape(t, n):
@@ -122,7 +124,7 @@ def test_compiling_past_the_assumed_limit_cancels_the_inference():
     cfg = CorrelateConfig(default_recompile_limit=2, storm_recompiles=99)
     s = run([compile_(1.0), compile_(2.0, "0/1"), compile_(3.0, "0/2"),
              new_shape(4, 1), new_shape(5, 2), new_shape(6, 3)], cfg)
-    assert not s.findings and s.limit_t is None
+    assert not s.findings and s.compiles.limit_t is None
 
 
 def test_recompile_storm_comes_and_goes():
@@ -137,7 +139,7 @@ def test_steady_latency_excludes_stalls():
     calls = events.Calls(t=10.0, pid=7, name="m", calls=101, seconds=5.1, stall_calls=1,
                          stall_seconds=5.0, distinct_shapes=2, window_s=2.0)
     s = run([calls])
-    assert s.steady_ms() == pytest.approx(1.0) and s.requests == 101
+    assert s.calls.steady_ms() == pytest.approx(1.0) and s.calls.requests == 101
 
 
 def _in(pid, e):
@@ -153,8 +155,8 @@ def test_workers_compiling_the_same_frame_are_not_a_storm_or_a_limit():
         obs += [_in(pid, compile_(1.0 + pid)), _in(pid, compile_(1.5 + pid, "0/1"))]
     obs += [_in(11, new_shape(30.0 + i, i + 1)) for i in range(5)]
     s = run(obs, cfg)
-    assert s.recompiles == 4 and s.compiles == 4
-    assert not s.findings and s.limit_t is None
+    assert s.compiles.recompiles == 4 and s.compiles.compiles == 4
+    assert not s.findings and s.compiles.limit_t is None
     # one process recompiling 3 times is a storm, whatever the others do
     s = fold(s, [_in(12, compile_(40.0 + i, f"0/{i + 2}")) for i in range(2)], cfg)
     assert [f.cause for f in s.findings] == ["recompile_storm"]
@@ -166,11 +168,11 @@ def test_distinct_shapes_are_unique_across_workers():
           enumerate([(11, 1), (12, 1), (11, 2), (12, 2), (12, 3)])]
     # sizes [1,1], [1,2], [1,3] in both workers: 3 distinct, not 5
     s = run(ns)
-    assert s.distinct_shapes == 3
+    assert s.shapes.distinct == 3
     # a worker whose own count is ahead (its earlier new_shape events were dropped) is a floor
     s = fold(s, [events.NewShape(t=9.0, pid=13, name="m", shape=[[1, 9]], seconds=0.1,
                                  distinct=7)], CFG)
-    assert s.distinct_shapes == 7
+    assert s.shapes.distinct == 7
 
 
 def test_agent_losses_are_counted_from_the_reports_totals_so_a_lost_report_is_not_lost():
@@ -184,7 +186,7 @@ def test_agent_losses_are_counted_from_the_reports_totals_so_a_lost_report_is_no
              dropped(3.0, 7, "queue_full", 5, 30),
              dropped(3.0, 8, "queue_full", 4, 4), dropped(3.5, 7, "socket", 2, 2),
              dropped(4.0, 7, "queue_full", 0, 30)])  # a repeat of a total adds nothing
-    assert s.agent_dropped == 36
+    assert s.losses.total == 36
 
 
 def test_a_heartbeat_tells_every_loss_even_once_the_drop_reports_stopped():
@@ -201,4 +203,4 @@ def test_a_heartbeat_tells_every_loss_even_once_the_drop_reports_stopped():
              beat(3.0, 8, 5),
              beat(4.0, 7, None),           # an older agent's heartbeat: no count
              beat(5.0, 7, 170)])
-    assert s.agent_dropped == 170 + 5
+    assert s.losses.total == 170 + 5

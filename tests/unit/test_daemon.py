@@ -174,6 +174,38 @@ def test_the_sample_log_replays_to_the_same_estimates(short_tmp):
     assert [f["cause"] for f in replayed["findings"]] == ["cudagraph_per_shape"]
 
 
+def test_a_replay_of_the_sample_log_keeps_the_cooldown_of_a_reload_before_the_start(short_tmp):
+    """A reload decided before the sidecar started holds the server's cooldown live, and in a
+    replay of the sample log: the record's decisions enter the log as an observation."""
+    import json
+
+    from torch_watchdog.sidecar.offline.replay import run
+    from torch_watchdog.sidecar.offline.traces import Reader, read_all
+
+    log, clock = os.path.join(short_tmp, "samples.jsonl"), Clock()
+    with open(os.path.join(short_tmp, "reloads.json"), "w") as fh:
+        json.dump({"reloads": [{"t": clock.t - 60, "reason": "oom_forecast", "server": "llm",
+                                "ok": True, "detail": "exited after SIGTERM",
+                                "seconds": 3.0}]}, fh)
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "s.sock")),
+                 sample_log=log, state_dir=short_tmp)
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": []}])
+    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+               serve_metrics=False)
+    d.start()
+    try:
+        d.tick()
+    finally:
+        d.halt()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    assert d.host.server("llm").policy.reloads == [clock.t - 60]
+    replayed = run(read_all([Reader(log)]), cfg)
+    assert replayed.host.server("llm").policy.reloads == [clock.t - 60]
+    assert replayed.host.server("other").policy.reloads == []
+
+
 def test_a_replay_of_the_sample_log_follows_the_config_changes(short_tmp):
     """SIGHUP mid-run with a tighter budget: the sample log records each config in force, so
     its replay alerts when the live sidecar did; `--config` (follow_config=False) overrides."""
@@ -476,10 +508,10 @@ def test_an_event_from_the_far_future_is_counted_and_the_server_is_still_forecas
     assert d.host.focus().state.now < clock.t + 1  # the state's clock did not move
 
 
-def test_alerts_kept_from_poll_to_poll_are_those_built_afresh(short_tmp):
-    """The daemon builds a server's alerts again only when what they read changed (its
-    `firing`, its view's dicts): every poll's firing alerts equal ones built from scratch,
-    while a cause fires through still polls and its description moves with new recordings."""
+def test_the_alerts_in_the_book_are_those_built_from_each_servers_firing_and_view(short_tmp):
+    """Every poll's firing alerts equal ones built from scratch from each server's `firing`
+    and numbers, while a cause fires through still polls and its description moves with new
+    recordings."""
     from torch_watchdog.sidecar.actions import alerts
     from torch_watchdog.sidecar.config import AlertsConfig
 
@@ -565,7 +597,7 @@ def test_a_hello_the_unit_lookup_does_not_place_looks_the_unit_up_again_sooner(m
     unit: taken meanwhile for a server of its own, it got an OOM alert and a reload of its
     own (a second restart, under systemd). Its hello brings the lookup forward (1 s)."""
     from torch_watchdog.sidecar import config as config_mod
-    from torch_watchdog.sidecar import discovery as discovery_mod
+    from torch_watchdog.sidecar.sources import discovery as discovery_mod
     now, looked = [100.0], []
     monkeypatch.setattr(discovery_mod.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(discovery_mod, "_lookup",

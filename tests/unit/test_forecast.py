@@ -5,6 +5,9 @@ import pytest
 
 from torch_watchdog.sidecar.config import ForecastConfig
 from torch_watchdog.sidecar.core.correlate import State
+from torch_watchdog.sidecar.core.correlate.calls import Calls, Window
+from torch_watchdog.sidecar.core.correlate.memory import Memory
+from torch_watchdog.sidecar.core.correlate.shapes import Shapes
 from torch_watchdog.sidecar.core.forecast import FOREVER, forecast, recorded, shape_space
 
 MB = 1_000_000
@@ -43,14 +46,14 @@ def test_recorded_matches_simulation():
 
 
 def state_with(level, total, records, requests, distinct, mb_per_graph, rate=100.0, t=100.0):
-    s = State(now=t, first_t=0.0, records=records, requests=requests,
-              distinct_shapes=distinct, device_used=level, device_total=total,
-              mem_bytes=level, mem_start=level)
-    s.regression.add(1, mb_per_graph * MB)  # slope = mb_per_graph
+    s = State(now=t, first_t=0.0, records=records, calls=Calls(requests=requests),
+              shapes=Shapes(distinct=distinct),
+              memory=Memory(device_used=level, device_total=total, bytes=level, start=level))
+    s.memory.regression.add(1, mb_per_graph * MB)  # slope = mb_per_graph
     for i in range(10):  # request rate from `calls` windows
-        s.calls.append((t - 9 + i, int(rate), 1.0, 0, 0.0))
+        s.calls.windows.append(Window(t - 9 + i, int(rate), 1.0, 0, 0.0))
     for i in range(10):  # a flat level
-        s.samples.append((t - 9 + i, level, records, level, total))
+        s.memory.trend.append(t - 9 + i, level, records)
     return s
 
 
@@ -73,12 +76,12 @@ def test_discovery_forecast_when_the_plateau_is_above_budget():
 
 
 def test_linear_trend_ignores_one_poll_steps():
-    s = State(now=10.0, device_used=0, device_total=10_000 * MB)
+    s = State(now=10.0, memory=Memory(device_used=0, device_total=10_000 * MB))
     level = 1000 * MB
     for i in range(11):
         level += 1 * MB + (3000 * MB if i == 5 else 0)
-        s.samples.append((float(i), level, 0, level, 10_000 * MB))
-    s.device_used = level
+        s.memory.trend.append(float(i), level, 0)
+    s.memory.device_used = level
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole: the
     # recent quarter's rate, as every part grows
@@ -92,7 +95,7 @@ def test_the_budget_leaves_out_what_the_driver_reserves():
     never be allocated (NVML v2: free = total - reserved - used). A budget from `total` put
     the OOM ~500 MB too far away and the seed server crashed before the reload."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import DeviceSample, Sample
 
     total, reserved, used = 150_754_820_096, 644_939_776, 149_796_290_560
@@ -108,20 +111,20 @@ def test_bucketed_warm_up_growth_is_not_projected_into_an_oom():
     """The GPU control run: 9 bucket sizes in hundreds of requests, 10 MB of growth while
     they were recorded, 106 MB of room. The trend alone said OOM in 208 s; every size is
     recorded, so no more growth comes from graphs: no forecast OOM."""
-    s = State(now=30.0, requests=600, distinct_shapes=9, records=9, device_used=0,
-              device_total=1000 * MB)
+    s = State(now=30.0, calls=Calls(requests=600), shapes=Shapes(distinct=9), records=9,
+              memory=Memory(device_used=0, device_total=1000 * MB))
     for i in range(31):
         level = 894 * MB + i * MB / 3
-        s.samples.append((float(i), level, 9, level, 1000 * MB))
-    s.device_used = int(904 * MB)
+        s.memory.trend.append(float(i), level, 9)
+    s.memory.device_used = int(904 * MB)
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     assert fc.seconds_linear < 1000  # the trend through the warm-up
     assert fc.seconds == FOREVER and fc.will_oom is False and fc.plateau_bytes == fc.level_bytes
 
 
 def test_a_few_sizes_seen_once_are_not_saturation():
-    s = State(now=10.0, requests=12, distinct_shapes=9, records=3, device_used=0,
-              device_total=1000 * MB)
+    s = State(now=10.0, calls=Calls(requests=12), shapes=Shapes(distinct=9), records=3,
+              memory=Memory(device_used=0, device_total=1000 * MB))
     fc = forecast(s, ForecastConfig(headroom_bytes=0))
     assert fc.seconds_discovery is None  # not enough evidence either way: the trend decides
 
@@ -129,7 +132,7 @@ def test_a_few_sizes_seen_once_are_not_saturation():
 def _host_mode(rss_by_pid, t=100.0, total=64_000 * MB, available=40_000 * MB):
     """A host-memory server (no GPU): flat memory, folded from real samples."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
     obs = [Sample(t=t + i, processes=tuple(ProcessSample(pid, True, rss)
@@ -161,7 +164,7 @@ def test_host_memory_mode_forecasts_the_server_not_the_machine():
     PSS is, against its cgroup's limit where set, else the machine's available memory on top
     of the server's own."""
     from torch_watchdog.sidecar.config import CorrelateConfig
-    from torch_watchdog.sidecar.core.correlate import fold
+    from tests.folding import fold
     from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 
     def run(limit=None, grow=0):
@@ -183,7 +186,7 @@ def test_host_memory_mode_forecasts_the_server_not_the_machine():
 def _request_rate_scan(state, window_s):
     """The request rate as computed before it was kept between polls: a scan every time."""
     recent = []
-    for t, calls, *_ in reversed(state.calls):
+    for t, calls, *_ in reversed(state.calls.windows):
         if t < state.now - window_s:
             break
         recent.append((t, calls))
@@ -201,14 +204,13 @@ def test_a_saturated_model_refuted_by_new_recordings_leaves_the_forecast_to_the_
     recordings in the last minute, where the model expects none. The trend decides; with the
     recordings flat, the saturated model still says no OOM."""
     def state(records_now: int) -> State:
-        s = State(now=60.0, requests=10_600, distinct_shapes=30, records=records_now,
-                  device_used=0, device_total=1000 * MB)
+        s = State(now=60.0, calls=Calls(requests=10_600), shapes=Shapes(distinct=30),
+                  records=records_now, memory=Memory(device_used=0, device_total=1000 * MB))
         for i in range(61):
             level = 900 * MB + i * MB
-            s.samples.append((float(i), level, 9 + (records_now - 9) * i // 60, level,
-                              1000 * MB))
-        s.calls.extend((float(t), 20, 1.0, 0, 0.0) for t in range(0, 61, 2))
-        s.device_used = int(960 * MB)
+            s.memory.trend.append(float(i), level, 9 + (records_now - 9) * i // 60)
+        s.calls.windows.extend(Window(float(t), 20, 1.0, 0, 0.0) for t in range(0, 61, 2))
+        s.memory.device_used = int(960 * MB)
         return s
 
     refuted = forecast(state(30), ForecastConfig(headroom_bytes=0))

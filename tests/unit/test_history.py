@@ -7,7 +7,7 @@ import pytest
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.present.history import History, Thinned, memory_level
-from torch_watchdog.sidecar.core.results import Action, ActionKind
+from torch_watchdog.sidecar.core.results import Alert, Reload
 from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.page import render_page
 from torch_watchdog.sidecar.present.snapshot import Snapshot
@@ -120,7 +120,7 @@ def test_thousands_of_recordings_never_push_out_the_one_reload():
 def test_actions_keep_the_last_twenty_with_reload_outcomes():
     h = History()
     for i in range(30):
-        h.update(snap(float(i)), [], [Action(float(i), ActionKind.ALERT, f"cause{i}", {"n": i})])
+        h.update(snap(float(i)), [], [Alert(float(i), f"cause{i}", {"n": i}, "a", (), ())])
     h.act(31.0, "reload_not_done", "oom_forecast", {"outcome": "not carried out: dry run"})
     actions = h.view(snap(31.0)).actions
     assert len(actions) == 20
@@ -136,12 +136,13 @@ def test_a_published_view_does_not_change_with_later_ticks():
     h = History()
     detail = {"recordings": 20}
     h.update(snap(1.0, server_rss_bytes=GIB), [_record(1.0)],
-             [Action(1.0, ActionKind.RELOAD, "oom_forecast", dry_run=True)])
+             [Reload(1.0, "oom_forecast", {}, "a", (), (), cause="oom_forecast", dry_run=True,
+                     not_done=None)])
     view = h.view(snap(1.0), [{"cause": "cudagraph_per_shape", "t": 1.0, **detail}],
                   {"polls": 1})
     before = dataclasses.replace(view)
     h.update(snap(2.0, server_rss_bytes=2 * GIB), [_record(2.0)],
-             [Action(2.0, ActionKind.ALERT, "x", {})])
+             [Alert(2.0, "x", {}, "a", (), ())])
     detail["recordings"] = 99
     assert view == before
     assert view.points == ((1.0, GIB),) and len(view.actions) == 1

@@ -84,6 +84,30 @@ def test_no_module_imports_itself_through_others():
     assert cycles(graph()) == []
 
 
+def room(module: str) -> str:
+    """The package a module belongs to, two levels down (`torch_watchdog.sidecar.core` for
+    `torch_watchdog.sidecar.core.correlate.memory`); a module at that level is its own room
+    (`torch_watchdog.sidecar.config`, `torch_watchdog.events`)."""
+    return ".".join(module.split(".")[:3])
+
+
+def rooms(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for mod, targets in edges.items():
+        out.setdefault(room(mod), set()).update(room(t) for t in targets if room(t) != room(mod))
+    for targets in list(out.values()):
+        for t in targets:
+            out.setdefault(t, set())
+    return out
+
+
+def test_no_package_imports_itself_through_others():
+    """The sidecar's rooms in pipeline order: sources -> core -> actions -> presenters; a
+    source that imports an action (discovery once took the process identity from actions)
+    makes two rooms one."""
+    assert cycles(rooms(graph())) == []
+
+
 def test_the_core_reads_no_source_and_acts_on_nothing():
     io = ("torch_watchdog.sidecar.sources", "torch_watchdog.sidecar.actions",
           "torch_watchdog.sidecar.present", "torch_watchdog.sidecar.daemon",
@@ -104,3 +128,9 @@ def test_importing_the_package_and_its_schema_pulls_in_nothing_heavy():
 
 def test_the_checker_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checker_sees_a_cycle_between_packages():
+    edges = {"t.s.sources.discovery": {"t.s.actions.identity"},
+             "t.s.actions.reloading": {"t.s.sources.discovery"}, "t.s.actions.identity": set()}
+    assert cycles(rooms(edges)) == [["t.s.actions", "t.s.sources"]]

@@ -1,9 +1,9 @@
-"""sidecar/intake.py: a poll's share of the agents' events — at most INTAKE_EVENTS of them, the
-rest left in the socket; what does not fit the pending list is dropped and counted, never
-counted received; a busy poll makes the wait between polls read as datagrams come."""
+"""sidecar/sources/intake.py: a poll's share of the agents' events — at most INTAKE_EVENTS of
+them, the rest left in the socket; what does not fit the pending list is dropped and counted,
+never counted received; a busy poll makes the wait between polls read as datagrams come."""
 from torch_watchdog import events
-from torch_watchdog.sidecar import intake as intake_mod
-from torch_watchdog.sidecar.intake import Intake
+from torch_watchdog.sidecar.sources import intake as intake_mod
+from torch_watchdog.sidecar.sources.intake import Intake
 
 
 def heartbeat(seq: int) -> events.Heartbeat:

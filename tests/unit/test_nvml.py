@@ -472,7 +472,7 @@ def test_a_reading_for_other_pids_does_not_claim_pids_it_was_not_taken_for():
 
 def test_down_devices_round_trip_through_the_sample_log_and_healthy_lines_are_unchanged():
     from torch_watchdog.sidecar.core.observations import Sample
-    from torch_watchdog.sidecar.sample_log import sample_from_dict, sample_to_dict
+    from torch_watchdog.sidecar.offline.sample_log import sample_from_dict, sample_to_dict
     healthy = Sample(t=1.0, devices=(DeviceSample(G0, 1, 2, 1),))
     assert "nvml_down" not in sample_to_dict(healthy)
     assert sample_from_dict(sample_to_dict(healthy)) == healthy

@@ -93,7 +93,7 @@ def test_a_refusal_fires_an_alert_with_the_error_and_padding_is_exported_off():
 
 def test_a_late_padding_total_does_not_turn_a_refused_model_back_on():
     host = run(hello(T), refused(T + 1), stats(T + 2, "pooler", on=True), poll(T + 3))
-    assert host.servers["srv"].state.padding["pooler"]["on"] is False
+    assert host.servers["srv"].state.padding.models["pooler"]["on"] is False
     assert "padding_refused" in host.servers["srv"].firing
 
 

@@ -149,13 +149,13 @@ def test_over_budget_says_so_not_a_zero_countdown():
 
 
 def test_after_a_reload_the_counts_say_which_process_they_belong_to():
-    from torch_watchdog.sidecar.core.results import Action, ActionKind
+    from torch_watchdog.sidecar.core.results import ReloadOk
     servers = {"a": {"estimates": None, "forecast": FORECAST, "pids": [4242], "gpus": ["GPU-a"]}}
     view = a_view(servers=servers)
     servers["a"]["estimates"] = view.snapshot.estimates   # the focus: the same dict
     h = History()
-    h.update(view.snapshot, [], [Action(T - 5, ActionKind.RELOAD_OK, "oom_forecast",
-                                        {"outcome": "ok"}, server="a", pids=(17,))])
+    h.update(view.snapshot, [], [ReloadOk(T - 5, "oom_forecast", {"outcome": "ok"}, "a", (17,),
+                                          ())])
     doc = rendered(h.view(view.snapshot))
     assert re.search(r"counts of server a \(pid 4242\): its new process, since the reload at "
                      r"\d\d:\d\d:\d\d; the chart and the actions cover the whole run",

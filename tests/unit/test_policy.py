@@ -3,6 +3,7 @@ import pytest
 
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import Finding, State
+from torch_watchdog.sidecar.core.correlate.compiles import Compiles
 from torch_watchdog.sidecar.core.forecast import FOREVER, Forecast
 from torch_watchdog.sidecar.core.policy import PolicyState, decide
 
@@ -15,7 +16,8 @@ def fc(seconds):
 
 
 def run(seconds_by_t, cfg=CFG, first_compile_t=0.0):
-    state, ps, out = State(first_t=0.0, first_compile_t=first_compile_t), PolicyState(), []
+    state = State(first_t=0.0, compiles=Compiles(first_t=first_compile_t))
+    ps, out = PolicyState(), []
     for t, seconds in seconds_by_t:
         state.now = t
         out += [(a.t, a.kind, a.reason) for a in decide(state, fc(seconds), ps, cfg)]
@@ -86,7 +88,7 @@ def test_a_cancelled_decision_starts_no_cooldown():
     grew past its budget)."""
     from torch_watchdog.sidecar.core.policy import forget_reload
 
-    state, ps = State(first_t=0.0, first_compile_t=0.0), PolicyState()
+    state, ps = State(first_t=0.0, compiles=Compiles(first_t=0.0)), PolicyState()
     decided = []
     for t in range(40, 50):
         state.now = float(t)

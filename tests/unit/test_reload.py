@@ -16,9 +16,10 @@ import pytest
 from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, ReloadLog
 from torch_watchdog.sidecar.actions.reloading import Reloader
 from torch_watchdog.sidecar.actions.executors import post_hook, run_command, signal_processes
-from torch_watchdog.sidecar.actions.identity import process_start_time, refusal
-from torch_watchdog.sidecar.config import PolicyConfig
-from torch_watchdog.sidecar.core.observations import ReloadOutcome
+from torch_watchdog.sidecar.actions.identity import refusal
+from torch_watchdog.sidecar.sources.process import process_start_time
+from torch_watchdog.sidecar.config import Config, PolicyConfig
+from torch_watchdog.sidecar.core.observations import ReloadHistory, ReloadOutcome
 from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
@@ -206,7 +207,7 @@ def reload_times(log: ReloadLog, until_s: float, server: str = "a") -> list[floa
     """When the policy, seeded from `log` as the daemon seeds it, reloads `server` under a
     forecast that calls for a reload every poll (one poll every 10 s from START)."""
     host = step.Host()
-    host.history = log.decisions()
+    step.step(host, ReloadHistory(START, tuple(log.decisions())), Config())
     ps = host.server(server).policy
     fc = Forecast(budget_bytes=GB, level_bytes=GB, seconds_linear=10.0)
     out = []

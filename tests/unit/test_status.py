@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import free_port
 from torch_watchdog import cli
 from torch_watchdog.sidecar.present.history import History
-from torch_watchdog.sidecar.core.results import Action, ActionKind
+from torch_watchdog.sidecar.core.results import Alert, Reload
 from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.present.status import (build_status, cause_summary, chart_budget,
@@ -40,9 +40,9 @@ def a_view(**snap_kw):
     snap = Snapshot(**kw)
     h = History()
     h.update(Snapshot(t=T - 60, server_gpu_bytes={"GPU-a": 4 * GIB}), [], [])
-    h.update(snap, [], [Action(T - 30, ActionKind.ALERT, "cudagraph_per_shape", {}),
-                        Action(T - 10, ActionKind.RELOAD, "oom_forecast",
-                               {"seconds_to_oom": 55.0}, dry_run=True)])
+    h.update(snap, [], [Alert(T - 30, "cudagraph_per_shape", {}, "default", (), ()),
+                        Reload(T - 10, "oom_forecast", {"seconds_to_oom": 55.0}, "default", (),
+                               (), cause="oom_forecast", dry_run=True, not_done=None)])
     h.act(T - 9, "reload_not_done", "oom_forecast", {"outcome": "not carried out: dry run"})
     causes = [{"cause": "cudagraph_per_shape", "t": T - 30, "recordings": 20,
                "distinct_shapes": 21, "mb_per_graph": 0.5, "confidence": 0.9, "mb_so_far": 10.0}]

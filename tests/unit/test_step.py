@@ -107,7 +107,7 @@ def test_one_replica_reloads_at_a_time_then_the_other():
 
 def bucketed(h: Host2, polls: int, leak: int = 0) -> None:
     """Replica A: 8 bucket sizes, recorded at warm-up, thousands of requests since."""
-    for i in range(polls):
+    for _ in range(polls):
         h.feed(calls(h.t + 0.1, 101, 100, 8))
         h.poll(grow_a=leak)
 
@@ -184,7 +184,7 @@ def test_a_cancelled_decision_then_a_restart_then_fresh_alerts():
 def test_configured_pids_are_owned_by_their_server_whatever_the_agent_says():
     h = Host2()
     s = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
-                            servers={"llm.service": (101,)})
+                            configured={"llm.service": (101,)})
     h.feed(s)
     assert h.host.owner[101] == "llm.service"
     h.feed(hello(h.t + 2, 101, "pgid:55", [A]))
@@ -201,7 +201,7 @@ def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_h
     assert list(host.servers) == ["default"]
     step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
     assert list(host.servers) == ["replica-a"]
-    assert host.servers["replica-a"].state.requests == 5
+    assert host.servers["replica-a"].state.calls.requests == 5
 
 
 def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloaded():
@@ -340,7 +340,7 @@ def test_an_agent_naming_a_configured_server_cannot_add_a_pid_to_it():
     server still targets the unit's own pids only (it would have SIGTERMed both on main)."""
     h = Host2()
     configured = dataclasses.replace(sample(h.t + 1, {A: (3 * GB, 10 * GB)}, {101: {A: 2 * GB}}),
-                                     servers={"llm.service": (101,)})
+                                     configured={"llm.service": (101,)})
     h.feed(configured)
     h.feed(hello(h.t + 2, 666, "llm.service", [A]))  # the forger
     assert h.host.servers["llm.service"].pids.keys() == {101}
@@ -391,7 +391,7 @@ def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_
     not `reload_ok` and no reset; a hello from a new process of the server clears it. An
     outcome read back from the sample log is the same observation (replay = live)."""
     from torch_watchdog.sidecar.actions import alerts
-    from torch_watchdog.sidecar.sample_log import outcome_from_dict, outcome_to_dict
+    from torch_watchdog.sidecar.offline.sample_log import outcome_from_dict, outcome_to_dict
 
     h = Host2()
     for _ in range(10):

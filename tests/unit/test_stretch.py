@@ -85,9 +85,9 @@ def test_the_growth_keeps_its_levels_for_k_times_as_long_at_the_same_poll_cadenc
     # the same levels, in the same order; inside the window each held k times as long
     got, want, f = runs(after), runs(before), stretch.TimeMap(START, END, k)
     assert [u for u, _, _ in got] == [u for u, _, _ in want] and len(got) == 6
-    for (u, a, b), (_, a0, b0) in zip(got, want):
+    for (_u, a, b), (_, a0, b0) in zip(got, want):
         assert a == pytest.approx(f(a0)) and b - a == pytest.approx(f(b0) - f(a0), abs=POLL)
-    for (u, a, b), (_, a0, b0) in zip(got[1:-1], want[1:-1]):   # the steps inside the window
+    for (_u, a, b), (_, a0, b0) in zip(got[1:-1], want[1:-1]):   # the steps inside the window
         assert b - a == pytest.approx(k * (b0 - a0))
     # polls at 10 Hz throughout, k times as many in the growth
     gaps = [b.t - a.t for a, b in zip(after, after[1:])]

@@ -21,16 +21,17 @@ from operator import attrgetter
 from typing import Any, Callable, Optional
 
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar import sample_log
+from torch_watchdog.sidecar.offline import sample_log
 from torch_watchdog.sidecar.actions import control
 from torch_watchdog.sidecar.actions.alerting import Alerting
 from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
-from torch_watchdog.sidecar.core.observations import RecordUnreadable, Sample
-from torch_watchdog.sidecar.core.results import Action, ActionKind, ServerView
-from torch_watchdog.sidecar.discovery import Discovery
-from torch_watchdog.sidecar.intake import BATCH_S, Intake
+from torch_watchdog.sidecar.core.step import Observation
+from torch_watchdog.sidecar.core.observations import RecordUnreadable, ReloadHistory, Sample
+from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView
+from torch_watchdog.sidecar.sources.discovery import Discovery
+from torch_watchdog.sidecar.sources.intake import BATCH_S, Intake
 from torch_watchdog.sidecar.present.metrics import serve, stop
 from torch_watchdog.sidecar.present.publisher import Publisher
 from torch_watchdog.sidecar.present.snapshot import Snapshot
@@ -58,12 +59,15 @@ class Daemon:
         self.publisher = Publisher(cfg, log)
         self.sample_log = (sample_log.Writer(cfg.sample_log, cfg.sample_log_max_bytes, log)
                            if cfg.sample_log else None)
-        self.host = step.Host()                   # every server's state: the step's alone
-        self.host.history = self.reloads.decisions()  # cooldowns survive a restart
+        self.host = step.Host()  # every server's state: the step's alone, read by no one here
+        # cooldowns survive a restart: stepped now, written to the sample log at start
+        self._history = ReloadHistory(clock(), tuple(self.reloads.decisions()))
+        step.step(self.host, self._history, cfg)
+        self._poll = PollResult.before_any()  # the last poll's result: the pids to read next
         self._configure(cfg)
         self.serve_metrics = serve_metrics
-        self.http = None
-        self.signals: collections.deque = collections.deque()
+        self.http: Optional[tuple[Any, Any]] = None
+        self.signals: collections.deque[Any] = collections.deque()
         self.running = False
         self.ticks = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -95,6 +99,7 @@ class Daemon:
         self.running = True
         if self.sample_log is not None:
             self.sample_log.config(self.clock(), self.cfg)
+            self.sample_log.observations([self._history])
         record = self.reloads.record
         if record.unreadable:  # fails closed: no reload for an hour, said loudly
             self.log.error("reload record unreadable", detail=record.unreadable)
@@ -136,7 +141,9 @@ class Daemon:
         datagrams as they come (the kernel queues only ~11 per socket)."""
         deadline = time.monotonic() + max(0.0, timeout)
         intake = self.intake
-        watch = [self._wake_r] + ([intake.receiver] if intake.watching else [])
+        watch: list[Any] = [self._wake_r]  # file descriptors and objects with fileno()
+        if intake.watching:
+            watch.append(intake.receiver)
         while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select(watch, [], [], left)
             # nothing came in the wait's last stretch: the poll need not ask the socket again
@@ -185,7 +192,8 @@ class Daemon:
         self.cfg = self.discovery.cfg = self.reloads.cfg = self.publisher.cfg = cfg
         self.intake.poll_interval_s = cfg.poll_interval_s
         # a reading older than ~2 polls (at most 1 s) is late: down, never forecast on; a read
-        # waits for a fresh one at most half a poll (FACTS #11: p99 20-100 ms when busy)
+        # waits for a fresh one at most half a poll (NVML's p99 is 20-100 ms on a busy host:
+        # docs/architecture.md)
         self.nvml.deadline_s = min(1.0, 2 * cfg.poll_interval_s)
         self.nvml.wait_s = min(0.05, cfg.poll_interval_s / 2)
 
@@ -208,27 +216,47 @@ class Daemon:
 
     # -- one poll ---------------------------------------------------------------------------
     def tick(self) -> Snapshot:
+        """One poll: what the sources and the agents say, what the step decides on it, what
+        is carried out, and what is shown."""
         started = time.perf_counter()
         now = self.clock()
+        sample, observations = self._observe(now)
+        decided, poll = self._decide(observations)
+        self._carry_out(now, decided, poll)
+        return self._show(sample, observations, decided, poll, time.perf_counter() - started)
+
+    def _observe(self, now: float) -> tuple[Sample, list[Observation]]:
+        """This poll's observations, in the order the step sees them (the agents' events, the
+        reloads' outcomes, the sample last), written to the sample log first: what the step
+        sees is what replay sees."""
         received = self.intake.for_poll()
         outcomes = self.reloads.outcomes(now, received)
         sample = self._sample(now, received)
-        observations = [*received, *outcomes, sample]
-        if self.sample_log is not None:  # first: what the step sees is what replay sees
+        observations: list[Observation] = [*received, *outcomes, sample]
+        if self.sample_log is not None:
             self.sample_log.observations(observations)
-        cfg = self.cfg
-        decided: list[Action] = step.fold_events(self.host, received, cfg)
-        for obs in (*outcomes, sample):
-            result = step.step(self.host, obs, cfg)
+        return sample, observations
+
+    def _decide(self, observations: list[Observation]) -> tuple[list[Action], PollResult]:
+        decided: list[Action] = []
+        poll = None
+        for obs in observations:
+            result = step.step(self.host, obs, self.cfg)
             decided += result.actions
+            poll = result.poll
+        assert poll is not None  # the sample's step, last: what fires and what every server shows
+        self._poll = poll
+        return decided, poll
+
+    def _carry_out(self, now: float, decided: list[Action], poll: PollResult) -> None:
         for action in decided:
             self._act(action)
-        poll = result.poll
-        assert poll is not None  # a sample's step: what fires and what every server shows
-        self.publisher.log_findings(self.host)
+        self.publisher.log_findings(poll)
         self.alerting.dispatch(now, poll)
-        snapshot = self.publisher.snapshot(sample, poll,
-                                           self._counts(time.perf_counter() - started))
+
+    def _show(self, sample: Sample, observations: list[Observation], decided: list[Action],
+              poll: PollResult, poll_s: float) -> Snapshot:
+        snapshot = self.publisher.snapshot(sample, poll, self._counts(poll_s))
         self.ticks += 1
         self.publisher.publish(snapshot, observations, decided, poll, self.ticks)
         self.notifier.watchdog()  # only after a completed tick
@@ -236,15 +264,15 @@ class Daemon:
             self.notifier.status(_status_line(poll.focus or "no server yet", poll.focus_view))
         return snapshot
 
-    def _sample(self, now: float, received: list) -> Sample:
+    def _sample(self, now: float, received: list[Any]) -> Sample:
         """Every source, read for the pids the step may ask about."""
         heard = set(map(_PID, received))
+        placed = self._poll.placed_pids
         configured = self.discovery.configured_pids(unplaced=any(
-            e.kind == "hello" and e.pid not in self.host.configured for e in received))
-        pids = {p for ps in configured.values() for p in ps}
-        if self.cfg.server.trust_agent_pids:  # the agents' own, also those heard just now
-            pids |= self.host.pids() | heard
-        pids |= heard | set(self.host.agents)  # read for their liveness; never believed by that
+            e.kind == "hello" and e.pid not in placed for e in received))
+        # the configured servers', those the last poll asked for, and those heard just now
+        # (read for their liveness; believed to be a server's only as the step decides)
+        pids = {p for ps in configured.values() for p in ps} | self._poll.pids_to_read | heard
         self.discovery.note_start_times(pids)
         reading = self.nvml.read(pids)
         processes = self.processes.read(pids, reading.process_gpu_bytes)
@@ -254,7 +282,7 @@ class Daemon:
         return Sample(t=now, devices=reading.devices, processes=processes, nvml_up=reading.up,
                       nvml_down=dict(reading.down), nvml_error=reading.error,
                       query_s=reading.query_s, host_total_bytes=host_total,
-                      host_available_bytes=host_available, servers=configured)
+                      host_available_bytes=host_available, configured=configured)
 
     def _act(self, action: Action) -> None:
         """Carry out what the step decided; decisions and outcomes go to reloads.json first."""

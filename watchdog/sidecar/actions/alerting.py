@@ -2,13 +2,12 @@
 
 Each poll the step says what fires for each server; here it becomes Alertmanager alerts
 (alerts.build), kept in the book (resends, resolutions) and handed to the sender, which posts on
-its own thread. An alert is built again only when what it is built from changed (its
-description is a few strings, for every firing alert, every poll).
+its own thread.
 """
 from __future__ import annotations
 
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.actions import alerts
@@ -22,7 +21,6 @@ class Alerting:
         self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s)
         self.sender = (alerts.AlertSender(cfg.urls, cfg.timeout_s, on_failure=on_failure)
                        if cfg.urls else None)
-        self._kept: dict[str, tuple] = {}  # server -> (what alerts.build read, what it built)
 
     def start(self) -> None:
         if self.sender is not None:
@@ -38,18 +36,17 @@ class Alerting:
             return
         base = {"service": self.cfg.service, "instance": self.cfg.instance or
                 socket.gethostname()}
-        firing: dict = {}
+        firing: dict[tuple[Any, ...], dict[str, Any]] = {}
         for name, fires in poll.firing.items():
             if fires:  # the common case: nothing of it fires
                 firing.update(self._alerts(name, fires, poll.views[name], base))
-        if len(self._kept) > len(poll.firing):  # servers come and go
-            self._kept = {k: v for k, v in self._kept.items() if k in poll.firing}
         if poll.host_firing:
             firing.update(alerts.build(poll.host_firing, {}, {}, base))
         self.book.update(firing, now)
         self.sender.submit(self.book.due(now))
 
-    def _alerts(self, name: str, fires: dict, view: ServerView, base: dict) -> dict:
+    def _alerts(self, name: str, fires: dict[str, dict[str, Any]], view: ServerView,
+                base: dict[str, str]) -> dict[tuple[Any, ...], dict[str, Any]]:
         labels = {**base, "server": name}
         deployment = events.serve_deployment(name)
         if deployment is not None:  # Alertmanager groups a deployment's replicas on all nodes
@@ -57,15 +54,9 @@ class Alerting:
         uuid = view["forecast"]["gpu_uuid"] or (view["gpus"][0] if view["gpus"] else None)
         if uuid:
             labels["gpu_uuid"] = uuid
-        was = self._kept.get(name)
-        if was is None or was[0] != fires or was[1] != view["estimates"] \
-                or was[2] != view["forecast"] or was[3] != labels:
-            was = self._kept[name] = (fires, view["estimates"], view["forecast"], labels,
-                                      alerts.build(fires, view["estimates"], view["forecast"],
-                                                   labels))
-        return was[4]
+        return alerts.build(fires, view["estimates"], view["forecast"], labels)
 
-    def counts(self) -> dict[str, dict]:
+    def counts(self) -> dict[str, dict[str, Any]]:
         """The sender's counters by url: sent, failed posts, dropped alerts."""
         s = self.sender
         return {"sent": dict(s.sent) if s else {}, "failed": dict(s.failed) if s else {},

@@ -30,10 +30,12 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import psutil
-from torch_watchdog.sidecar.actions.identity import process_start_time, refusal
+from torch_watchdog.sidecar.actions.identity import refusal
+from torch_watchdog.sidecar.sources.process import process_start_time
+from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sockets import remove_stale_socket
 
@@ -52,7 +54,7 @@ class Peer:
     uid: int
     started: Optional[float]          # process_start_time at accept
     buf: bytes = b""
-    replies: list = field(default_factory=list)
+    replies: list[Any] = field(default_factory=list)
     closed: bool = False
 
 
@@ -290,6 +292,6 @@ def _max_peers() -> int:
     return max(16, min(MAX_PEERS, soft // 2))
 
 
-def path_for(cfg) -> str:
+def path_for(cfg: Config) -> str:
     """The control socket of a sidecar config: reload.control_path or <agent.socket_path>.ctl."""
     return cfg.reload.control_path or cfg.agent.socket_path + ".ctl"

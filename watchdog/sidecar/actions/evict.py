@@ -45,7 +45,7 @@ def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -
 
     try:
         from kubernetes import client
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
     except ImportError:
         return done(False, "the kubernetes package is not installed: pip install "
                            "'torch-compile-watchdog[k8s]'")
@@ -68,7 +68,8 @@ def evict(name: str, namespace: str, timeout_s: float, api_client: Any = None) -
 def _in_cluster(client: Any) -> Any:
     from kubernetes import config
 
-    config.load_incluster_config()  # ConfigException outside a pod: reported by evict()
+    # ConfigException outside a pod: reported by evict(); the client's loader is untyped
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
 
 

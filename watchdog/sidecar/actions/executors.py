@@ -12,7 +12,7 @@ returns a ReloadOutcome and never raises into the sidecar.
 - `master-hup`: SIGHUP to the master (gunicorn and uvicorn --workers replace their workers),
   then every old worker gone and as many new ones ready;
 - `systemd`: `systemctl restart UNIT` — stop, then start: a HUP-style overlap would hold the
-  model twice on the GPU (ops-anchors §4.1);
+  model twice on the GPU, where the reload is for want of its memory;
 - `http`: POST to the server's own drain/reload hook;
 - `command`: run a command;
 - `evict`: evict the sidecar's own pod through the Kubernetes Eviction API (evict.py);
@@ -24,6 +24,7 @@ the `reload_failed` outcome; 0 skips the check, for a server without the agent).
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -34,8 +35,10 @@ from typing import Callable, Mapping, Optional
 
 import psutil
 from torch_watchdog import events
+from torch_watchdog.sidecar.actions.control import ControlServer
 from torch_watchdog.sidecar.actions.hellos import Heard, Hellos, master_and_workers
 from torch_watchdog.sidecar.actions.identity import parent_of, refusal
+from torch_watchdog.sidecar.config import ReloadConfig
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sources.process import in_cgroup, unit_cgroup
 
@@ -123,10 +126,14 @@ def _signal(pid: int, sig: int) -> Optional[psutil.Process]:
         return None
 
 
+def _master_or_worker_gone(master: int, worker: int) -> bool:
+    return not psutil.pid_exists(master) or not psutil.pid_exists(worker)
+
+
 def _gone(p: psutil.Process) -> bool:
     """Exited (a zombie its master has not reaped yet counts as exited)."""
     try:
-        return p.status() == psutil.STATUS_ZOMBIE
+        return bool(p.status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return True
 
@@ -168,7 +175,7 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
     if why is not None:
         return ReloadOutcome(False, f"rolling: master {why}: not carried out",
                              time.monotonic() - started)
-    old, done = set(pids) | set(workers), []
+    old, done = set(pids) | set(workers), list[str]()
     for i, pid in enumerate(workers, 1):
         where = f"rolling: worker {pid} ({i} of {len(workers)}, master {master})"
         why = refusal(pid, decided_t, expected.get(pid))
@@ -186,12 +193,14 @@ def rolling(pids: set[int], grace_s: float, hello_timeout_s: float, hellos: Hell
                 pass
             _wait_gone(p, 5)
         began = time.monotonic()
-        master_gone = lambda: not psutil.pid_exists(master)  # noqa: E731
+        def master_gone() -> bool:
+            return not psutil.pid_exists(master)
+
         new = hellos.wait_for(lambda h: h.pid not in old and h.ppid == master, mark,
                               hello_timeout_s, give_up=master_gone)
         ready = new is not None and hellos.wait_served(
             new.pid, hello_timeout_s - (time.monotonic() - began),
-            give_up=lambda: master_gone() or not psutil.pid_exists(new.pid))
+            give_up=functools.partial(_master_or_worker_gone, master, new.pid))
         if not ready:
             gone = "the master exited" if master_gone() else \
                 f"no hello from its replacement within {hello_timeout_s:g} s" if new is None else \
@@ -307,9 +316,10 @@ def back_after(run: Callable[[set[int]], ReloadOutcome], hellos: Optional[Hellos
     return reload_and_wait
 
 
-def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
+def executor(cfg: ReloadConfig, unit: Optional[str], decided_t: Optional[float] = None,
              expected_start: Optional[Mapping[int, float]] = None,
-             hellos: Optional[Hellos] = None, control=None, own_unit: Optional[str] = None,
+             hellos: Optional[Hellos] = None, control: Optional[ControlServer] = None,
+             own_unit: Optional[str] = None,
              ) -> Optional[Callable[[set[int]], ReloadOutcome]]:
     """The configured way to reload, as a function of the server's pids; None for "none".
     `decided_t` and `expected_start`: see `signal_processes`; `hellos`: the agents' hellos,
@@ -331,12 +341,12 @@ def executor(cfg, unit: Optional[str], decided_t: Optional[float] = None,
         run = lambda pids: signal_processes(pids, cfg.grace_s, decided_t, expected_start,
                                             hellos)
     elif cfg.method == "systemd":
-        run = lambda pids: run_command(["systemctl", "restart", cfg.unit or unit],
+        run = lambda pids: run_command(["systemctl", "restart", str(cfg.unit or unit)],
                                        cfg.timeout_s)
     elif cfg.method == "http":
-        run = lambda pids: post_hook(cfg.url, cfg.timeout_s)
+        run = lambda pids: post_hook(str(cfg.url), cfg.timeout_s)  # the config requires it
     elif cfg.method == "command":
-        run = lambda pids: run_command(list(cfg.command), cfg.timeout_s)
+        run = lambda pids: run_command(list(cfg.command or ()), cfg.timeout_s)
     elif cfg.method == "evict":  # Kubernetes fleet mode: the pod's own eviction (evict.py);
         from torch_watchdog.sidecar.actions import evict  # this sidecar goes with the pod
 

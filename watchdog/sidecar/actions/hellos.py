@@ -8,7 +8,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from torch_watchdog.sidecar.actions.identity import parent_of
 
@@ -33,11 +33,11 @@ class Hellos:
         self._cond = threading.Condition()
         self._seq = 0
         self._keep = keep
-        self._recent: collections.deque = collections.deque(maxlen=keep)
+        self._recent: collections.deque[Any] = collections.deque(maxlen=keep)
         self._last: dict[int, Heard] = {}
         self._served: dict[int, None] = {}  # pids whose agents reported an answered call
 
-    def add(self, received: Iterable) -> None:
+    def add(self, received: Iterable[Any]) -> None:
         """The hellos among `received` (agent events), and who answered a watched call (a
         `calls` event with calls > 0)."""
         hellos, served = [], []
@@ -116,8 +116,8 @@ def master_and_workers(pids: set[int], hellos: Hellos) -> tuple[Optional[int], l
     master without the agent; one worker alone cannot be told from a shell that started one
     server). (None, []) for a single process, even with children of its own (inductor's
     compile workers say no hello), and when it is ambiguous (parents at several levels)."""
-    agents = {pid: parent_of(pid) for pid in pids if hellos.heard(pid) is not None}
-    agents = {pid: pp for pid, pp in agents.items() if pp is not None and pp > 1}
+    parents = {pid: parent_of(pid) for pid in pids if hellos.heard(pid) is not None}
+    agents = {pid: pp for pid, pp in parents.items() if pp is not None and pp > 1}
     inside = {pp for pp in agents.values() if pp in pids}
     if len(inside) == 1:
         master = inside.pop()

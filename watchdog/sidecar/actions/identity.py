@@ -4,34 +4,15 @@ once when it was first seen, and never one that started after the reload was dec
 from __future__ import annotations
 
 import os
-import time
 from typing import Optional
 
 import psutil
 
-from torch_watchdog.procfs import start_ticks
+from torch_watchdog.sidecar.sources.process import process_start_time
 
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
 # and by a step of the wall clock in between; a reused pid starts later by far more than this.
 START_SLACK_S = 0.5
-
-
-def process_start_time(pid: int) -> Optional[float]:
-    """When `pid` started, wall-clock seconds, to a clock tick (10 ms); None when there is no
-    such process. psutil's create_time() adds /proc/stat's btime, whole seconds: up to 1 s
-    early, enough for a pid reused within that second to look older
-    than the decision. The process's age on the boot clock, both read now, is exact."""
-    try:
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / _CLK_TCK
-        return time.time() - age
-    except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
-        try:
-            return psutil.Process(pid).create_time()
-        except psutil.Error:
-            return None
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def refusal(pid: int, decided_t: Optional[float] = None,
@@ -63,6 +44,6 @@ def refusal(pid: int, decided_t: Optional[float] = None,
 
 def parent_of(pid: int) -> Optional[int]:
     try:
-        return psutil.Process(pid).ppid()
+        return int(psutil.Process(pid).ppid())
     except psutil.Error:
         return None

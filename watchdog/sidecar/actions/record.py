@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from torch_watchdog import durable
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
@@ -70,7 +70,7 @@ class ReloadLog:
         self.unreadable: Optional[str] = None    # why the record found at start is not used
         self.repairs: list[str] = []             # what was changed in it at start
         self._blocks = BLOCK_ENTRIES if max_per_hour is None else max(max_per_hour, 0)
-        self.entries: list[dict] = []
+        self.entries: list[dict[str, Any]] = []
         self._remove_torn_writes()
         try:
             self.entries = self._read()
@@ -97,7 +97,7 @@ class ReloadLog:
             except OSError:
                 pass
 
-    def _read(self) -> list[dict]:
+    def _read(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read(MAX_FILE_BYTES + 1)
@@ -115,11 +115,12 @@ class ReloadLog:
             raise _Unreadable(f"not JSON ({e})") from e
         if not isinstance(data, dict) or not isinstance(data.get("reloads"), list):
             raise _Unreadable('not {"reloads": [...]}')
-        for i, e in enumerate(data["reloads"]):
-            why = _entry_problem(e)
+        entries: list[dict[str, Any]] = data["reloads"]
+        for i, entry in enumerate(entries):
+            why = _entry_problem(entry)
             if why:
                 raise _Unreadable(f"reloads[{i}]: {why}")
-        return data["reloads"]
+        return entries
 
     def _repair(self) -> None:
         changed = False
@@ -222,7 +223,7 @@ def _entry_problem(e: object) -> Optional[str]:
     return None
 
 
-def _outcome_entry(o: ReloadOutcome) -> dict:
+def _outcome_entry(o: ReloadOutcome) -> dict[str, Any]:
     """An outcome's fields in the record (its decision's time and server are the entry's)."""
     return {"ok": o.ok, "detail": o.detail, "seconds": o.seconds,
             "retry_after_s": o.retry_after_s, "failed": o.failed}

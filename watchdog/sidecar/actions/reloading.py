@@ -17,8 +17,8 @@ from torch_watchdog.sidecar.actions.hellos import Hellos
 from torch_watchdog.sidecar.actions.record import CANCELLED, ReloadLog
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
-from torch_watchdog.sidecar.core.results import Action, ActionKind
-from torch_watchdog.sidecar.discovery import Discovery
+from torch_watchdog.sidecar.core.results import Action, Cancel, Execute, Reload, ReloadAction
+from torch_watchdog.sidecar.sources.discovery import Discovery
 
 
 class Reloads:
@@ -31,27 +31,28 @@ class Reloads:
         # replacements it waits for
         self.hellos = Hellos()
         # when a reload was decided, by the machine's clock (a pid started later is another)
-        self._decided_wall: dict[Optional[str], float] = {}
-        self._running: dict[str, tuple[Reloader, Action]] = {}
+        self._decided_wall: dict[str, float] = {}
+        self._running: dict[str, tuple[Reloader, Execute]] = {}
 
     def decisions(self) -> list[tuple[float, Optional[str]]]:
         """Past decisions (time, server), for the step's cooldowns across restarts."""
         return self.record.decisions()
 
     def carry_out(self, action: Action) -> None:
-        kind = action.kind
-        if kind is ActionKind.RELOAD:
+        """A reload decision is recorded (with why it will not be carried out, if so), a
+        cancelled one too; an execution starts; other actions are not the reloads'."""
+        if isinstance(action, Reload):
             self._decided_wall[action.server] = time.time()
             self._write(action.t, None, action)
             if action.not_done is not None:
                 self._write(action.t, ReloadOutcome(False, f"not carried out: "
                                                            f"{action.not_done}"), action)
-        elif kind is ActionKind.CANCEL:
+        elif isinstance(action, Cancel):
             self._write(action.decided_t, ReloadOutcome(False, CANCELLED), action)
-        elif kind is ActionKind.EXECUTE:
+        elif isinstance(action, Execute):
             self._execute(action)
 
-    def _execute(self, action: Action) -> None:
+    def _execute(self, action: Execute) -> None:
         run = executors.executor(self.cfg.reload, self.discovery.unit_of(action.server),
                               decided_t=self._decided_wall.pop(action.server, None),
                               expected_start=self.discovery.expected_start(action.pids),
@@ -84,8 +85,8 @@ class Reloads:
             out.append(result.at(now, server))
         return out
 
-    def _write(self, t: float, outcome: Optional[ReloadOutcome], action: Action) -> None:
-        self.record.record(t, outcome, action.cause or action.reason, action.server)
+    def _write(self, t: float, outcome: Optional[ReloadOutcome], action: ReloadAction) -> None:
+        self.record.record(t, outcome, action.cause, action.server)
         if self.record.error:
             self.log.error("cannot write the reload record", error=self.record.error)
 

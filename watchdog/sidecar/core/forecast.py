@@ -4,7 +4,8 @@
   steps (a model load, a ballast) left out;
 - discovery: growth comes from CUDA graphs for *new* sizes, and new sizes dry up as the shape
   space is covered. With requests drawn from S sizes, after n requests the expected distinct
-  sizes are D = S(1 - e^(-n/S)) and the sizes seen twice (so recorded, FACTS #4) are
+  sizes are D = S(1 - e^(-n/S)) and the sizes seen twice (so recorded: a size's first call is a
+  warm-up, its second records the graph) are
   S(1 - e^(-x) - x e^(-x)), x = n/S. S is the value that explains the D distinct shapes seen in
   n requests; the future is x growing at the recent request rate, memory growing by MB/graph
   per recording. The plateau is every size recorded: will it ever run out?
@@ -88,7 +89,7 @@ class _View(NamedTuple):
 
 def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Forecast:
     """The nearest time to OOM over the server's budgets (each GPU on its own)."""
-    if state.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
+    if state.memory.gpu_down:  # the GPUs' numbers are unknown: no forecast rather than a stale one
         return Forecast(None, None)
     views = _views(state, cfg)
     if not views:
@@ -109,23 +110,23 @@ def rates(state: State, cfg: ForecastConfig,
           ) -> tuple[Optional[float], Optional[float], Optional[float]]:
     """The forecast's inputs that move with time alone: the memory's growth rate and its rate
     outside recordings over the window, and the request rate."""
-    slope, leak = state.samples.rates(state.now - cfg.window_s)
+    slope, leak = state.memory.trend.rates(state.now - cfg.window_s)
     return slope, leak, _request_rate(state, cfg.window_s)
 
 
 
 def _views(state: State, cfg: ForecastConfig) -> list[_View]:
-    if cfg.per_process_budget_bytes is not None and state.proc_bytes:
+    if cfg.per_process_budget_bytes is not None and state.memory.per_process:
         # each process against its own budget, with its share of the server's growth
-        total = sum(state.proc_bytes.values())
+        total = sum(state.memory.per_process.values())
         return [_View(None, b, cfg.per_process_budget_bytes,
-                      b / total if total > 0 else 1.0 / len(state.proc_bytes))
-                for _, b in sorted(state.proc_bytes.items())]
+                      b / total if total > 0 else 1.0 / len(state.memory.per_process))
+                for _, b in sorted(state.memory.per_process.items())]
     if cfg.process_budget_bytes is not None:
-        if state.mem_bytes is None:
+        if state.memory.bytes is None:
             return []
-        return [_View(None, state.mem_bytes, cfg.process_budget_bytes, 1.0)]
-    if state.gpus:
+        return [_View(None, state.memory.bytes, cfg.process_budget_bytes, 1.0)]
+    if state.memory.gpus:
         return _gpu_views(state, cfg.headroom_bytes)
     level, budget = _level_and_budget(state, cfg)
     return [] if level is None or budget is None else [_View(None, level, budget, 1.0)]
@@ -135,30 +136,43 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
     """Each GPU against its own budget (usable - headroom). The server's growth is split over
     its GPUs by where its memory is (per-process NVML), else evenly; a GPU holding none of
     the server's memory is not its to run out of."""
-    mine = {u: b for u, (_, _, b) in state.gpus.items()}
-    known = state.mem_source == "process" and all(b is not None for b in mine.values())
+    mine = {u: b for u, (_, _, b) in state.memory.gpus.items()}
+    known = state.memory.source == "process" and all(b is not None for b in mine.values())
     # known: mine holds no None (hence the casts)
     total = sum(cast("dict[str, int]", mine).values()) if known else 0
     views = []
-    for uuid, (used, usable, _) in sorted(state.gpus.items()):
-        share = cast(int, mine[uuid]) / total if known and total > 0 else 1.0 / len(state.gpus)
+    for uuid, (used, usable, _) in sorted(state.memory.gpus.items()):
+        share = cast(int, mine[uuid]) / total if known and total > 0 else \
+            1.0 / len(state.memory.gpus)
         if known and mine[uuid] == 0:
             continue
         views.append(_View(uuid, used, usable - headroom, share))
     return views
 
 
+@dataclass(frozen=True)
+class Discovery:
+    """The discovery model's inputs: the shape space `space`; `saturated`, every size of it
+    recorded (no more growth from recordings); else the observed/expected recordings `scale`,
+    the bytes a recording costs and the request rate."""
+    space: Optional[float]
+    saturated: bool = False
+    scale: float = 1.0
+    per_graph: float = 0.0
+    rate: Optional[float] = None
+
+
 def _discovery(state: State, cfg: ForecastConfig, min_records: int,
-               request_rate: Optional[float]) -> Optional[dict[str, Any]]:
+               request_rate: Optional[float]) -> Optional[Discovery]:
     """The discovery model's inputs, or None when it does not apply (yet)."""
-    n, distinct = state.requests, state.distinct_shapes
+    n, distinct = state.calls.requests, state.shapes.distinct
     space = shape_space(n, distinct)
     if saturated(space, n, state.records) and not refuted(state, cfg.window_s, space, 1.0):
         # every size is recorded (bucketed traffic: 9 sizes in hundreds of requests): the
         # recordings' growth is over; a trend through the warm-up would forecast an OOM that
         # never comes. Growth outside recordings still counts (a leak)
-        return {"saturated": True, "space": space}
-    b = state.mb_per_graph
+        return Discovery(space, saturated=True)
+    b = state.memory.mb_per_graph
     if b is None or b <= 0 or state.records < min_records or space is None \
             or not math.isfinite(space):
         return None
@@ -167,12 +181,11 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     scale = state.records / model_now if model_now > 0 else 1.0
     if refuted(state, cfg.window_s, space, scale):
         return None
-    return {"saturated": False, "space": space, "scale": scale, "per_graph": b * 1e6,
-            "rate": request_rate}
+    return Discovery(space, scale=scale, per_graph=b * 1e6, rate=request_rate)
 
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
-                   model: Optional[dict[str, Any]]) -> Forecast:
+                   model: Optional[Discovery]) -> Forecast:
     def seconds_at(rate: Optional[float]) -> float:
         if v.uuid is None and v.level >= v.budget:
             # over a configured or host budget already: an OOM now, growing or not (flat at
@@ -188,30 +201,32 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
                                   gpu_uuid=v.uuid, seconds_unexplained=unexplained)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
-    space = model["space"]
-    if model["saturated"]:
+    space = model.space
+    if model.saturated:
         return Forecast(v.budget, v.level, linear, FOREVER, v.level, space, **common)
-    per_graph, scale, n = model["per_graph"] * v.share, model["scale"], state.requests
+    assert space is not None  # a model that is not saturated has a finite shape space
+    per_graph, scale, n = model.per_graph * v.share, model.scale, state.calls.requests
     plateau = v.level + per_graph * max(0.0, scale * space - state.records)
     seconds = _seconds_to(v.level, v.budget, per_graph, state.records, n, space * scale, space,
-                          model["rate"])
+                          model.rate)
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
 
 
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:
+    mem = state.memory
     if cfg.process_budget_bytes is not None:
-        return state.mem_bytes, cfg.process_budget_bytes
-    capacity = state.device_usable if state.device_usable is not None else state.device_total
-    if state.device_used is not None and capacity is not None:
-        return state.device_used, capacity - cfg.headroom_bytes
-    if state.mem_source == "rss" and state.mem_bytes is not None:  # host-memory mode
+        return mem.bytes, cfg.process_budget_bytes
+    capacity = mem.device_usable if mem.device_usable is not None else mem.device_total
+    if mem.device_used is not None and capacity is not None:
+        return mem.device_used, capacity - cfg.headroom_bytes
+    if mem.source == "rss" and mem.bytes is not None:  # host-memory mode
         # the server's own memory against what it may use: its cgroup's limit, else what the
         # machine has available on top of what the server holds (the machine's other jobs
         # are not the server's growth)
-        if state.mem_limit is not None:
-            return state.mem_bytes, state.mem_limit - cfg.headroom_bytes
-        if state.host_available is not None:
-            return state.mem_bytes, state.mem_bytes + state.host_available - cfg.headroom_bytes
+        if mem.limit is not None:
+            return mem.bytes, mem.limit - cfg.headroom_bytes
+        if mem.host_available is not None:
+            return mem.bytes, mem.bytes + mem.host_available - cfg.headroom_bytes
     return None, None
 
 
@@ -219,7 +234,7 @@ def _recent_calls(state: State, window_s: float) -> list[tuple[float, int]]:
     """(t, calls) of the `calls` windows from the first within `window_s` to the newest,
     read newest first (the deque holds hours of them)."""
     cutoff, recent = state.now - window_s, []
-    for entry in reversed(state.calls):
+    for entry in reversed(state.calls.windows):
         if entry[0] < cutoff:
             break
         recent.append((entry[0], entry[1]))
@@ -242,11 +257,11 @@ def refuted(state: State, window_s: float, space: Optional[float], scale: float)
     whose mix changed: bucketed for an hour, then every length): the model's history no longer
     says what comes, and the trend does. Cumulative counts fit to hours of bucketed traffic
     called a shape space saturated while new recordings came every second."""
-    seen = state.samples.records_since(state.now - window_s)
+    seen = state.memory.trend.records_since(state.now - window_s)
     if not seen or seen <= REFUTE_RECORDS or space is None or not math.isfinite(space):
         return False
     in_window = sum(c for _, c in _recent_calls(state, window_s))
-    n = state.requests
+    n = state.calls.requests
     expected = scale * (recorded(space, n) - recorded(space, max(0, n - in_window)))
     return seen > 2 * expected + REFUTE_RECORDS
 

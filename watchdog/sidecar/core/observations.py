@@ -51,12 +51,12 @@ class Sample:
     processes: tuple[ProcessSample, ...] = ()
     nvml_up: bool = True
     nvml_error: Optional[str] = None
-    query_s: Optional[float] = None  # how long the NVML queries took (FACTS #11: p99 ~100 ms)
+    query_s: Optional[float] = None  # how long the NVML queries took (p99 up to ~100 ms)
     # host memory, for host-memory mode (no GPU: the server's PSS against its cgroup's limit)
     host_total_bytes: Optional[int] = None
     host_available_bytes: Optional[int] = None
     # configured servers (a systemd unit, a pidfile): name -> the pids that belong to it
-    servers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    configured: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # device uuid -> why NVML did not read it at this poll (lost, vanished, late, ...): such a
     # device is absent from `devices`, and its last numbers are not carried over
     nvml_down: dict[str, str] = field(default_factory=dict)
@@ -89,6 +89,16 @@ class ReloadOutcome:
 
     def at(self, t: float, server: str) -> "ReloadOutcome":
         return dataclasses.replace(self, t=t, server=server)
+
+
+@dataclass(frozen=True)
+class ReloadHistory:
+    """The reload decisions the reload record holds, at the sidecar's start: (time, server;
+    None for a decision of no one server), so that cooldowns and the hourly maximum survive a
+    restart, in replay too."""
+    t: float
+    decisions: tuple[tuple[float, Optional[str]], ...]
+    kind = "reload_history"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What to do about the folded state and its forecast (pure): alert, reload, or nothing.
 
-Guard rails (DESIGN.md, earlyoom, systemd-oomd): the reload condition must hold for
+Guard rails, as earlyoom and systemd-oomd keep them: the reload condition must hold for
 `hold_polls` consecutive polls; during the server's warm-up, for an OOM forecast before its
 end plus the lead; a cooldown between reloads; at most `max_reloads_per_hour`, then alert
 only. The executor re-checks right before acting.
@@ -13,7 +13,7 @@ from typing import Any, Optional
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.core.results import Action, ActionKind
+from torch_watchdog.sidecar.core.results import ActionKind, Verdict
 
 
 REARM_S = 60.0
@@ -40,8 +40,8 @@ def warming_up(state: State, cfg: PolicyConfig) -> bool:
 
 
 def warmup_start(state: State) -> Optional[float]:
-    if state.first_compile_t is not None:
-        return state.first_compile_t
+    if state.compiles.first_t is not None:
+        return state.compiles.first_t
     return state.first_hello_t if state.first_hello_t is not None else state.first_t
 
 
@@ -59,18 +59,18 @@ def reload_lead(state: State, cfg: PolicyConfig) -> float:
 
 
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
-           allow_reload: bool = True) -> list[Action]:
+           allow_reload: bool = True) -> list[Verdict]:
     """`allow_reload` False: another reload is under way (this server's, or the host-wide
     cap's); the condition keeps being held, and the decision comes once it is allowed."""
-    now, actions = state.now, []
+    now, actions = state.now, list[Verdict]()
     for finding in state.findings:
         if finding.cause not in ps.alerted:
             ps.alerted.add(finding.cause)
-            actions.append(Action(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
+            actions.append(Verdict(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
     seconds = fc.seconds
     if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
-        actions.append(Action(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
+        actions.append(Verdict(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
     elif seconds > 2 * cfg.alert_lead_s:
         # hysteresis: re-arm only once well clear, and for a while (a forecast that comes and
         # goes between polls is one alert)
@@ -89,12 +89,12 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     if len(recent) >= cfg.max_reloads_per_hour:
         if not ps.suppressed_alerted:
             ps.suppressed_alerted = True
-            actions.append(Action(now, ActionKind.ALERT, "reload_suppressed",
-                                  {"reloads_last_hour": len(recent), **_why(fc)}))
+            actions.append(Verdict(now, ActionKind.ALERT, "reload_suppressed",
+                                   {"reloads_last_hour": len(recent), **_why(fc)}))
         return actions
     ps.reloads.append(now)
     ps.holding, ps.suppressed_alerted = 0, False
-    actions.append(Action(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
+    actions.append(Verdict(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Optional, TypedDict
+from typing import Any, ClassVar, Optional, TypedDict, cast
 
 
 class ActionKind(str, enum.Enum):
@@ -20,35 +20,105 @@ class ActionKind(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Action:
+class Verdict:
+    """What the policy decides for one server, before the step names its target: an alert, or
+    a reload decision (`dry_run`: policy.dry_run when decided)."""
     t: float
-    kind: ActionKind
+    kind: ActionKind                     # ALERT or RELOAD
     reason: str
-    detail: dict[str, Any] = field(default_factory=dict)  # what it says: the numbers behind it
-    server: Optional[str] = None   # the target: a server, its pids and its GPUs (UUIDs)
-    pids: tuple[int, ...] = ()
-    gpus: tuple[str, ...] = ()
-    cause: Optional[str] = None        # RELOAD, EXECUTE, CANCEL: the cause that decided it
-    dry_run: Optional[bool] = None     # RELOAD, EXECUTE, CANCEL: policy.dry_run when decided
-    decided_t: Optional[float] = None  # EXECUTE, CANCEL: when the reload was decided
-    # RELOAD: why it will not be carried out (a dry run, reload.method none); None: it will be
-    not_done: Optional[str] = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the step asks of the daemon, or tells it, about one server: one type per kind
+    (below), each with the fields its kind has. The target: the server, its pids and its GPUs
+    (UUIDs)."""
+    t: float
+    reason: str
+    detail: dict[str, Any]   # what it says: the numbers behind it
+    server: str
+    pids: tuple[int, ...]
+    gpus: tuple[str, ...]
+    kind: ClassVar[ActionKind]
 
     def shown(self) -> dict[str, Any]:
-        """Its detail with the typed fields that are set: what logs and pages show."""
-        out = dict(self.detail)
-        if self.dry_run is not None:
-            out["dry_run"] = self.dry_run
-        if self.cause is not None:
-            out["cause"] = self.cause
-        if self.decided_t is not None:
-            out["decided_t"] = self.decided_t
-        return out
+        """Its detail with the fields of its kind: what logs and pages show."""
+        return dict(self.detail)
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.shown(), "t": round(self.t, 3), "action": self.kind.value,
                 "reason": self.reason, "server": self.server, "pids": list(self.pids),
                 "gpus": list(self.gpus)}
+
+
+@dataclass(frozen=True)
+class Alert(Action):
+    """A cause, the OOM forecast, a suppressed reload."""
+    kind: ClassVar[ActionKind] = ActionKind.ALERT
+
+
+@dataclass(frozen=True)
+class Restart(Action):
+    """A server's process restarted outside a reload."""
+    kind: ClassVar[ActionKind] = ActionKind.RESTART
+
+
+@dataclass(frozen=True)
+class ReloadAction(Action):
+    """A reload decision and what became of it before its outcome."""
+    cause: str        # the cause that decided it
+    dry_run: bool     # policy.dry_run when decided
+
+    def shown(self) -> dict[str, Any]:
+        return {**self.detail, "dry_run": self.dry_run, "cause": self.cause}
+
+
+@dataclass(frozen=True)
+class Reload(ReloadAction):
+    """Decided; carried out one poll later if it holds. `not_done`: why it will not be carried
+    out (a dry run, reload.method none); None: it will be."""
+    not_done: Optional[str]
+    kind: ClassVar[ActionKind] = ActionKind.RELOAD
+
+
+@dataclass(frozen=True)
+class Execute(ReloadAction):
+    """Carry out the reload decided at `decided_t`."""
+    decided_t: float
+    kind: ClassVar[ActionKind] = ActionKind.EXECUTE
+
+    def shown(self) -> dict[str, Any]:
+        return {**super().shown(), "decided_t": self.decided_t}
+
+
+@dataclass(frozen=True)
+class Cancel(ReloadAction):
+    """The reload decided at `decided_t` no longer holds."""
+    decided_t: float
+    kind: ClassVar[ActionKind] = ActionKind.CANCEL
+
+    def shown(self) -> dict[str, Any]:
+        return {**super().shown(), "decided_t": self.decided_t}
+
+
+@dataclass(frozen=True)
+class ReloadOk(Action):
+    """A reload's outcome: the server is back."""
+    kind: ClassVar[ActionKind] = ActionKind.RELOAD_OK
+
+
+@dataclass(frozen=True)
+class ReloadFailed(Action):
+    """A reload's outcome: carried out, and the server did not come back."""
+    kind: ClassVar[ActionKind] = ActionKind.RELOAD_FAILED
+
+
+@dataclass(frozen=True)
+class ReloadNotDone(Action):
+    """A reload's outcome: not carried out (refused, no target, an error)."""
+    kind: ClassVar[ActionKind] = ActionKind.RELOAD_NOT_DONE
 
 
 class Estimates(TypedDict):
@@ -122,6 +192,21 @@ class PollResult:
     # the servers known while none has a process left: they left the views (the page waits
     # for a server again and names them); their state and reload history stay
     stopped: tuple[str, ...] = ()
+    # the findings of every server since the last poll's result, in order: (server, finding)
+    new_findings: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # the pids the next poll's sources read: the agents' (their liveness) and, where the
+    # agents' pids are trusted, every server's
+    pids_to_read: frozenset[int] = frozenset()
+    placed_pids: frozenset[int] = frozenset()  # the pids the config placed in a server
+
+    @staticmethod
+    def before_any() -> "PollResult":
+        """The result before the first poll: nothing fires, no server, nothing to read."""
+        empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
+                             "active_causes": (), "pids": [], "gpus": []}
+        return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
+                          focus_causes=[], agents_alive=False, skewed_events=0,
+                          agent_events_lost=0)
 
 
 @dataclass

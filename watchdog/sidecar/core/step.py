@@ -2,15 +2,14 @@
 
 `step(host, observation, cfg) -> StepResult` (core/results.py: typed actions, and after a
 sample what fires). Observations are the agents' events, the sources' samples (one per poll:
-the sidecar's clock) and the outcomes of reloads; the daemon feeds them
-in the order it writes them to the sample log, and `replay` feeds that log to the same step, so
-a replay decides what the live sidecar decided, at the same times, on the same targets.
+the sidecar's clock), the outcomes of reloads, and at start the reload history; the daemon
+feeds them in the order it writes them to the sample log, and `replay` feeds that log to the
+same step, so a replay decides what the live sidecar decided, at the same times, on the same
+targets.
 
-The host model: a host has GPUs and servers. A server is a group of processes reloaded
-together: configured (the sample says which pids a `server.unit` or `server.pidfile` owns) or
-announced by its agents (`hello.server`; older agents: one server, "default"). Each server has
-its own correlation state, forecast (the nearest time to OOM over its GPUs, each against that
-GPU's own budget) and policy state. A reload targets only the server forecast to OOM, and
+The host model and which server a process belongs to: core/host.py. Each server has its own
+correlation state, forecast (the nearest time to OOM over its GPUs, each against that GPU's own
+budget) and policy state. A reload targets only the server forecast to OOM, and
 `policy.max_concurrent_reloads` keeps replicas from restarting together.
 
 Decided here, not in the daemon: the re-check of a reload decision one poll later (carry it out,
@@ -20,112 +19,53 @@ alerts that fire.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union, cast
+from typing import Any, Optional, Union
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.observations import (DeviceSample, ProcessSample,
-                                                      RecordUnreadable, ReloadOutcome, Sample)
-from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView, \
-    StepResult
+from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, ReloadEnded, ReloadFailure,
+                                              ReloadUnderWay, Server, adopt, all_gone, claim,
+                                              forget_silent, owner_of, place_configured)
+from torch_watchdog.sidecar.core.observations import (RecordUnreadable, ReloadHistory,
+                                                      ReloadOutcome, Sample)
+from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
+                                                 PollResult, Reload, ReloadFailed, ReloadNotDone,
+                                                 ReloadOk, Restart, ServerView, StepResult)
 
-DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
-AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
 # driver -> cause (Forecast.driver: None when no OOM is forecast)
 CAUSE_OF: dict[Optional[str], str] = {
     "recordings": "cudagraph_per_shape", "unexplained": "memory_growth_unexplained",
     "trend": "oom_forecast"}
 
 
-@dataclass
-class Server:
-    name: str
-    state: correlate.State = field(default_factory=correlate.State)
-    policy: policy.PolicyState = field(default_factory=policy.PolicyState)
-    # pid -> last heard (observation time)
-    pids: dict[int, float] = field(default_factory=dict)
-    gpus: set[str] = field(default_factory=set)    # UUIDs: agents' devices, NVML's lists
-    forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
-    pending: Optional[Action] = None        # decided: carried out next poll if it holds
-    reloading: Optional[Action] = None      # carried out: waiting for its outcome
-    note: Optional[dict[str, Any]] = None          # the `reload` alert's detail while it lasts
-    # alert cause -> detail, as of the last poll
-    firing: dict[str, dict[str, Any]] = field(default_factory=dict)
-    parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
-    uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
-    failed: Optional[dict[str, Any]] = None        # the last reload did not bring it back: the
-    # `reload_failed` alert's detail, until a new process of it says hello
-
-    @property
-    def busy(self) -> bool:
-        return self.pending is not None or self.reloading is not None
-
-
-@dataclass
-class Host:
-    servers: dict[str, Server] = field(default_factory=dict)  # name -> Server
-    owner: dict[int, str] = field(default_factory=dict)       # pid -> server name
-    alive: dict[int, bool] = field(default_factory=dict)      # pid -> alive, from the last sample
-    now: Optional[float] = None                    # the last sample's time: the sidecar's clock
-    configured: dict[int, str] = field(default_factory=dict)  # pid -> server name, from the config
-    # (t, server or None): past reload decisions
-    history: list[tuple[float, Optional[str]]] = field(default_factory=list)
-    skewed_events: int = 0                         # event times outside the allowed clock skew
-    # pid -> last heard: every agent's process, believed or not (its liveness only)
-    agents: dict[int, float] = field(default_factory=dict)
-    record_unreadable: Optional[str] = None        # why the reload record is not trusted
-    _none: Optional[Server] = field(default=None, repr=False, compare=False)  # focus() of none
-
-    def server(self, name: str) -> Server:
-        s = self.servers.get(name)
-        if s is None:
-            s = self.servers[name] = Server(name)
-            s.policy.reloads = sorted(t for t, who in self.history if who in (None, name))
-        return s
-
-    def focus(self) -> Server:
-        """The server nearest to OOM (the one a single-server view shows), among those with a
-        process if any has one (a server that is gone is not the page's subject); before any
-        server is known, an empty one that is not kept (a server exists only with a
-        process)."""
-        if not self.servers:
-            return self.nobody()
-        live = [s for s in self.servers.values() if s.pids] or list(self.servers.values())
-        return min(live, key=lambda s: (s.forecast.seconds, s.name != DEFAULT_SERVER, s.name))
-
-    def nobody(self) -> Server:
-        """An empty server, not kept among the servers: the views' subject while there is no
-        server (one, kept: not a new Server each idle poll)."""
-        if self._none is None:
-            self._none = Server(DEFAULT_SERVER)
-        return self._none
-
-    def pids(self) -> set[int]:
-        return set(self.owner)
-
-    def agents_alive(self) -> bool:
-        """An agent is up while one of the processes that sent events is alive (a pid not yet
-        read in a sample counts as alive): after a reload or a crash it drops at the next poll,
-        not 30 s later."""
-        return any(self.alive.get(pid) is not False for pid in self.agents)
-
-
-Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable]
+Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory]
+__all__ = ["DEFAULT_SERVER", "Host", "Observation", "Server", "estimates", "server_view", "step"]
 
 
 def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
+    if isinstance(obs, events.Event):  # the common observation: thousands a second
+        return StepResult(_on_event(host, obs, cfg))
     if isinstance(obs, Sample):
         actions = _on_sample(host, obs, cfg)
         return StepResult(actions, _poll_result(host, cfg))
     if isinstance(obs, ReloadOutcome):
         return StepResult(_on_outcome(host, obs))
-    if isinstance(obs, RecordUnreadable):  # fails closed: no reload for an hour, and an alert
-        host.record_unreadable = obs.detail
+    if isinstance(obs, ReloadHistory):
+        _on_history(host, obs)
         return StepResult()
-    return StepResult(_on_event(host, obs, cfg))
+    host.record_unreadable = obs.detail  # fails closed: no reload for an hour, and an alert
+    return StepResult()
+
+
+def _on_history(host: Host, h: ReloadHistory) -> None:
+    """Reload decisions before this sidecar started: cooldowns and the hourly maximum survive
+    a restart (a decision of no server counts for every one)."""
+    host.history.extend(h.decisions)
+    for name, server in host.servers.items():
+        server.policy.reloads = sorted([*server.policy.reloads,
+                                        *(t for t, who in h.decisions if who in (None, name))])
 
 
 # -- events -------------------------------------------------------------------------------
@@ -136,57 +76,20 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
         # would fall out of the forecast's window (a +1e9 s event switched the forecast off)
         host.skewed_events += 1
         e = dataclasses.replace(e, t=now)
-    return _fold_run(host, (e,), cfg)
-
-
-def fold_events(host: Host, evs: Sequence[events.Event], cfg: Config) -> list[Action]:
-    """`step(host, e, cfg)` for each agent event of `evs` in turn: the same state, the same
-    actions. After the first sample, a run of one process's events on the sidecar's clock (an
-    agent's datagram) is folded as one: only a hello, which starts a run of its own, can
-    change the server they go to, and only a sample changes the clock."""
-    now = host.now
-    if now is None:
-        return [a for e in evs for a in _on_event(host, e, cfg)]
-    skew = cfg.correlate.max_clock_skew_s
+    pid = e.pid
+    host.agents[pid] = e.t
     actions: list[Action] = []
-    i, n = 0, len(evs)
-    while i < n:
-        first = evs[i]
-        j = i + 1
-        if first.kind != "hello" and -skew <= first.t - now <= skew:
-            pid = first.pid
-            while j < n and (e := evs[j]).pid == pid and e.kind != "hello" and \
-                    -skew <= e.t - now <= skew:
-                j += 1
-        run = evs[i:j] if i or j < n else evs
-        actions += _fold_run(host, run, cfg) if j > i + 1 else _on_event(host, first, cfg)
-        i = j
-    return actions
-
-
-def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Action]:
-    """Events of one process, on the sidecar's clock: a hello alone, or a run without one."""
-    last = run[-1]
-    pid = last.pid
-    host.agents[pid] = last.t
-    actions: list[Action] = []
-    if last.kind == "hello":
-        server = _on_hello(host, cast(events.Hello, last), actions)  # kind "hello": a Hello
-    else:  # the common path (thousands a second): the owner is known
+    if isinstance(e, events.Hello):
+        server = _on_hello(host, e, actions)
+    else:  # the common path: the owner is known
         name = host.configured.get(pid) or host.owner.get(pid, DEFAULT_SERVER)
         server = host.servers.get(name) or host.server(name)
     # a configured server's pids are its unit's or pidfile's (and their children) alone: an
     # agent naming it cannot add a pid it would be reloaded (signalled) through
     if pid in host.configured or (cfg.server.trust_agent_pids and
                                   server.name not in host.configured.values()):
-        before = host.owner.get(pid)
-        if before not in (None, server.name) and before in host.servers:
-            # heard before its hello (the default server), or named anew: one server's only;
-            # left in the other, that server's own policy could reload it (a phantom server)
-            host.servers[before].pids.pop(pid, None)
-        server.pids[pid] = last.t  # a pid the server may be reloaded through
-        host.owner[pid] = server.name
-    correlate.fold_events(server.state, run, cfg.correlate)
+        claim(host, server, pid, e.t)
+    correlate.apply(server.state, e, cfg.correlate)
     if host.now is None:  # an agent log without samples: its causes are still alerted
         correlate.evaluate_causes(server.state, cfg.correlate)
         actions += _decide(host, server, cfg, allow_reload=False)
@@ -195,109 +98,32 @@ def _fold_run(host: Host, run: Sequence[events.Event], cfg: Config) -> list[Acti
 
 def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
     name = owner_of(host, e)
-    _adopt(host, e, name)
+    adopt(host, e, name)
     server = host.server(name)
-    if e.pid not in server.pids and _all_gone(host, server):
+    if e.pid not in server.pids and all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
         # baseline; folding it into the old state calls its model load "unexplained growth"
-        actions.append(_action(e.t, ActionKind.RESTART, "server_restarted", server,
-                               {"old_pids": sorted(server.pids), "new_pid": e.pid}))
+        actions.append(Restart(e.t, "server_restarted",
+                               {"old_pids": sorted(server.pids), "new_pid": e.pid},
+                               *_target(server)))
         _reset(host, server)
     server.gpus.update(e.devices)
     if server.uid is None or server.uid == 0 or len(server.pids) == 0:
         server.uid = e.uid
-    if server.failed is not None and e.pid not in server.failed["old_pids"]:
-        server.failed = None  # back after all
+    if server.reload_failed is not None and e.pid not in server.reload_failed.old_pids:
+        server.reload_failed = None  # back after all
     if isinstance(e.ppid, int):
         server.parents.add(e.ppid)
     return server
-
-
-def owner_of(host: Host, e: events.Event) -> str:
-    """A configured server owns its pids; else the server the agent named in its hello (never
-    a configured one: its processes are found by the config alone); else its master's (a
-    forked worker); else the default. A process joins a server only if it could signal that
-    server's processes anyway (`_may_join`): else its hello's name, for its uid alone."""
-    if e.pid in host.configured:
-        return host.configured[e.pid]
-    if e.kind == "hello":
-        e = cast(events.Hello, e)  # the one kind named "hello"
-        if isinstance(e.server, str) and e.server and e.server not in host.configured.values():
-            name = e.server
-        elif e.ppid in host.owner:
-            name = host.owner[e.ppid]
-        else:
-            name = host.owner.get(e.pid, DEFAULT_SERVER)
-        return name if _may_join(host, host.servers.get(name), e) else f"{name}@uid:{e.uid}"
-    return host.owner.get(e.pid, DEFAULT_SERVER)
-
-
-def _may_join(host: Host, server: Optional[Server], e: events.Hello) -> bool:
-    """Whether the sender of hello `e` may be one of `server`'s processes, on the kernel's word
-    (the receiver's uid and ppid): the same uid as the server's, root, or a child of one of
-    its processes (a root master's workers under another user). Why: a reload (signal, or a
-    drain over the control channel) goes to every process of a server, and a hello naming a
-    server is anyone's to send; a process of another user naming it, then growing, had that
-    user's server drained. A process that could signal the server itself gains nothing; a
-    server whose processes are all gone takes its next start's (another user's, too)."""
-    if server is None or server.uid is None or e.uid is None or e.uid in (0, server.uid):
-        return True
-    return e.ppid in server.pids or not server.pids or _all_gone(host, server)
-
-
-def _adopt(host: Host, e: events.Hello, name: str) -> None:
-    """A hello naming a server not seen before may be one already known under another name:
-    - a pid heard before its hello went to the default server: that state is its start;
-    - a server restarted by the same supervisor (its parent, not init) whose processes are all
-      gone: a process-group or job name (`pgid:N`, `dist:<addr>:<port>`) changes with each
-      start, and a new name must not reset the reload history (the cooldown and the hourly
-      maximum are the server's). Only a name of the same kind and GPU set (`pgid:N/cuda:2` for
-      `pgid:M/cuda:2`): a replica that starts where another one died is not that one."""
-    if name in host.servers:
-        return
-    old = host.servers.get(DEFAULT_SERVER)
-    if old is not None and name != DEFAULT_SERVER and set(old.pids) == {e.pid}:
-        _rename(host, old, name)
-        return
-    if not isinstance(e.ppid, int) or e.ppid <= 1:
-        return
-    kind = events.per_start(name)
-    if kind is None:
-        return
-    for other in list(host.servers.values()):
-        if e.ppid in other.parents and (not other.pids or _all_gone(host, other)) \
-                and events.per_start(other.name) == kind:
-            _rename(host, other, name)
-            return
-
-
-def _rename(host: Host, server: Server, name: str) -> None:
-    del host.servers[server.name]
-    for pid, owner in host.owner.items():
-        if owner == server.name:
-            host.owner[pid] = name
-    server.name = name
-    host.servers[name] = server
-
-
-def _all_gone(host: Host, server: Server) -> bool:
-    """Every pid the server had is dead in the last sample (and there was one)."""
-    return bool(server.pids) and all(host.alive.get(pid) is False for pid in server.pids)
 
 
 # -- samples ------------------------------------------------------------------------------
 def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
     host.alive.update({p.pid: p.alive for p in s.processes})
-    host.configured = {pid: name for name, pids in s.servers.items() for pid in pids} \
-        if s.servers else {}
-    for pid, name in host.configured.items():
-        if host.owner.get(pid) not in (None, name):  # announced before the config found it
-            host.servers[host.owner[pid]].pids.pop(pid, None)
-        host.owner[pid] = name
-        host.server(name).pids.setdefault(pid, s.t)
+    place_configured(host, s.configured, s.t)
     if False in host.alive.values():  # only the dead are forgotten
-        _forget_silent(host, s.t)
+        forget_silent(host, s.t)
     actions: list[Action] = []
     servers = list(host.servers.values())
     busy = sum(o.busy for o in servers)
@@ -308,38 +134,10 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     return actions
 
 
-class _Mine:
-    """The sample as one server sees it (its processes and GPUs): what `correlate._sample`
-    reads of a Sample, without copying the frozen Sample."""
-    __slots__ = ("t", "devices", "processes", "nvml_up", "host_total_bytes",
-                 "host_available_bytes")
-
-    def __init__(self, s: Sample, processes: tuple[ProcessSample, ...],
-                 devices: tuple[DeviceSample, ...]):
-        self.t, self.devices, self.processes, self.nvml_up = s.t, devices, processes, s.nvml_up
-        self.host_total_bytes = s.host_total_bytes
-        self.host_available_bytes = s.host_available_bytes
-
-
-def _forget_silent(host: Host, now: float) -> None:
-    for pid, heard in list(host.agents.items()):
-        if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
-            del host.agents[pid]
-            if pid not in host.owner:
-                host.alive.pop(pid, None)
-    for server in host.servers.values():
-        for pid, heard in list(server.pids.items()):
-            if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
-                del server.pids[pid]
-                host.owner.pop(pid, None)
-                host.alive.pop(pid, None)
-
-
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
                  others_busy: int) -> list[Action]:
-    procs, devices = _view(server, s)
-    correlate.fold_sample(server.state, _Mine(s, procs, devices), cfg.correlate,  # its own only
-                          attribution=cfg.gpu.attribution)
+    correlate.apply(server.state, _view(server, s), cfg.correlate, cfg.gpu.attribution)
+    correlate.evaluate_causes(server.state, cfg.correlate)
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
@@ -354,14 +152,14 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
 def _attributable(host: Host, server: Server) -> bool:
     """Its memory is its own processes' (NVML per process), or no other server shares its
     GPUs: only then can a forecast OOM be pinned on it."""
-    if server.state.mem_source != "device":
+    if server.state.memory.source != "device":
         return True
-    mine = set(server.state.gpus)
-    return not any(mine & set(o.state.gpus) for o in host.servers.values() if o is not server)
+    mine = set(server.state.memory.gpus)
+    return not any(mine & set(o.state.memory.gpus) for o in host.servers.values()
+                   if o is not server)
 
 
-def _view(server: Server, s: Sample,
-          ) -> tuple[tuple[ProcessSample, ...], tuple[DeviceSample, ...]]:
+def _view(server: Server, s: Sample) -> Sample:
     """The sample as this server sees it: its processes, and its GPUs (every GPU when none of
     the agents' devices or NVML's per-process lists name one: a device-level meter)."""
     pids, gpus = server.pids, server.gpus
@@ -371,7 +169,7 @@ def _view(server: Server, s: Sample,
             if b and u not in gpus:
                 gpus.add(u)
     devices = tuple([d for d in s.devices if d.uuid in gpus]) or s.devices
-    return procs, devices
+    return dataclasses.replace(s, processes=procs, devices=devices)
 
 
 def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
@@ -387,71 +185,70 @@ def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
     fell = fc.level_bytes is None or before is None or fc.level_bytes < before
     if fc.seconds > 2 * cfg.policy.reload_lead_s and fell:
         policy.forget_reload(server.policy, decision.t)
-        return [dataclasses.replace(decision, t=t, kind=ActionKind.CANCEL, decided_t=decision.t)]
+        return [Cancel(t, decision.reason, decision.detail, decision.server, decision.pids,
+                       decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
     server.reloading = decision
-    server.note = {"outcome": "in progress", "method": cfg.reload.method,
-                   "seconds_to_oom": server.forecast.as_dict()["seconds_to_oom"],
-                   "cause": decision.cause}
-    return [dataclasses.replace(decision, t=t, kind=ActionKind.EXECUTE, decided_t=decision.t)]
+    server.reload_alert = ReloadUnderWay(cfg.reload.method,
+                                         server.forecast.as_dict()["seconds_to_oom"],
+                                         decision.cause)
+    return [Execute(t, decision.reason, decision.detail, decision.server, decision.pids,
+                    decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
 
 
 def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[Action]:
     fc = server.forecast
     if server.busy:  # one decision at a time per server
         allow_reload = False
-    decided = policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload)
-    out = []
-    for a in decided:
-        a = _target(a, server)
-        if a.kind is ActionKind.RELOAD:
-            a = dataclasses.replace(a, cause=CAUSE_OF.get(fc.driver, "oom_forecast"),
-                                    not_done=_not_done(a, cfg))
-            host.history.append((a.t, server.name))
-            if a.not_done is None:
-                server.pending = a
-        out.append(a)
+    out: list[Action] = []
+    for v in policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload):
+        if v.kind is not ActionKind.RELOAD:
+            out.append(Alert(v.t, v.reason, v.detail, *_target(server)))
+            continue
+        decision = Reload(v.t, v.reason, v.detail, *_target(server),
+                          cause=CAUSE_OF.get(fc.driver, "oom_forecast"), dry_run=v.dry_run,
+                          not_done=_not_done(v.dry_run, cfg))
+        host.history.append((decision.t, server.name))
+        if decision.not_done is None:
+            server.pending = decision
+        out.append(decision)
     return out
 
 
-def _not_done(a: Action, cfg: Config) -> Optional[str]:
+def _not_done(dry_run: bool, cfg: Config) -> Optional[str]:
     """Why a reload decision will not be carried out; None: it will be (next poll, if it
     still holds)."""
-    if a.dry_run:
+    if dry_run:
         return "dry run"
     if cfg.reload.method == "none":
         return "reload.method is none"
     return None
 
 
-def _target(a: Action, server: Server) -> Action:
-    return dataclasses.replace(a, server=server.name, pids=tuple(sorted(server.pids)),
-                               gpus=tuple(sorted(server.state.gpus or server.gpus)))
-
-
-def _action(t: float, kind: ActionKind, reason: str, server: Server,
-            detail: dict[str, Any]) -> Action:
-    return _target(Action(t, kind, reason, detail), server)
+def _target(server: Server) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """An action's target: the server, its pids and its GPUs."""
+    return (server.name, tuple(sorted(server.pids)),
+            tuple(sorted(server.state.memory.gpus or server.gpus)))
 
 
 def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     """The alerts that fire for this server now: its active causes, the OOM forecast (with the
     policy's hysteresis), and a reload from its start until one poll after its outcome."""
     state = server.state
-    if not (state.active or server.policy.forecast_alerted or state.padding or
-            server.failed is not None or server.note is not None):
+    if not (state.active or server.policy.forecast_alerted or state.padding.models or
+            server.reload_failed is not None or server.reload_alert is not None):
         return {}  # the common case: nothing fires
     firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
         firing["oom_forecast"] = dict(server.forecast.as_dict())
-    refused = server.state.padding_refused()
+    refused = server.state.padding.refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
-    if server.failed is not None:
-        firing["reload_failed"] = {k: v for k, v in server.failed.items() if k != "old_pids"}
-    if server.note is not None:
-        firing["reload"] = dict(server.note)
-        if server.note.get("done"):
-            server.note = None
+    if server.reload_failed is not None:
+        firing["reload_failed"] = server.reload_failed.ended.detail()
+    if server.reload_alert is not None:
+        firing["reload"] = server.reload_alert.detail()
+        if isinstance(server.reload_alert, ReloadEnded):  # shown once
+            server.reload_alert = None
     return firing
 
 
@@ -459,24 +256,23 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
 def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
     server = host.server(o.server)
     decision, server.reloading = server.reloading, None
-    server.note = {"outcome": o.detail, "reload_seconds": round(o.seconds, 3), "done": True,
-                   "cause": decision.cause if decision else None}
+    ended = ReloadEnded(o.detail, o.seconds, decision.cause if decision else None)
+    server.reload_alert = ended
     # carried out but not back (no new hello in time): reload_failed, alerted until it is back
-    kind = (ActionKind.RELOAD_OK if o.ok else ActionKind.RELOAD_FAILED if o.failed
-            else ActionKind.RELOAD_NOT_DONE)
-    action = _action(o.t, kind, "oom_forecast", server, dict(server.note))
+    kind = ReloadOk if o.ok else ReloadFailed if o.failed else ReloadNotDone
+    action = kind(o.t, "oom_forecast", ended.detail(), *_target(server))
     if not o.ok and o.retry_after_s is not None and decision is not None:
         # refused for now (a PodDisruptionBudget): no cooldown, not counted; asked again
         policy.forget_reload(server.policy, decision.t)
         server.policy.not_before = o.t + o.retry_after_s
     old = set(decision.pids) if decision else set(server.pids)
     if o.failed:
-        server.failed = {**server.note, "old_pids": sorted(old)}
+        server.reload_failed = ReloadFailure(ended, frozenset(old))
     if o.ok:  # the old processes are gone: the new ones start a fresh state, keeping the
         # replacements heard during the reload (a rolling reload's, whose hellos came first)
         fresh = {pid: t for pid, t in server.pids.items() if pid not in old}
         _reset(host, server)
-        server.failed = None
+        server.reload_failed = None
         server.pids.update(fresh)
         host.owner.update(dict.fromkeys(fresh, server.name))
     return [action]
@@ -489,6 +285,7 @@ def _reset(host: Host, server: Server) -> None:
         host.owner.pop(pid, None)
     server.pids = {}
     server.state = correlate.State()
+    server.findings_shown = 0
     server.policy = policy.PolicyState(reloads=server.policy.reloads)
     server.forecast = Forecast(None, None)
     server.pending = None
@@ -506,7 +303,7 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
     # stay, for its next start); once every one has, the page waits for a server again
     stopped: tuple[str, ...] = ()
     if host.servers and not focus.pids:
-        stopped, focus = tuple(sorted(host.servers)), host.nobody()
+        stopped, focus = tuple(sorted(host.servers)), host.placeholder()
     views = {name: server_view(s, cfg) for name, s in host.servers.items() if s.pids}
     known = host.servers.get(focus.name) is focus
     unreadable = host.record_unreadable
@@ -517,12 +314,26 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
         focus_view=views[focus.name] if known else server_view(focus, cfg),
         focus_causes=[f.as_dict() for f in focus.state.active.values()],
         agents_alive=host.agents_alive(), skewed_events=host.skewed_events,
-        agent_events_lost=sum(s.state.agent_dropped for s in host.servers.values()),
-        stopped=stopped)
+        agent_events_lost=sum(s.state.losses.total for s in host.servers.values()),
+        stopped=stopped, new_findings=_new_findings(host),
+        pids_to_read=frozenset(host.agents).union(host.owner)
+        if cfg.server.trust_agent_pids else frozenset(host.agents),
+        placed_pids=frozenset(host.configured))
+
+
+def _new_findings(host: Host) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Every server's findings since the last poll's result, as shown."""
+    out = []
+    for name, server in host.servers.items():
+        findings = server.state.findings
+        if len(findings) > server.findings_shown:
+            out += [(name, f.as_dict()) for f in findings[server.findings_shown:]]
+            server.findings_shown = len(findings)
+    return tuple(out)
 
 
 def server_view(server: Server, cfg: Config) -> ServerView:
     state = server.state
     return {"estimates": state.estimates(cfg.correlate), "forecast": server.forecast.as_dict(),
             "active_causes": tuple(state.active), "pids": sorted(server.pids),
-            "gpus": sorted(state.gpus or server.gpus)}
+            "gpus": sorted(state.memory.gpus or server.gpus)}

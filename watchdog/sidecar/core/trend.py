@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 SETTLE_S = 2.0
 LEAK_MIN_POINTS = 10      # intervals outside recordings needed to measure growth outside them
@@ -44,33 +44,36 @@ class Step(NamedTuple):
     outside: bool   # outside recordings (counted in the growth outside them)
 
 
+class Sums(NamedTuple):
+    """Running sums from the first sample to one sample, over the envelope's changes but its
+    steps: growth, and outside recordings (growth, seconds, intervals); and its rises."""
+    growth: float = 0.0
+    outside_growth: float = 0.0
+    outside_seconds: float = 0.0
+    outside_intervals: int = 0
+    rises: int = 0
+
+
 class Trend:
     def __init__(self, jump_bytes: int = 16 << 20, maxlen: int = 36_000):
         self.jump_bytes = jump_bytes
         self.maxlen = maxlen
         self._t: list[float] = []
-        # per sample, summed from the first over the envelope's changes but its steps: growth,
-        # and outside recordings: growth, seconds and intervals; and the rises
-        self._sums: list[tuple[float, float, float, int, int]] = []
+        self._sums: list[Sums] = []                        # per sample
         self._records: list[int] = []                      # recordings so far, per sample
         self.steps: list[Step] = []                        # the envelope's steps up, in order
         self._last: Optional[tuple[float, float, int]] = None   # t, envelope, recordings
         self._changed = -math.inf                            # when recordings last changed
         self._high: collections.deque[tuple[float, int]] = collections.deque()  # max over time
         self._low: collections.deque[tuple[float, int]] = collections.deque()   # min over time
-        self._counted: tuple[Any, list[Step]] = (None, [])  # counted_steps' last answer
-        self._tails: tuple[list[float], list[float]] = ([0.0], [0.0])  # and its sums
 
     @property
     def floor(self) -> Optional[int]:
         """The lowest memory of the last SUSTAIN_S: what a passing peak does not raise."""
         return self._low[0][1] if self._low else None
 
-    def append(self, sample: tuple[Any, ...]) -> None:
-        """(t, the server's memory, recordings so far, ...): the columns after are ignored."""
-        t, mem, records = sample[0], sample[1], sample[2]
-        if mem is None:
-            return
+    def append(self, t: float, mem: int, records: int) -> None:
+        """One poll: its time, the server's memory then, and the recordings so far."""
         high, low = self._high, self._low  # monotonic deques: the max and the min over time
         while high and high[-1][1] <= mem:
             high.pop()
@@ -83,7 +86,7 @@ class Trend:
         while low[0][0] <= t - SUSTAIN_S:
             low.popleft()
         env = high[0][1]
-        g, lg, ls, ln, up = self._sums[-1] if self._sums else (0.0, 0.0, 0.0, 0, 0)
+        growth, out_growth, out_seconds, out_n, rises = self._sums[-1] if self._sums else Sums()
         if self._last is not None:
             t0, e0, r0 = self._last
             if records != r0:
@@ -94,13 +97,15 @@ class Trend:
                 self.steps.append(Step(t, change, outside))
                 change = 0.0
             elif change > 0:
-                up += 1
-            g += change
+                rises += 1
+            growth += change
             if outside:
-                lg, ls, ln = lg + change, ls + (t - t0), ln + 1
+                out_growth += change
+                out_seconds += t - t0
+                out_n += 1
         self._last = (t, env, records)
         self._t.append(t)
-        self._sums.append((g, lg, ls, ln, up))
+        self._sums.append(Sums(growth, out_growth, out_seconds, out_n, rises))
         self._records.append(records)
         if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
             del self._t[:-self.maxlen]
@@ -117,28 +122,16 @@ class Trend:
         if not steps or not self._t:
             return []
         horizon = since - (self._t[-1] - since)
-        key = (len(steps), steps[0].t, bisect.bisect_right(steps, horizon, key=_step_t))
-        if key == self._counted[0]:  # the same steps within the same horizon
-            return self._counted[1]
         run = [steps[-1]]
         for step in reversed(steps[:-1]):
             if step.t <= horizon or run[-1].t - step.t > STAIR_GAP_S:
                 break
             run.append(step)
-        counted: list[Step] = []
-        if len(run) >= STAIR_STEPS and run[0].t - run[-1].t >= STAIR_SPREAD_S:
-            sizes = sorted(s.size for s in run)
-            limit = OUTLIER * sizes[len(sizes) // 2]
-            counted = [s for s in reversed(run) if s.size <= limit]
-        # sums of the counted sizes from each step on (all, outside recordings): a part's
-        # share is one lookup
-        total, out = [0.0], [0.0]
-        for step in reversed(counted):
-            total.append(total[-1] + step.size)
-            out.append(out[-1] + (step.size if step.outside else 0.0))
-        self._counted = (key, counted)
-        self._tails = (total[::-1], out[::-1])
-        return counted
+        if len(run) < STAIR_STEPS or run[0].t - run[-1].t < STAIR_SPREAD_S:
+            return []
+        sizes = sorted(s.size for s in run)
+        limit = OUTLIER * sizes[len(sizes) // 2]
+        return [s for s in reversed(run) if s.size <= limit]
 
     def records_since(self, since: float) -> Optional[int]:
         """Recordings from the first sample at or after `since` to the last; None without."""
@@ -156,8 +149,9 @@ class Trend:
             return None, None
         last, first = t[j], t[i]
         steps = self.counted_steps(since)
+        tails = _tails(steps)
         sj = sums[j]
-        rises = sj[4] - sums[i][4]
+        rises = sj.rises - sums[i].rises
         growth: list[float] = []
         leak: list[float] = []
         for part in PARTS:
@@ -168,19 +162,32 @@ class Trend:
             stepped = outside = 0.0
             if steps:  # the counted steps after tk
                 first_in = bisect.bisect_right(steps, tk, key=_step_t)
-                stepped, outside = self._tails[0][first_in], self._tails[1][first_in]
+                stepped, outside = tails[first_in]
                 if part == 1.0:
                     rises += len(steps) - first_in
-            growth.append((sj[0] - sk[0] + stepped) / (last - tk))
-            span, used = sj[2] - sk[2], sj[3] - sk[3]
+            growth.append((sj.growth - sk.growth + stepped) / (last - tk))
+            span = sj.outside_seconds - sk.outside_seconds
+            used = sj.outside_intervals - sk.outside_intervals
             if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
                 continue
-            leak.append((sj[1] - sk[1] + outside) / span)
+            leak.append((sj.outside_growth - sk.outside_growth + outside) / span)
         return _rate(growth, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
 
 
 def _step_t(step: Step) -> float:
     return step.t
+
+
+def _tails(steps: list[Step]) -> list[tuple[float, float]]:
+    """Per step, the sizes of it and the steps after it, summed (all, and outside recordings),
+    and (0, 0) after the last: a part's share of the steps is one lookup."""
+    total, out = 0.0, 0.0
+    sums = [(total, out)]
+    for step in reversed(steps):
+        total += step.size
+        out += step.size if step.outside else 0.0
+        sums.append((total, out))
+    return sums[::-1]
 
 
 def _rate(rates: list[float], rises: int) -> Optional[float]:

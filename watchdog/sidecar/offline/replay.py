@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from torch_watchdog.sidecar.core import correlate, step
-from torch_watchdog.sidecar.core.step import Host
+from torch_watchdog.sidecar.core.host import Host
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.observations import ConfigChange
@@ -19,13 +19,13 @@ from torch_watchdog.sidecar.offline.traces import Observation, Reader, read_all
 
 # called after each observation is stepped, with the focus server's state and what the step
 # decided on it (the report's hook)
-Observer = Callable[[Observation, correlate.State, list], None]
+Observer = Callable[[Observation, correlate.State, list[Any]], None]
 
 
 @dataclass
 class Run:
     host: Host = field(default_factory=Host)
-    actions: list = field(default_factory=list)
+    actions: list[Any] = field(default_factory=list)
     observations: int = 0
     config: Optional[Config] = None   # the last one in force
 
@@ -98,7 +98,7 @@ def replay(paths: list[str], config: Config,
     start = None if last is None else first_t.get(time_base(last))
     span = last - start if last is not None and start is not None else 0.0
     return {
-        **r.outcome(r.config),
+        **r.outcome(r.config or config),
         "replay": {"files": paths, "observations": r.observations,
                    "bad_lines": sum(rd.bad_lines for rd in readers),
                    "used_lines": sum(rd.used_lines for rd in readers),

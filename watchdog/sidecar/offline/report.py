@@ -17,10 +17,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.offline.buckets import advise, size_counts, varying_dimension
+from torch_watchdog.buckets import advise, size_counts, varying_dimension
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.present.history import Thinned, higher
 from torch_watchdog.sidecar.present.plot import human_duration
@@ -28,7 +29,8 @@ from torch_watchdog.sidecar.present.status import padding_rows
 from torch_watchdog.sidecar.core import policy, step
 from torch_watchdog.sidecar.core.forecast import FOREVER
 from torch_watchdog.sidecar.core.results import ActionKind
-from torch_watchdog.sidecar.core.step import Host
+from torch_watchdog.sidecar.core import host as host_mod
+from torch_watchdog.sidecar.core.host import Host
 from torch_watchdog.sidecar.offline.report_html import render_html
 from torch_watchdog.sidecar.core.observations import ConfigChange, Sample
 from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
@@ -49,6 +51,9 @@ CAUSE_TEXT = {
     "memory_growth_unexplained": "memory grew more than recordings and compiles explain",
 }
 
+# a shape (per tensor argument, its dims) or a CUDA-graph key -> how often it was seen
+ShapeCounts = Counter[tuple[Any, ...]]
+
 
 class ReportError(Exception):
     """Input the report cannot use; the message says what to do next (exit code 2)."""
@@ -59,11 +64,11 @@ class Request:
     """One request's input shape, from a recorded trace (`req` line): for the shape histogram,
     not for the pipeline (which sees the NewShape/Stall/Calls the agent would have sent)."""
     t: float
-    shape: tuple
+    shape: tuple[Any, ...]
 
 
 class _RequestAdapter(TraceAdapter):
-    def _on_req(self, line: dict, t: float) -> list:
+    def _on_req(self, line: dict[str, Any], t: float) -> list[Any]:
         out = super()._on_req(line, t)  # validates the line first
         return [Request(t, (tuple(int(v) for v in line["shape"]),)), *out]
 
@@ -91,7 +96,7 @@ class _Series:
         self.thinned.add((t, v))
 
     @property
-    def points(self) -> tuple:
+    def points(self) -> tuple[Any, ...]:
         return self.thinned.view()
 
 
@@ -109,7 +114,7 @@ class _Steps:
             self.last = v
 
     @property
-    def points(self) -> tuple:
+    def points(self) -> tuple[Any, ...]:
         return self.thinned.view()
 
 
@@ -120,17 +125,17 @@ class _ServerLog:
 
     def __init__(self, server: Any):
         self.server = server                   # the step's Server (adoption may rename it)
-        self.states: list = []                 # (first seen t, correlate.State), in order
-        self.state_pids: dict = {}             # id(state) -> the pids the server had then
+        self.states: list[Any] = []                 # (first seen t, correlate.State), in order
+        self.state_pids: dict[int, set[int]] = {}  # id(state) -> the pids the server had then
         self.series: dict[str, _Series] = {}   # meter -> the server's memory
         self.budget: dict[str, _Steps] = {}    # meter -> the budget on that meter's scale
         self.marks: list[tuple[float, str]] = []
-        self.new_shapes: Counter = Counter()   # shape -> 1 (agent's new_shape events)
-        self.graph_sizes: Counter = Counter()  # CUDA-graph shape or key -> 1 (warm-ups)
-        self.nearest: Optional[tuple[float, dict]] = None  # (t, forecast) nearest to OOM
+        self.new_shapes: ShapeCounts = Counter()   # shape -> 1 (agent's new_shape events)
+        self.graph_sizes: ShapeCounts = Counter()  # CUDA-graph shape or key -> 1 (warm-ups)
+        self.nearest: Optional[tuple[float, dict[str, Any]]] = None  # (t, forecast) nearest to OOM
         self.seen: Optional[tuple[float, float]] = None    # first and last it was alive
-        self.pids: set = set()
-        self.gpus: set = set()
+        self.pids: set[Any] = set()
+        self.gpus: set[Any] = set()
         self.agent_limit = False
         self.sampled: Any = None               # the state of the last point charted
         self.gap = False                       # samples skipped since (no process of its own)
@@ -141,7 +146,7 @@ class _ServerLog:
             self.states.append((t, s.state))
         self.state_pids.setdefault(id(s.state), set()).update(s.pids)
         self.pids |= set(s.pids)
-        self.gpus |= set(s.state.gpus or s.gpus)
+        self.gpus |= set(s.state.memory.gpus or s.gpus)
 
     def saw(self, t: float) -> None:
         """A sample with a live process of the server's, or an event of its, at `t` seconds
@@ -151,22 +156,22 @@ class _ServerLog:
     def sample(self, t: float, config: Config, alive: bool = True) -> None:
         s = self.server
         state, fc = s.state, s.forecast
-        if state.mem_source is None or state.mem_bytes is None or not s.pids or not alive:
+        if state.memory.source is None or state.memory.bytes is None or not s.pids or not alive:
             # no process of its own (after a reload, before the new one is known): the step
             # then folds every process's memory, which is not this server's; none alive: its
             # last reading is no longer its memory (the chart stops where it died)
             self.gap = self.sampled is not None
             return
-        series = self.series.setdefault(state.mem_source, _Series())
+        series = self.series.setdefault(state.memory.source, _Series())
         if self.gap or (self.sampled is not None and state is not self.sampled):
             series.breaks.append(t)  # a new process (a reload, a restart): not one line
         self.gap, self.sampled = False, state
-        series.add(t, state.mem_bytes)
+        series.add(t, state.memory.bytes)
         if fc.budget_bytes is not None:
             # where the server's memory meets the budget with everything else as it is now
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
-            other = 0 if fc.level_bytes is None else fc.level_bytes - state.mem_bytes
-            self.budget.setdefault(state.mem_source, _Steps()).add(t, fc.budget_bytes - other)
+            other = 0 if fc.level_bytes is None else fc.level_bytes - state.memory.bytes
+            self.budget.setdefault(state.memory.source, _Steps()).add(t, fc.budget_bytes - other)
         # the nearest forecast the policy would have acted on: during a process's warm-up
         # only one due by its end plus the lead (a fresh process's start-up is not growth)
         if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
@@ -181,7 +186,7 @@ class _Collector:
 
     def __init__(self) -> None:
         self.logs: dict[int, _ServerLog] = {}   # id(step.Server) -> its log
-        self.requests: Counter = Counter()     # shape -> requests (recorded traces)
+        self.requests: ShapeCounts = Counter()     # shape -> requests (recorded traces)
         self.spans: dict[bool, list[float]] = {}  # epoch time base? -> [first t, last t]
 
     def rel(self, t: float) -> float:
@@ -209,7 +214,7 @@ class _Collector:
             log = self.logs[id(server)] = _ServerLog(server)
         return log
 
-    def observe(self, host: Host, obs: Any, decided: list, config: Config) -> None:
+    def observe(self, host: Host, obs: Any, decided: list[Any], config: Config) -> None:
         for server in host.servers.values():
             self.log(server).track(obs.t)
         if isinstance(obs, Sample):
@@ -221,10 +226,10 @@ class _Collector:
                     log.saw(self.rel(obs.t))
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
-            server = host.servers.get(step.owner_of(host, obs))
-            if server is not None:
-                self._event(self.log(server), obs)
-                self.log(server).saw(self.rel(obs.t))
+            owner = host.servers.get(host_mod.owner_of(host, obs))
+            if owner is not None:
+                self._event(self.log(owner), obs)
+                self.log(owner).saw(self.rel(obs.t))
         for a in decided:
             if a.kind is ActionKind.RELOAD and a.server in host.servers:
                 self.log(host.servers[a.server]).marks.append((a.t, "reload"))
@@ -235,7 +240,7 @@ class _Collector:
             if obs.phase == "record":
                 log.marks.append((obs.t, "record"))
             elif obs.shape or obs.key:  # warm-up: the first call of a new size
-                log.graph_sizes[tuple(map(tuple, obs.shape or [obs.key]))] = 1
+                log.graph_sizes[tuple(tuple(d) for d in (obs.shape or [obs.key or []]))] = 1
         elif isinstance(obs, events.NewShape):
             log.new_shapes[tuple(tuple(dims) for dims in obs.shape)] = 1
         elif obs.kind in MARK_KINDS:
@@ -244,7 +249,7 @@ class _Collector:
 
 
 def _run(col: _Collector, observations: Iterable[Any], config: Config,
-         follow_config: bool) -> tuple[Host, list, int, Config]:
+         follow_config: bool) -> tuple[Host, list[Any], int, Config]:
     """replay.run's loop (the very step the daemon runs), with the whole host in view after
     each observation: every server, every process of it. Returns the host, the actions, the
     number of observations and the last config in force."""
@@ -274,7 +279,7 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     # took its history) is not a server of the report
     logs = [log for log in col.logs.values() if log.states and log.pids]
     if not logs:  # samples of no server: nothing to attribute, still a page
-        logs = [_ServerLog(step.Server(step.DEFAULT_SERVER))]
+        logs = [_ServerLog(host_mod.Server(host_mod.DEFAULT_SERVER))]
         logs[0].track(0.0)
     acts = [_relative({**a.as_dict(), "t": col.rel(a.t)}, col.rel) for a in actions]
     findings = sorted(((log.server.name, f) for log in logs for _, st in log.states
@@ -297,7 +302,7 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     }
 
 
-def _nearness(s: dict) -> tuple:
+def _nearness(s: dict[str, Any]) -> tuple[Any, ...]:
     """The server a one-server view shows: the one reloaded, else the nearest to OOM."""
     fc = s["summary"]["forecast"]
     seconds = fc.get("seconds_to_oom")
@@ -305,7 +310,7 @@ def _nearness(s: dict) -> tuple:
             math.inf if seconds is None else seconds, s["name"])
 
 
-def _relative(d: dict, rel: Callable[[float], float]) -> dict:
+def _relative(d: dict[str, Any], rel: Callable[[float], float]) -> dict[str, Any]:
     """A finding's or an action's times as seconds from the start, like its `t`."""
     for key in ("decided_t", "reached_at"):
         if isinstance(d.get(key), (int, float)):
@@ -313,8 +318,8 @@ def _relative(d: dict, rel: Callable[[float], float]) -> dict:
     return d
 
 
-def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
-                   config: Config, requests: Counter) -> dict[str, Any]:
+def _server_report(log: _ServerLog, acts: list[Any], causes: list[Any], col: _Collector,
+                   config: Config, requests: ShapeCounts) -> dict[str, Any]:
     # its processes: a state that never had a pid of its own (the gap between a reload and
     # the new process) measured no process of this server
     owned = [(t, st) for t, st in log.states if log.state_pids.get(id(st))] or log.states[:1]
@@ -333,8 +338,11 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
     budget = log.budget.get(source) if source else None
     chart = _chart(series, marks, col, budget)
     fc = _forecast_in_force(log, acts, config, col.rel)
-    total = lambda attr: sum(getattr(st, attr) for st in states)  # noqa: E731
-    shapes["now"] = now = compiled_now(total("records"), total("compiles") + total("recompiles"))
+    def total(attr: str) -> Any:
+        return sum(attrgetter(attr)(st) for st in states)
+
+    shapes["now"] = now = compiled_now(total("records"), total("compiles.compiles")
+                                       + total("compiles.recompiles"))
     if now["what"] == "CUDA graphs" and per_graph is not None:
         for row in shapes["advisor"]:  # the graphs recorded, less one per bucket
             row["memory_saved_bytes"] = round(max(0, now["count"] - row["graphs_after"])
@@ -348,14 +356,15 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
         "memory_start_bytes": series.first if series else None,
         "memory_peak_bytes": series.peak if series else None,
         # the charted meter's last point (the last state may have switched meters)
-        "memory_end_bytes": series.points[-1][1] if series else last.mem_bytes,
+        "memory_end_bytes": series.points[-1][1] if series else last.memory.bytes,
         "memory_source": source,
-        "recordings": total("records"), "compiles": total("compiles"),
-        "recompiles": total("recompiles"), "recompile_limit_hits": total("limit_hits"),
+        "recordings": total("records"), "compiles": total("compiles.compiles"),
+        "recompiles": total("compiles.recompiles"),
+        "recompile_limit_hits": total("compiles.limit_hits"),
         # one source for each number: the shapes the histogram counts
-        "distinct_shapes": shapes["distinct"] if counted else total("distinct_shapes"),
-        "requests": shapes["total"] if shapes["basis"] == "requests" else total("requests"),
-        "stalls": total("stalls"), "stall_seconds": round(total("stall_seconds"), 3),
+        "distinct_shapes": shapes["distinct"] if counted else total("shapes.distinct"),
+        "requests": shapes["total"] if shapes["basis"] == "requests" else total("calls.requests"),
+        "stalls": total("calls.stalls"), "stall_seconds": round(total("calls.stall_seconds"), 3),
         "ooms": total("ooms"), "processes": len(states),
         "first_oom_t": min((t for t, k in chart["marks"] if k == "oom"), default=None),
         "mb_per_graph": per_graph[0] if per_graph else None,
@@ -364,7 +373,8 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
         "forecast": fc, **{k: fc.get(k) for k in ("seconds_to_oom", "will_oom",
                                                   "plateau_bytes", "budget_bytes")},
     }
-    padding: dict = {}  # the agent's padding per model, its latest word over the processes
+    # the agent's padding per model, its latest word over the processes
+    padding: dict[str, Any] = {}
     for st in states:
         padding.update(st.estimates(config.correlate)["padding"])
     return {"name": log.server.name, "pids": sorted(log.pids), "gpus": sorted(log.gpus),
@@ -376,7 +386,7 @@ def _server_report(log: _ServerLog, acts: list, causes: list, col: _Collector,
                           for t, st in owned]}
 
 
-def _limit(states: list, config: Config) -> tuple[Optional[str], Optional[int]]:
+def _limit(states: list[Any], config: Config) -> tuple[Optional[str], Optional[int]]:
     """Whether the recompile limit was hit ("agent": it said so; "inferred"), and the limit
     the server ran with: the one torch hit (the finding's), else its agent's hello's, else
     torch's default."""
@@ -386,12 +396,12 @@ def _limit(states: list, config: Config) -> tuple[Optional[str], Optional[int]]:
             if f.cause == "recompile_limit_eager_fallback" and hit is None:
                 hit = "agent" if f.detail.get("source") == "agent" else "inferred"
                 hit_limit = f.detail.get("limit")
-        hello = hello or st.recompile_limit
+        hello = hello or st.compiles.limit
     limit = hit_limit or hello or config.correlate.default_recompile_limit
     return hit, limit
 
 
-def _best_per_graph(states: list, config: Config) -> Optional[tuple[float, float]]:
+def _best_per_graph(states: list[Any], config: Config) -> Optional[tuple[float, float]]:
     """MB per graph as measured in the run: of the server's processes, the most confident
     estimate (a reload's new process has too few recordings for its own)."""
     found = [(e["mb_per_graph"], e["mb_per_graph_confidence"]) for e in
@@ -404,14 +414,15 @@ FORECAST_TEXT_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom
                       "level_bytes", "will_oom", "driver", "cause")
 
 
-def _forecast_in_force(log: _ServerLog, acts: list, config: Config,
+def _forecast_in_force(log: _ServerLog, acts: list[Any], config: Config,
                        rel: Callable[[float], float]) -> dict[str, Any]:
     """The forecast the sidecar acted on: at its reload decision, else at its oom_forecast
     alert, else the one at the end; with the nearest one seen during the run."""
     nearest = None if log.nearest is None else {"t": rel(log.nearest[0]), **log.nearest[1]}
-    for basis, pick in (("reload decision", lambda a: a["action"] == "reload"),
-                        ("oom_forecast alert", lambda a: a["action"] == "alert"
-                         and a["reason"] == "oom_forecast")):
+    picks: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+        ("reload decision", lambda a: a["action"] == "reload"),
+        ("oom_forecast alert", lambda a: a["action"] == "alert" and a["reason"] == "oom_forecast"))
+    for basis, pick in picks:
         a = next((a for a in acts if pick(a)), None)
         if a is not None:
             fc = {k: a.get(k) for k in FORECAST_TEXT_KEYS}
@@ -423,7 +434,7 @@ def _forecast_in_force(log: _ServerLog, acts: list, config: Config,
             "nearest": nearest}
 
 
-def _chart(series: Optional[_Series], marks: list, col: _Collector,
+def _chart(series: Optional[_Series], marks: list[Any], col: _Collector,
            budget: Optional[_Steps]) -> dict[str, Any]:
     rel = col.rel
     points = [[rel(t), v] for t, v in series.points] if series else []
@@ -444,7 +455,7 @@ def _chart(series: Optional[_Series], marks: list, col: _Collector,
             "budget_bytes": line[-1][1] if line else None}
 
 
-def _on_scale(steps: list, peak: Optional[float]) -> tuple[list, list]:
+def _on_scale(steps: list[Any], peak: Optional[float]) -> tuple[list[Any], list[Any]]:
     """The budget's steps drawn on the chart, and those left off: a budget over OFF_SCALE x
     the server's peak would flatten its memory to a line along the axis (the demo's budget is
     the machine's RAM until warm-up; a server alone on a GPU stays near its budget)."""
@@ -456,7 +467,7 @@ def _on_scale(steps: list, peak: Optional[float]) -> tuple[list, list]:
     return steps[first_on:], steps[:first_on]
 
 
-def _zoom_range(points: list) -> Optional[dict]:
+def _zoom_range(points: list[Any]) -> Optional[dict[str, Any]]:
     """What a zoomed chart should show: the stretch around the peak between one-poll steps of
     more than half the peak (weights or a ballast before it, a reload or a crash after it),
     when the growth there is under a fifth of the peak and would be a flat line on the full
@@ -473,7 +484,7 @@ def _zoom_range(points: list) -> Optional[dict]:
         if 0 < peak - base < peak / 5 else None
 
 
-def _shapes(requests: Counter, log: _ServerLog, per_graph: Optional[tuple],
+def _shapes(requests: ShapeCounts, log: _ServerLog, per_graph: Optional[tuple[Any, ...]],
             limit: Optional[int]) -> dict[str, Any]:
     """Sizes along the varying dimension: per request (traces) else per distinct shape. With
     `limit` (the server compiles per size, dynamic=False, and hit that recompile limit), no
@@ -481,13 +492,13 @@ def _shapes(requests: Counter, log: _ServerLog, per_graph: Optional[tuple],
     basis, shapes = next(((b, s) for b, s in (("requests", requests), ("distinct shapes",
                           log.new_shapes), ("CUDA-graph sizes", log.graph_sizes)) if s),
                          ("distinct shapes", Counter()))
-    flat: Counter = Counter()
+    flat: Counter[tuple[int, ...]] = Counter()
     for shape, n in shapes.items():  # one shape per tensor argument: their dims, in order
         flat[tuple(d for dims in shape for d in dims)] += n
     rank = Counter(len(s) for s in flat).most_common(1)[0][0] if flat else None
     same = [s for s in flat if len(s) == rank]
     dim = varying_dimension(same)
-    counts: Counter = Counter()
+    counts: Counter[int] = Counter()
     if dim is not None:
         counts = size_counts(chain.from_iterable(repeat(s, flat[s]) for s in same), dim)
     bytes_per_graph = None if per_graph is None else per_graph[0] * 1e6
@@ -515,10 +526,10 @@ def compiled_now(recordings: int, compiles: int) -> dict[str, Any]:
     return {"what": "compiles", "count": compiles}
 
 
-def recommended(rows: list) -> Optional[dict]:
+def recommended(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The fewest buckets whose padding stays under GOOD_PADDING, else the most."""
     good = [row for row in rows if row["padding_ratio"] <= GOOD_PADDING]
-    return (good or rows[-1:] or [None])[0]
+    return (good or rows[-1:])[0] if good or rows else None
 
 
 # -- I/O ------------------------------------------------------------------------------------
@@ -548,9 +559,9 @@ def write_report(paths: list[str], out: str, config: Config,
     return report
 
 
-def numbers(report: dict) -> dict:
+def numbers(report: dict[str, Any]) -> dict[str, Any]:
     """What `--json` prints: everything the page shows but the charts' points and marks."""
-    def lean(chart: dict) -> dict:
+    def lean(chart: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in chart.items() if k not in ("points", "marks", "breaks")}
     return {**report, "chart": lean(report["chart"]),
             "servers": [{**s, "chart": lean(s["chart"])} for s in report["servers"]]}

@@ -26,7 +26,7 @@ dd{margin:0;font-weight:600}pre{background:#f5f5f5;padding:10px;overflow:auto}.n
 .bad{color:#b00}"""
 
 
-def render_html(report: dict) -> str:
+def render_html(report: dict[str, Any]) -> str:
     """One self-contained page: inline CSS and SVG, no script, no external resource."""
     servers = report.get("servers") or []
     inp = report["input"]
@@ -54,7 +54,7 @@ def render_html(report: dict) -> str:
             + "".join(body) + "</body></html>\n")
 
 
-def _who(s: dict) -> str:
+def _who(s: dict[str, Any]) -> str:
     procs = s.get("processes") or []
     text = (f"pids {', '.join(map(str, s.get('pids') or [])) or '—'}; GPUs "
             f"{', '.join(s.get('gpus') or []) or 'none (host memory)'}")
@@ -65,7 +65,7 @@ def _who(s: dict) -> str:
     return text
 
 
-def _servers_html(servers: list) -> str:
+def _servers_html(servers: list[Any]) -> str:
     rows = "".join(
         f"<tr><td><a href=\"#server-{_e(s['name'])}\">{_e(s['name'])}</a></td>"
         f"<td>{_e(', '.join(map(str, s['pids'])) or '—')}</td>"
@@ -78,7 +78,7 @@ def _servers_html(servers: list) -> str:
             f"<th>CUDA graphs</th><th>forecast</th></tr>{rows}</table>")
 
 
-def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
+def _server_body(s: dict[str, Any], report: dict[str, Any], level: int, shapes: bool = True) -> str:
     summary, chart = s["summary"], s["chart"]
     memory = plot.memory_chart([tuple(p) for p in chart["points"]],
                                [tuple(m) for m in chart["marks"]], budget=_budget(chart),
@@ -93,7 +93,7 @@ def _server_body(s: dict, report: dict, level: int, shapes: bool = True) -> str:
     return "".join(parts)
 
 
-def _padding_html(rows: list, level: int) -> str:
+def _padding_html(rows: list[Any], level: int) -> str:
     """The agent's padding (watch(..., pad=...)): per model, on or refused, the plan, the
     share of tokens that were padding, graphs not recorded, the checks and their error."""
     if not rows:
@@ -126,11 +126,11 @@ def _meter(source: Any) -> str:
     return METERS.get(source, "unknown")
 
 
-def _budget(chart: dict) -> list:
+def _budget(chart: dict[str, Any]) -> list[Any]:
     return [tuple(p) for p in chart.get("budget") or []]
 
 
-def _zoom(chart: dict) -> str:
+def _zoom(chart: dict[str, Any]) -> str:
     """The growth on top of a large footprint, where the full chart shows a flat line."""
     zoom = chart.get("zoom")
     if zoom is None:
@@ -150,7 +150,7 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _summary_html(s: dict) -> str:
+def _summary_html(s: dict[str, Any]) -> str:
     procs = s.get("processes", 1)
     cells = [
         ("server seen for", human_duration(s["span_s"])
@@ -175,7 +175,7 @@ def _summary_html(s: dict) -> str:
     return "<dl class=summary>" + "".join(items) + "</dl>"
 
 
-def _limit_text(s: dict) -> str:
+def _limit_text(s: dict[str, Any]) -> str:
     limit, hit = s.get("recompile_limit"), s.get("recompile_limit_hit")
     if hit == "agent":
         return f"{limit}, hit (reported by the agent)"
@@ -184,7 +184,7 @@ def _limit_text(s: dict) -> str:
     return f"not hit (limit {limit})" if limit is not None else "not hit"
 
 
-def _forecast_title(s: dict) -> str:
+def _forecast_title(s: dict[str, Any]) -> str:
     fc = s.get("forecast") or {}
     basis = fc.get("basis")
     if basis in ("reload decision", "oom_forecast alert"):
@@ -192,7 +192,7 @@ def _forecast_title(s: dict) -> str:
     return "forecast at the end"
 
 
-def _forecast_text(s: dict) -> str:
+def _forecast_text(s: dict[str, Any]) -> str:
     fc = s.get("forecast") or {}
     text = _one_forecast(fc)
     if s["ooms"]:
@@ -208,7 +208,7 @@ def _forecast_text(s: dict) -> str:
     return text
 
 
-def _one_forecast(fc: dict) -> str:
+def _one_forecast(fc: dict[str, Any]) -> str:
     seconds, budget, level = fc.get("seconds_to_oom"), fc.get("budget_bytes"), \
         fc.get("level_bytes")
     if budget is None:
@@ -232,7 +232,7 @@ def _one_forecast(fc: dict) -> str:
     return f"no OOM forecast: {tail}"
 
 
-def _chart_note(chart: dict, report: dict) -> str:
+def _chart_note(chart: dict[str, Any], report: dict[str, Any]) -> str:
     notes = []
     if chart["marks_outside"]:
         notes.append(f"{chart['marks_outside']} event(s) fall outside the samples' time range "
@@ -253,7 +253,7 @@ def _chart_note(chart: dict, report: dict) -> str:
     return "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
 
 
-def _causes_html(causes: list, several: bool) -> str:
+def _causes_html(causes: list[Any], several: bool) -> str:
     rows = [f"<td class=num>+{_e(human_duration(c['t']))}</td>"
             + (f"<td>{_e(c.get('server'))}</td>" if several else "")
             + f"<td><b>{_e(c['cause'])}</b><br>{_e(c['explanation'])}</td>"
@@ -263,7 +263,7 @@ def _causes_html(causes: list, several: bool) -> str:
     return _table("Causes", "No causes found: memory and compiles behaved.", head, rows)
 
 
-def _actions_html(actions: list, several: bool) -> str:
+def _actions_html(actions: list[Any], several: bool) -> str:
     rows = [f"<td class=num>+{_e(human_duration(a['t']))}</td>"
             + (f"<td>{_e(a.get('server'))}</td>" if several else "")
             + f"<td{' class=bad' if a['action'] in ('reload', 'execute') else ''}>"
@@ -275,12 +275,12 @@ def _actions_html(actions: list, several: bool) -> str:
     return _table("Actions", "The policy decided nothing: no alert, no reload.", head, rows)
 
 
-def _target(a: dict) -> str:
+def _target(a: dict[str, Any]) -> str:
     pids = ", ".join(map(str, a.get("pids") or []))
     return f"pid {pids}" if pids else "—"
 
 
-def _table(title: str, empty: str, headers: tuple, rows: list) -> str:
+def _table(title: str, empty: str, headers: tuple[Any, ...], rows: list[Any]) -> str:
     """A titled table of rows (each its cells' HTML), or the `empty` sentence."""
     if not rows:
         return f"<h2>{title}</h2><p>{empty}</p>"
@@ -327,7 +327,7 @@ def _label(key: str) -> str:
     return key.replace("_", " ")
 
 
-def _numbers(d: dict, skip: tuple) -> str:
+def _numbers(d: dict[str, Any], skip: tuple[Any, ...]) -> str:
     """The mapping's numbers in words; the linear trend's OOM only where it is not the OOM
     already said ("OOM in 57.9 s, linear trend: OOM in 57.9 s")."""
     if d.get("seconds_to_oom_linear") is not None and \
@@ -337,7 +337,7 @@ def _numbers(d: dict, skip: tuple) -> str:
                      if k not in skip and v is not None and v != [] and v is not False)
 
 
-def _shapes_html(sh: dict, level: int) -> str:
+def _shapes_html(sh: dict[str, Any], level: int) -> str:
     h = f"h{level}"
     if not sh["counts"]:
         return (f"<{h}>Input shapes</{h}><p>No varying input size seen: nothing to bucket. "
@@ -355,7 +355,7 @@ def _shapes_html(sh: dict, level: int) -> str:
     return head + hist + _advisor_html(sh, best, level)
 
 
-def _advisor_html(sh: dict, best: dict, level: int) -> str:
+def _advisor_html(sh: dict[str, Any], best: dict[str, Any], level: int) -> str:
     rows, limit = sh["advisor"], sh.get("recompile_limit")
     known = any(r["memory_saved_bytes"] is not None for r in rows)
     # what the server built in this log, and at most one per bucket after
@@ -409,6 +409,6 @@ def apply_code(boundaries: Iterable[int], limit: Any = None) -> str:
             f"(torch._dynamo.config.recompile_limit; {limit_text})\n")
 
 
-def _list(values: list, limit: int = 12) -> str:
+def _list(values: list[Any], limit: int = 12) -> str:
     shown = ", ".join(map(str, values[:limit]))
     return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")

@@ -3,7 +3,7 @@
 Reads `.jsonl` and `.jsonl.gz`, line by line, of three kinds:
 - the agent's event log (schema v1, lines with `"v"`), decoded strictly;
 - the sidecar's own sample log (`"kind": "sample"` lines, with the agent events it received,
-  and a `"kind": "config"` line at start and after each SIGHUP);
+  a `"kind": "config"` line at start and after each SIGHUP, and the reload history at start);
 - the recorded-trace format of tests/fixtures/README.md (`start`, `req`,
   `compile_start`/`compile_end`, `nvml`, `crash`, …): translated into what the agent and the
   sidecar's sources would have
@@ -20,17 +20,19 @@ import itertools
 import json
 import math
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from torch_watchdog import events
 from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
-                                                      RecordUnreadable, ReloadOutcome, Sample)
-from torch_watchdog.sidecar.sample_log import outcome_from_dict, sample_from_dict, \
-    unreadable_from_dict
+                                                      RecordUnreadable, ReloadHistory,
+                                                      ReloadOutcome, Sample)
+from torch_watchdog.sidecar.offline.sample_log import history_from_dict, outcome_from_dict, \
+    sample_from_dict, unreadable_from_dict
 
-Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable]
+Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable,
+                    ReloadHistory]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -42,7 +44,7 @@ class TraceAdapter:
 
     def __init__(self, stall_s: float = STALL_S):
         self.stall_s = stall_s
-        self.seen: set = set()
+        self.seen: set[Any] = set()
         self.started: dict[tuple[str, str], float] = {}
         self.window = [0, 0.0, 0, 0.0]  # calls, seconds, stall calls, stall seconds
         self.window_start: Optional[float] = None
@@ -53,18 +55,18 @@ class TraceAdapter:
         handler = getattr(self, f"_on_{kind}", None)
         return handler(line, t) if handler else []
 
-    def _on_start(self, line: dict, t: float) -> list[Observation]:
+    def _on_start(self, line: dict[str, Any], t: float) -> list[Observation]:
         return [events.Hello(t=t, pid=TRACE_PID, torch=str(line.get("torch", "")), agent="trace",
                              devices=[TRACE_GPU], config={}, capabilities={}, watched=["trace"],
                              argv=str(line.get("scenario", "")))]
 
-    def _on_compile_start(self, line: dict, t: float) -> list[Observation]:
+    def _on_compile_start(self, line: dict[str, Any], t: float) -> list[Observation]:
         self.started[(line.get("trigger", ""), line.get("id", ""))] = t
         if "DYNAMO" in line.get("trigger", ""):
             self.compiling_since = t
         return []
 
-    def _on_compile_end(self, line: dict, t: float) -> list[Observation]:
+    def _on_compile_end(self, line: dict[str, Any], t: float) -> list[Observation]:
         trigger, cid = line.get("trigger", ""), str(line.get("id", ""))
         start = self.started.pop((trigger, cid), None)
         seconds = None if start is None else t - start
@@ -73,12 +75,12 @@ class TraceAdapter:
                                            key=None, shape=None, seconds=seconds)]
         self.compiling_since = None
         attempt = cid.rsplit("/", 1)[-1]
-        common = dict(t=t, pid=TRACE_PID, compile_id=cid, function=None, seconds=seconds)
         if attempt.isdigit() and int(attempt) > 0:
-            return [events.Recompile(reason=None, **common)]
-        return [events.Compile(**common)]
+            return [events.Recompile(t=t, pid=TRACE_PID, compile_id=cid, function=None,
+                                     seconds=seconds, reason=None)]
+        return [events.Compile(t=t, pid=TRACE_PID, compile_id=cid, function=None, seconds=seconds)]
 
-    def _on_req(self, line: dict, t: float) -> list[Observation]:
+    def _on_req(self, line: dict[str, Any], t: float) -> list[Observation]:
         if not isinstance(line["shape"], list):
             raise ValueError("req shape is not a list")
         sizes = [int(v) for v in line["shape"]]
@@ -107,13 +109,14 @@ class TraceAdapter:
         w[3] += seconds if stalled else 0.0
         if t - self.window_start < CALLS_WINDOW_S:
             return []
-        calls = events.Calls(t=t, pid=TRACE_PID, name="trace", calls=w[0], seconds=w[1],
-                             stall_calls=w[2], stall_seconds=w[3], distinct_shapes=len(self.seen),
+        calls = events.Calls(t=t, pid=TRACE_PID, name="trace", calls=int(w[0]), seconds=w[1],
+                             stall_calls=int(w[2]), stall_seconds=w[3],
+                             distinct_shapes=len(self.seen),
                              window_s=t - self.window_start)
         self.window, self.window_start = [0, 0.0, 0, 0.0], t
         return [calls]
 
-    def _on_nvml(self, line: dict, t: float) -> list[Observation]:
+    def _on_nvml(self, line: dict[str, Any], t: float) -> list[Observation]:
         used, total = int(line["used"]), int(line["total"])
         proc = line.get("proc")
         process = ProcessSample(pid=TRACE_PID, alive=True,
@@ -122,7 +125,7 @@ class TraceAdapter:
         return [Sample(t=t, devices=(DeviceSample(TRACE_GPU, used, total, total - used),),
                        processes=(process,), query_s=None if query is None else query / 1e6)]
 
-    def _on_crash(self, line: dict, t: float) -> list[Observation]:
+    def _on_crash(self, line: dict[str, Any], t: float) -> list[Observation]:
         # what watch() reports when the CUDA error leaves the model call: the crash on a GPU
         # bypasses the allocator, so its OOM observer never fires (h200-oom300)
         return [events.Oom(t=t, pid=TRACE_PID, source="exception", device=None,
@@ -140,7 +143,7 @@ class Reader:
         self.bad_lines = 0
         self.used_lines = 0      # lines that were events, samples, configs or trace lines
         self.first_bad: Optional[tuple[int, str]] = None  # (line number, what is wrong)
-        self.ignored: set = set()  # recorded-trace kinds replay has no use for ("ballast")
+        self.ignored: set[Any] = set()  # recorded-trace kinds replay has no use for ("ballast")
         self.adapter = TraceAdapter()
 
     def __iter__(self) -> Iterator[Observation]:
@@ -161,7 +164,8 @@ class Reader:
                     f"event, a sidecar sample or a recorded-trace line (line {lineno}: {why})")
         return f"nothing usable: only trace lines of kind(s) {sorted(self.ignored)}"
 
-    def _parse(self, line: str, lineno: int = 0) -> list[Observation]:
+    # over the complexity bound: one branch per line kind, in the order tried
+    def _parse(self, line: str, lineno: int = 0) -> list[Observation]:  # noqa: C901
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError):
@@ -177,6 +181,8 @@ class Reader:
                 out = [outcome_from_dict(obj)]
             elif obj.get("kind") == "record_unreadable":  # ... a record found untrustworthy
                 out = [unreadable_from_dict(obj)]
+            elif obj.get("kind") == "reload_history":  # ... the reloads before its start
+                out = [history_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
                 out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:
@@ -202,7 +208,7 @@ class Reader:
         return []
 
 
-def _time(obj: dict) -> float:
+def _time(obj: dict[str, Any]) -> float:
     """A line's `t`: a finite number of seconds, never a bool."""
     t = obj["t"]
     if type(t) not in (int, float) or not math.isfinite(t):
@@ -221,7 +227,8 @@ def merged(readers: Iterable[Reader]) -> Iterator[tuple[Observation, int]]:
     return heapq.merge(*tagged, key=lambda pair: pair[0].t)
 
 
-def read_all(readers: list, progress: Optional[Callable[[str], None]] = None, label: str = "read",
+def read_all(readers: Sequence[Reader], progress: Optional[Callable[[str], None]] = None,
+             label: str = "read",
              clock: Callable[[], float] = time.monotonic) -> Iterator[Observation]:
     """`merged(readers)`, with a line to `progress` every PROGRESS_S (a 10-hour sample log
     takes the better part of a minute). An agent event that another file holds too (the

@@ -13,6 +13,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from torch_watchdog.sidecar.core.results import Action, Reload
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 
 MAX_POINTS = 2000
@@ -30,7 +31,7 @@ class Thinned:
 
     def __init__(self, cap: int, pick: Callable[[Any, Any], Any]):
         self.cap, self.pick = max(2, cap), pick
-        self.items: list = []
+        self.items: list[Any] = []
         self.stride = 1
         self.added = 0
         self._bucket: Any = None    # the pick of the items added since the last kept one
@@ -48,11 +49,12 @@ class Thinned:
         self._bucket, self._in_bucket = None, 0
         if len(self.items) >= self.cap:
             odd = self.items[-1:] if len(self.items) % 2 else []
-            self.items = [self.pick(a, b) for a, b in zip(self.items[0::2], self.items[1::2])]
+            self.items = [self.pick(a, b) for a, b in zip(self.items[0::2], self.items[1::2],
+                                                                     strict=False)]
             self.items += odd
             self.stride *= 2
 
-    def view(self) -> tuple:
+    def view(self) -> tuple[Any, ...]:
         pending = (self._newest,) if self._in_bucket else ()
         return tuple(self.items) + pending
 
@@ -70,8 +72,8 @@ def memory_level(snap: Snapshot) -> tuple[Optional[int], Optional[str]]:
     """The server's memory as the page plots it: its own GPU bytes where NVML says them for
     every GPU it uses, else the devices' used memory, else (no GPU) its RSS; as the forecast
     meters it (config gpu.attribution: "process" never plots the device, "device" always)."""
-    gpu = list(snap.server_gpu_bytes.values())
-    if snap.gpu_attribution != "device" and gpu and all(v is not None for v in gpu):
+    gpu = [v for v in snap.server_gpu_bytes.values() if v is not None]
+    if snap.gpu_attribution != "device" and gpu and len(gpu) == len(snap.server_gpu_bytes):
         return sum(gpu), "process"
     if snap.devices and snap.gpu_attribution == "process":
         return None, None
@@ -87,15 +89,16 @@ class StatusView:
     """One tick as the status page sees it. Published by a single reference swap and never
     changed after (its dicts are fresh each tick): the HTTP thread reads it without a lock."""
     snapshot: Snapshot
-    points: tuple = ()                 # (t, bytes) of the memory series, oldest first
+    points: tuple[Any, ...] = ()                 # (t, bytes) of the memory series, oldest first
     memory_source: Optional[str] = None   # "process" | "device" | "rss"
-    marks: tuple = ()                  # (t, kind), by time
-    actions: tuple = ()                # the last MAX_ACTIONS actions, oldest first
-    causes: tuple = ()                 # active findings: {"cause", "t", **detail}
+    marks: tuple[Any, ...] = ()                  # (t, kind), by time
+    actions: tuple[Any, ...] = ()                # the last MAX_ACTIONS actions, oldest first
+    causes: tuple[Any, ...] = ()                 # active findings: {"cause", "t", **detail}
     first_t: Optional[float] = None    # the first tick
-    marks_total: dict = field(default_factory=dict)   # kind -> marks ever made (before thinning)
-    breaks: tuple = ()                 # times the line starts again after polls with no reading
-    info: dict = field(default_factory=dict)   # about the sidecar itself (version, uptime …)
+    # kind -> marks ever made (before thinning)
+    marks_total: dict[str, int] = field(default_factory=dict)
+    breaks: tuple[float, ...] = ()  # times the line starts again after polls with no reading
+    info: dict[str, Any] = field(default_factory=dict)  # the sidecar itself (version, uptime …)
 
 
 class History:
@@ -106,13 +109,13 @@ class History:
         self.points = Thinned(max_points, higher)
         self.max_marks = max_marks
         self.marks: dict[str, Thinned] = {}
-        self.actions: collections.deque = collections.deque(maxlen=max_actions)
+        self.actions: collections.deque[Any] = collections.deque(maxlen=max_actions)
         self.memory_source: Optional[str] = None
         self.first_t: Optional[float] = None   # the first tick: "watching since"
-        self._marks_view: Optional[tuple] = None   # sorted, rebuilt only after a new mark
+        self._marks_view: Optional[tuple[Any, ...]] = None   # sorted, rebuilt only after a new mark
         # polls without a reading (no process of the server's: a reload's gap, a server that
         # stopped): the next point starts a new stretch, not a line across the gap
-        self.breaks: collections.deque = collections.deque(maxlen=max_marks)
+        self.breaks: collections.deque[Any] = collections.deque(maxlen=max_marks)
         self._gap = False
 
     def mark(self, t: float, kind: str) -> None:
@@ -131,7 +134,7 @@ class History:
             elif kind in EVENT_MARKS:
                 self.mark(obs.t, EVENT_MARKS[kind])
 
-    def act(self, t: float, action: str, reason: str, detail: Optional[dict] = None,
+    def act(self, t: float, action: str, reason: str, detail: Optional[dict[str, Any]] = None,
             server: Optional[str] = None, pids: Iterable[int] = ()) -> None:
         """An action (alert, reload decision) or a reload's outcome (`reload_ok`,
         `reload_not_done`), with the server and pids it targets; a reload decision is also
@@ -142,7 +145,8 @@ class History:
         if action == "reload":
             self.mark(t, "reload")
 
-    def update(self, snap: Snapshot, observations: Iterable[Any], actions: Iterable[Any]) -> None:
+    def update(self, snap: Snapshot, observations: Iterable[Any],
+               actions: Iterable[Action]) -> None:
         """One tick: the memory level, the events' marks, the step's actions (`results.Action`)."""
         if self.first_t is None:
             self.first_t = snap.t
@@ -158,12 +162,12 @@ class History:
         self.observe(observations)
         for a in actions:
             self.act(a.t, a.kind.value, a.reason, a.shown(), a.server, a.pids)
-            if a.not_done is not None:  # a reload decided but not carried out
+            if isinstance(a, Reload) and a.not_done is not None:  # decided, not carried out
                 self.act(a.t, "reload_not_done", a.reason,
                          {"outcome": f"not carried out: {a.not_done}"})
 
-    def view(self, snap: Snapshot, causes: Iterable[dict] = (),
-             info: Optional[dict] = None) -> StatusView:
+    def view(self, snap: Snapshot, causes: Iterable[dict[str, Any]] = (),
+             info: Optional[dict[str, Any]] = None) -> StatusView:
         if self._marks_view is None:
             self._marks_view = tuple(sorted(m for thinned in self.marks.values()
                                             for m in thinned.view()))

@@ -5,7 +5,7 @@ it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()
 `torch_watchdog_last_poll_timestamp_seconds` says when that was. A scrape never raises: a family
 that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
 
-Conventions (DESIGN.md "Habits → Metrics"): prefix `torch_watchdog_`, base units, counters end
+Conventions (Prometheus's naming practice): prefix `torch_watchdog_`, base units, counters end
 in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server`; no pid or shape
 labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
@@ -66,7 +66,7 @@ def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
     return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
 
 
-def _servers(s: Snapshot) -> list:
+def _servers(s: Snapshot) -> list[Any]:
     """(server, estimates, forecast, active causes) of each server; a Snapshot built without
     servers (an old caller) is one server, "default"."""
     if s.servers:
@@ -99,14 +99,15 @@ def _causes(s: Snapshot) -> Samples:
             for cause in CAUSES]
 
 
-def _padded(s: Snapshot) -> Iterator[tuple[str, str, dict]]:
+def _padded(s: Snapshot) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(server, model, padding view) of every model padded by the agent (`watch(pad=...)`)."""
     for name, est, _, _ in _servers(s):
         for model, v in sorted((est.get("padding") or {}).items()):
             yield name, str(model), v
 
 
-def _pad(key: str, get: Optional[Callable[[dict], Any]] = None) -> Callable[[Snapshot], Samples]:
+def _pad(key: str, get: Optional[Callable[[dict[str, Any]], Any]] = None,
+         ) -> Callable[[Snapshot], Samples]:
     return lambda s: [((name, model), get(v) if get else v.get(key))
                       for name, model, v in _padded(s)]
 

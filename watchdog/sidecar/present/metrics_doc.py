@@ -57,9 +57,11 @@ def render(metrics: Optional[Iterable[tuple[str, str, tuple[str, ...], str]]] = 
     table), with `notes` appended to the help of the metrics they name, and the values of the
     `cause` label. Pure: the same rows give the same text."""
     if metrics is None:
-        from torch_watchdog.sidecar.present.metrics import METRICS as metrics
+        from torch_watchdog.sidecar.present.metrics import METRICS
+        metrics = METRICS
     if causes is None:
-        from torch_watchdog.sidecar.core.correlate import CAUSES as causes
+        from torch_watchdog.sidecar.core.correlate import CAUSES
+        causes = CAUSES
     notes = NOTES if notes is None else notes
     lines = [
         "# Metrics",

@@ -54,7 +54,7 @@ def _memory(status: dict[str, Any]) -> str:
              None: '<span class="none">not found yet</span>'}[server.get("alive")]
     rows = [("server process", alive),
             ("plotted", f"{_e(fmt_bytes(m.get('level_bytes')))} — "
-                        f"{_e(SOURCE_NAMES.get(m.get('source'), 'nothing yet'))}")]
+                        f"{_e(SOURCE_NAMES.get(str(m.get('source')), 'nothing yet'))}")]
     if m.get("attribution"):
         rows.append(("attribution", _e(m["attribution"])))
     for uuid, b in sorted((server.get("gpu_bytes") or {}).items()):
@@ -72,7 +72,7 @@ def _chart(status: dict[str, Any]) -> str:
     hist = status.get("history") or {}
     points = [(float(t), float(b)) for t, b in hist.get("points") or []]
     marks = [(float(t), str(k)) for t, k in hist.get("marks") or []]
-    source = SOURCE_NAMES.get((status.get("memory") or {}).get("source"), "memory")
+    source = SOURCE_NAMES.get(str((status.get("memory") or {}).get("source")), "memory")
     budget, notes = _chart_budget(status, points)
     try:
         svg = plot.memory_chart(points, marks, budget=budget, title=f"{source} over time",
@@ -84,7 +84,7 @@ def _chart(status: dict[str, Any]) -> str:
             + "".join(f'<p class="sub">{_e(n)}</p>' for n in notes) + "</section>")
 
 
-def _chart_budget(status: dict[str, Any], points: list) -> tuple[Optional[float], list[str]]:
+def _chart_budget(status: dict[str, Any], points: list[Any]) -> tuple[Optional[float], list[str]]:
     """The budget line on the plotted series' scale, and what to say about it. Left out when
     the series would be squashed flat under it (host-memory mode: an RSS of 1 GiB against the
     machine's RAM)."""
@@ -102,7 +102,7 @@ def _chart_budget(status: dict[str, Any], points: list) -> tuple[Optional[float]
                   f"processes use of it ({fmt_bytes(budget - line)})"]
 
 
-def _thinned_notes(status: dict[str, Any], marks: list) -> list[str]:
+def _thinned_notes(status: dict[str, Any], marks: list[Any]) -> list[str]:
     shown: dict[str, int] = {}
     for _, kind in marks:
         shown[kind] = shown.get(kind, 0) + 1

@@ -7,7 +7,7 @@ all text escaped, and stable class hooks for tests and screenshots: `memory-line
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 from xml.sax.saxutils import escape, quoteattr
 
 # what each mark kind means on the time axis, and its colour (colour-blind-safe palette)
@@ -69,9 +69,9 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
     return "".join(parts)
 
 
-def _stretches(pts: list, breaks: Sequence[float]) -> list[list]:
+def _stretches(pts: list[Any], breaks: Sequence[float]) -> list[list[Any]]:
     """The sorted points cut before the first point at or after each break."""
-    out: list[list] = [[]]
+    out: list[list[Any]] = [[]]
     cuts = sorted(breaks)
     i = 0
     for t, v in pts:
@@ -91,7 +91,7 @@ def _budget_steps(budget: Budget, start: float) -> list[tuple[float, float]]:
     return sorted((float(t), float(v)) for t, v in budget if v > 0)
 
 
-def _budget_line(box: "_Box", steps: list, sign: str) -> list[str]:
+def _budget_line(box: "_Box", steps: list[Any], sign: str) -> list[str]:
     """The budget as a dashed step line from its first step (when it applied) to the right
     edge, labelled with its last value."""
     x0 = max(box.left, box.x(steps[0][0]))
@@ -279,7 +279,7 @@ def _byte_scale(top: float) -> tuple[tuple[str, float], float]:
 def _nice_step(raw: float) -> float:
     if raw <= 0:
         return 1.0
-    mag = 10 ** math.floor(math.log10(raw))
+    mag: float = 10 ** math.floor(math.log10(raw))  # an int from 1 up: ticks print as ints
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 

@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.observations import Sample
 from torch_watchdog.sidecar.core.results import Action, PollResult
 from torch_watchdog.sidecar.present import snapshot as snapshot_mod
@@ -29,41 +28,28 @@ class Publisher:
         self.registry = make_registry(self.collector)
         self.history = History()                   # the status page's series, marks, actions
         self.status: Optional[StatusView] = None   # read by HTTP threads
-        self.actions_total: collections.Counter = collections.Counter()
+        self.actions_total: collections.Counter[str] = collections.Counter()
         self._failed = False
         self._published_t = -1e18
-        self._findings_logged: dict[str, int] = {}  # per server
-        # what the last poll made of inputs that did not change since
-        self._procs_kept: Optional[tuple] = None  # (processes, their sums)
-        self._actions_kept: Optional[dict] = None  # dict(actions_total), until an action
 
     def count(self, action: Action) -> None:
         self.actions_total[action.kind.value] += 1
-        self._actions_kept = None
 
-    def log_findings(self, host: step.Host) -> None:
-        for name, server in host.servers.items():
-            findings = server.state.findings
-            seen = self._findings_logged.get(name, 0)
-            if seen > len(findings):  # a reset: a new state
-                seen = 0
-            for finding in findings[seen:]:
-                self.log.warning("finding", server=name, **finding.as_dict())
-            self._findings_logged[name] = len(findings)
+    def log_findings(self, poll: PollResult) -> None:
+        for server, finding in poll.new_findings:
+            self.log.warning("finding", server=server, **finding)
 
     def snapshot(self, sample: Sample, poll: PollResult, counts: dict[str, Any]) -> Snapshot:
         """This poll's snapshot; `counts`: the sources' and actions' counters, as the
         Snapshot's fields name them."""
         focus = poll.focus_view
-        gpu, rss_bytes, any_alive = self._process_sums(sample)
-        if self._actions_kept is None:
-            self._actions_kept = dict(self.actions_total)
+        gpu, rss_bytes, any_alive = _process_sums(sample)
         snap = snapshot_mod.make(dict(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             gpu_attribution=self.cfg.gpu.attribution, server_rss_bytes=rss_bytes,
             server_alive=any_alive if sample.processes else None,
             estimates={**focus["estimates"], **focus["forecast"]}, forecast=focus["forecast"],
-            active_causes=focus["active_causes"], actions_total=self._actions_kept,
+            active_causes=focus["active_causes"], actions_total=dict(self.actions_total),
             servers=poll.views, focus=poll.focus, stopped=poll.stopped,
             sources_up={"nvml": sample.nvml_up, "process": any_alive,
                         "agent": poll.agents_alive},
@@ -73,23 +59,7 @@ class Publisher:
         self.collector.update(snap)
         return snap
 
-    def _process_sums(self, sample: Sample) -> tuple[dict, Optional[int], bool]:
-        """GPU bytes by device, RSS and liveness over the sample's processes (the reader hands
-        back the same tuple when nothing changed: the same sums)."""
-        processes = sample.processes
-        kept = self._procs_kept
-        if kept is None or kept[0] is not processes:
-            gpu: dict[str, Optional[int]] = {}
-            for p in processes:
-                for uuid, used in p.gpu_bytes.items():
-                    gpu[uuid] = None if used is None or gpu.get(uuid, 0) is None \
-                        else gpu.get(uuid, 0) + used
-            alive = [p for p in processes if p.alive]
-            rss = [p.host_bytes for p in alive if p.host_bytes is not None]
-            kept = self._procs_kept = (processes, gpu, sum(rss) if rss else None, bool(alive))
-        return kept[1], kept[2], kept[3]
-
-    def publish(self, snap: Snapshot, observations: list, decided: list[Action],
+    def publish(self, snap: Snapshot, observations: list[Any], decided: list[Action],
                 poll: PollResult, polls: int) -> None:
         """The status page's view of this poll: one reference swap, read by HTTP threads."""
         cfg = self.cfg
@@ -106,3 +76,16 @@ class Publisher:
             if not self._failed:  # once: it would repeat every poll
                 self.log.exception("status page not updated", error=repr(e))
             self._failed = True
+
+
+def _process_sums(sample: Sample) -> tuple[dict[str, Optional[int]], Optional[int], bool]:
+    """GPU bytes by device (None where NVML does not say for one process), the host memory,
+    and whether any is alive, over the sample's processes."""
+    gpu: dict[str, Optional[int]] = {}
+    for p in sample.processes:
+        for uuid, used in p.gpu_bytes.items():
+            was = gpu.get(uuid, 0)
+            gpu[uuid] = None if used is None or was is None else was + used
+    alive = [p for p in sample.processes if p.alive]
+    rss = [p.host_bytes for p in alive if p.host_bytes is not None]
+    return gpu, sum(rss) if rss else None, bool(alive)

@@ -194,7 +194,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
     actions = [{**a, "summary": action_summary(a)} for a in reversed(view.actions)]
     focus = s.focus if s.focus is not None else next(  # a Snapshot built without its focus
         (name for name, v in s.servers.items() if v.get("estimates") == s.estimates), None)
-    return _finite({
+    out: dict[str, Any] = _finite({
         "t": s.t, "age_s": round(max(0.0, now - s.t), 3),
         "sidecar": {**view.info, "watching_since_t": view.first_t},
         "memory": {
@@ -227,6 +227,7 @@ def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
                     "marks_total": dict(view.marks_total),
                     "breaks": list(view.breaks)},
     })
+    return out
 
 
 def _scope(view: StatusView, focus: Optional[str]) -> dict[str, Any]:
@@ -313,16 +314,17 @@ def chart_budget(status: dict[str, Any]) -> Optional[float]:
     budget, level, series = fc.get("budget_bytes"), fc.get("level_bytes"), mem.get("level_bytes")
     if budget is None:
         return None
-    if level is None or series is None:
-        return budget
-    return budget - (level - series)
+    out: Optional[float] = budget if level is None or series is None else \
+        budget - (level - series)
+    return out
 
 
 # -- the terminal ------------------------------------------------------------------------------
 def _memory_lines(m: dict[str, Any]) -> list[str]:
     lines = []
     server = m.get("server") or {}
-    parts = [f"{fmt_bytes(m.get('level_bytes'))} ({SOURCE_NAMES.get(m.get('source'), 'unknown')})"]
+    parts = [f"{fmt_bytes(m.get('level_bytes'))} "
+             f"({SOURCE_NAMES.get(str(m.get('source')), 'unknown')})"]
     if server.get("rss_bytes") is not None:
         parts.append(f"RSS {fmt_bytes(server['rss_bytes'])}")
     alive = server.get("alive")

@@ -290,7 +290,9 @@ class StatusServer:
                 return
             out = _Output()
             try:
-                _Handler((bytes(conn.data), out), conn.address, self)
+                # a request read by the socket thread, answered into a buffer (setup() below):
+                # not the socket and server BaseHTTPRequestHandler's types name
+                _Handler((bytes(conn.data), out), conn.address, self)  # type: ignore[arg-type]
             except Exception:  # a bug here must not kill a render thread
                 self.handle_error(None, conn.address)
             self._answers.put((conn, out.getvalue()))

@@ -26,20 +26,22 @@ from torch_watchdog.sidecar.core.observations import DeviceSample
 # interval (config.poll_interval_s); the daemon passes min(1.0, 2 * poll_interval_s).
 DEADLINE_S = 0.2
 # How long `read()` waits for the reading it asked for when the worker was idle: a healthy read
-# completes in 1-100 ms (FACTS #11, p99 on a busy host), so most polls get fresh numbers; a slow
-# or hung NVML costs one poll at most this much, and later polls nothing (the worker is busy).
+# completes in 1-100 ms (p99 on a busy H200 host: docs/architecture.md), so most polls get fresh
+# numbers; a slow or hung NVML costs one poll at most this much, and later polls nothing (the
+# worker is busy).
 WAIT_S = 0.05
 # Re-init backoff: the first failure after a good reading retries at once (a driver reload
 # recovers at the next poll, as before); then BACKOFF_MIN_S, doubling, capped at BACKOFF_MAX_S.
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 CLOSE_WAIT_S = 1.0  # close() waits this long for a busy worker; a hung one is left behind
 
-# Errors meaning "this binding's call does not exist in the installed driver" (ops-anchors §1.3:
-# old drivers lack the _v2 symbols; the unversioned process call turns FunctionNotFound into
+# Errors meaning "this binding's call does not exist in the installed driver" (old drivers lack
+# the _v2 symbols; nvidia-ml-py's unversioned process call turns FunctionNotFound into
 # NVMLLibraryMismatchError, which is NOT an NVMLError subclass).
 _VERSION_ERRORS = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch",
                    "NVMLLibraryMismatchError")
-# The process list is refused or unsupported (MIG without privileges, containers, vGPU): FACTS #12.
+# The process list is refused or unsupported (MIG without privileges, containers without the
+# host's pid namespace, vGPU): the sidecar then meters the device as a whole.
 _DENIED_ERRORS = ("NVMLError_NoPermission", "NVMLError_NotSupported")
 # The library or driver is gone (unloaded, reloaded, upgraded under us): the session is dead.
 _GONE_ERRORS = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded",
@@ -59,8 +61,8 @@ class NvmlReading:
     process_gpu_bytes: dict[int, dict[str, Optional[int]]] = field(default_factory=dict)
     up: bool = True  # at least one device read, within the deadline
     error: Optional[str] = None
-    # wall time of the reading's NVML calls, init and enumeration excluded (FACTS #11: p99
-    # 20-100 ms on a busy host)
+    # wall time of the reading's NVML calls, init and enumeration excluded (p99 20-100 ms on a
+    # busy host: docs/architecture.md)
     query_s: float = 0.0
     down: dict[str, str] = field(default_factory=dict)  # device uuid -> why it is not in devices
     age_s: float = 0.0  # how long ago (source clock) the reading's NVML calls completed
@@ -93,7 +95,8 @@ class NvmlSource:
         self._shared = _Shared(_Session(backend, clock, backoff_min_s, backoff_max_s))
         self._late = False
         self._late_count = 0
-        self._shown: tuple = (None, None, None)  # (per_pid, pids, presented): the last copy
+        # (per_pid, pids, presented): the last copy
+        self._shown: tuple[Any, ...] = (None, None, None)
         # a source dropped without close() stops its worker (tests, a replaced daemon source)
         weakref.finalize(self, self._shared.stop_worker)
 
@@ -154,7 +157,7 @@ class NvmlSource:
         self._late = False
 
     # -- presentation (read()'s caller thread) ------------------------------------------------
-    def _present(self, res: Optional[_Result], now: float, pids: frozenset,
+    def _present(self, res: Optional[_Result], now: float, pids: frozenset[Any],
                  busy_since: Optional[float], first_asked: Optional[float]) -> NvmlReading:
         deadline = self.deadline_s
         stalled = busy_since is not None and now - busy_since > deadline
@@ -201,7 +204,7 @@ class _Shared:
     def __init__(self, session: "_Session"):
         self.cond = threading.Condition()
         self.session = session
-        self.want: Optional[frozenset] = None   # the pids of the newest unserved request
+        self.want: Optional[frozenset[Any]] = None   # the pids of the newest unserved request
         self.asked = self.served = 0            # request tickets
         self.first_asked: Optional[float] = None
         self.busy_since: Optional[float] = None  # source clock when the worker took a request
@@ -214,7 +217,7 @@ class _Shared:
         """Under cond. At most one worker: while a stopped one is still stuck in a call, no
         second one starts (False), and reads report late until it comes back and exits."""
         if self.thread is not None and self.thread.is_alive():
-            return not self.stop.is_set()
+            return self.stop is not None and not self.stop.is_set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=_work, args=(self, self.stop), name="nvml-worker",
                                        daemon=True)  # a hung NVML call must not block exit
@@ -240,7 +243,7 @@ def _work(sh: _Shared, stop: threading.Event) -> None:
             pids, ticket = sh.want, sh.asked
             sh.want, sh.busy_since = None, sh.session.clock()
         try:
-            res = sh.session.read(set(pids))
+            res = sh.session.read(set(pids or ()))
         except Exception as exc:  # a bug here must not kill the worker (reads would go late)
             t = sh.session.clock()
             res = _Result(t=t, query_s=0.0, error=f"NVML read failed: {_describe(exc)}")
@@ -270,7 +273,7 @@ class _Session:
         self.last_samples: dict[str, DeviceSample] = {}
         self.last_devices: tuple[DeviceSample, ...] = ()
         self.last_per_pid: dict[int, dict[str, Optional[int]]] = {}
-        self.proc_calls: Optional[list] = None  # the process-list calls that may work here
+        self.proc_calls: Optional[list[Any]] = None  # the process-list calls that may work here
         self.memory_version: Any = None         # the binding's v2 struct version, looked up
         self.retry_at: Optional[float] = None   # session down: the next init attempt
         self.reenum_at: Optional[float] = None  # a GPU was lost: re-init then
@@ -278,7 +281,7 @@ class _Session:
         self.why: dict[str, str] = {}           # per device, when it ended with devices down
         self.streak = 0                         # failures since the last clean reading
         self.retry_now = False                  # the next failure retries without waiting
-        self.errors: Counter = Counter()
+        self.errors: Counter[str] = Counter()
         self.inits = self.shutdowns = 0
 
     def read(self, pids: set[int]) -> _Result:
@@ -374,7 +377,8 @@ class _Session:
                        retry_at=self.retry_at)
 
     # -- one reading ------------------------------------------------------------------------
-    def _read_devices(self, start: float, pids: set[int]) -> _Result:
+    # over the complexity bound: NVML's fallbacks per call, in the order tried
+    def _read_devices(self, start: float, pids: set[int]) -> _Result:  # noqa: C901
         nvml = self.nvml
         samples: list[DeviceSample] = []
         per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
@@ -427,7 +431,8 @@ class _Session:
             error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
                 _summary(down, prefix="")
         devices = self.last_devices
-        if len(devices) != len(samples) or any(a is not b for a, b in zip(samples, devices)):
+        if len(devices) != len(samples) or \
+                any(a is not b for a, b in zip(samples, devices, strict=True)):
             devices = self.last_devices = tuple(samples)
         if per_pid == self.last_per_pid:
             per_pid = self.last_per_pid  # the same object: read() presents it as it did
@@ -482,8 +487,8 @@ class _Session:
             if pid not in pids:
                 continue
             used = info.usedGpuMemory
-            # struct-layout mismatches made bindings read pids or garbage as memory
-            # (ops-anchors §1.3)
+            # a binding whose struct layout does not match the driver's reads pids or garbage
+            # as memory: a value beyond the GPU's size is not a reading
             if used is not None and not 0 <= used <= total:
                 used = None
             if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
@@ -497,8 +502,8 @@ class _Session:
             version = self.memory_version = getattr(nvml, "nvmlMemory_v2", None)
         if self.memory_v2 and version is not None:
             try:
-                # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 reads
-                # ~900 MB higher on an A100 (ops-anchors §1.3)
+                # v2 `used` excludes driver-reserved memory and matches nvidia-smi; v1 counts
+                # the reserved part as used (hundreds of MB on a data-centre GPU)
                 return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
             except _errors(nvml, _VERSION_ERRORS):
                 self.memory_v2 = False  # old driver: don't pay for the failing call every poll
@@ -512,7 +517,7 @@ def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
     return prefix + "; ".join(f"{uuid}: {why}" for uuid, why in down.items())
 
 
-def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type, ...]:
+def _errors(nvml: Any, names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
     # backends (fakes, older bindings) may lack some classes; `except ()` then catches nothing
     return tuple(cls for cls in (getattr(nvml, name, None) for name in names)
                  if isinstance(cls, type) and issubclass(cls, BaseException))

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
+from torch_watchdog.procfs import start_ticks
 from torch_watchdog.sidecar.core.observations import ProcessSample
 
 SYSTEMCTL_TIMEOUT_S = 5.0
@@ -68,7 +69,7 @@ class ProcessReader:
         self.proc = proc
         self.rss_every_s, self.clock = rss_every_s, clock
         self._rss_due: dict[int, float] = {}            # pid -> when its RSS is read next
-        self._out: tuple = ()                           # the last answer (reused when equal)
+        self._out: tuple[ProcessSample, ...] = ()  # the last answer (reused when equal)
         # pid -> (its pidfd, or -1; its statm, or its stat without a pidfd), open
         self._fds: dict[int, tuple[int, int]] = {}
         self._last: dict[int, ProcessSample] = {}       # pid -> its last sample (reused)
@@ -89,7 +90,7 @@ class ProcessReader:
         gpu = gpu or {}
         fds, last, out, due = self._fds, self._last, [], self._rss_due
         exited = {fd for fd, _ in self._exits.poll(0)} if self._exits is not None and fds \
-            else ()
+            else set()
         now = self.clock() if gpu else 0.0
         wanted = sorted(pids)
         same = len(wanted) == len(self._out)
@@ -118,7 +119,7 @@ class ProcessReader:
                 del last[pid]
             for pid in [p for p in due if p not in keep]:
                 del due[pid]
-        if same and all(a is b for a, b in zip(out, self._out)):
+        if same and all(a is b for a, b in zip(out, self._out, strict=False)):
             return self._out  # nothing changed: the same tuple (the step compares it first)
         self._out = tuple(out)
         return self._out
@@ -144,7 +145,7 @@ class ProcessReader:
             _close(self._meminfo)
             self._meminfo = None
 
-    def _stat(self, pid: int, exited) -> tuple[bool, Optional[int]]:
+    def _stat(self, pid: int, exited: set[int]) -> tuple[bool, Optional[int]]:
         # pid 0 means "the caller's process group" to kill() and psutil reports it as existing
         if pid <= 0:
             return False, None
@@ -158,7 +159,8 @@ class ProcessReader:
             self._drop(pid)  # it has exited: its pid may be another process's now
         return self._open(pid)
 
-    def _open(self, pid: int) -> tuple[bool, Optional[int]]:
+    # over the complexity bound: the pidfd and the /proc files, each with its own failure
+    def _open(self, pid: int) -> tuple[bool, Optional[int]]:  # noqa: C901
         if not self._page:
             return _read_psutil(pid)
         pidfd = -1
@@ -186,7 +188,7 @@ class ProcessReader:
                 _close(pidfd)
             return _read_psutil(pid)
         self._fds[pid] = (pidfd, fd)
-        if pidfd >= 0:
+        if pidfd >= 0 and self._exits is not None:  # a pidfd: pidfd_open, so poll() too
             self._exits.register(pidfd, select.POLLIN)
         try:
             return self._parse(os.pread(fd, 1024, 0), pidfd)
@@ -262,7 +264,7 @@ def read_pidfile(path: str) -> Optional[int]:
     return pid if pid > 0 else None
 
 
-def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run
+def unit_main_pid(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run
                   ) -> Optional[int]:
     """The MainPID of a systemd unit; None when it isn't running or systemctl can't tell."""
     try:
@@ -292,7 +294,7 @@ CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd")  # v2 (unified), v1 
 MAX_CGROUP_PIDS = 65_536  # a unit's processes, read from the kernel; more is not a server
 
 
-def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run,
               roots: tuple[str, ...] = CGROUP_ROOTS) -> Optional[tuple[int, ...]]:
     """Every process of a systemd unit: the pids in its cgroup (and the cgroups below it, with
     Delegate=yes), which is what systemd itself stops and signals. None when the unit's cgroup
@@ -321,7 +323,7 @@ def unit_pids(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = sub
     return None
 
 
-def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess"] = subprocess.run,
+def unit_cgroup(unit: str, run: Callable[..., "subprocess.CompletedProcess[str]"] = subprocess.run,
                 ) -> Optional[str]:
     """The unit's cgroup path (`/system.slice/llm.service`); None when it is inactive or
     systemctl cannot tell."""
@@ -407,17 +409,20 @@ class PssMeter:
         self.last: dict[int, tuple[float, int, int, Optional[int]]] = {}
         # the last call's processes, its answer, and its oldest PSS read (None: a read failed,
         # so the next call reads again)
-        self._kept: Optional[tuple] = None
+        self._kept: Optional[tuple[tuple[ProcessSample, ...], tuple[ProcessSample, ...],
+                                   Optional[float]]] = None
 
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
         now = self.clock()
         # the process reader hands back the same tuple when nothing changed: until a PSS
-        # read is due, the same answer (the snapshot's sums see that nothing changed)
+        # read is due, the same answer (no /proc/<pid>/smaps_rollup read)
         kept = self._kept
         if kept is not None and kept[0] is processes and kept[2] is not None and \
                 now - kept[2] < self.every_s:
             return kept[1]
-        out, seen, oldest = [], set(), math.inf
+        out: list[ProcessSample] = []
+        seen: set[int] = set()
+        oldest: Optional[float] = math.inf
         for p in processes:
             if not p.alive or p.rss_bytes is None:
                 out.append(p)
@@ -439,6 +444,24 @@ class PssMeter:
                                            mem_limit_bytes=limit))
         for pid in self.last.keys() - seen:
             del self.last[pid]
-        out = tuple(out)
-        self._kept = (processes, out, oldest)
-        return out
+        answer = tuple(out)
+        self._kept = (processes, answer, oldest)
+        return answer
+
+
+def process_start_time(pid: int) -> Optional[float]:
+    """When `pid` started, wall-clock seconds, to a clock tick (10 ms); None when there is no
+    such process. psutil's create_time() adds /proc/stat's btime, whole seconds: up to 1 s
+    early, enough for a pid reused within that second to look older
+    than the decision. The process's age on the boot clock, both read now, is exact."""
+    try:
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / _CLK_TCK
+        return time.time() - age
+    except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
+        try:
+            return float(psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -8,7 +8,7 @@ import socket
 import struct
 import time
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.events import EventDecodeError, decode
@@ -23,6 +23,7 @@ _MSG_TRUNC = int(socket.MSG_TRUNC)
 # it accepts as json does, except integers past 64 bits (as floats: from
 # 19 digits on, for negative ones): a datagram with a number of 19 digits or more is json's
 # alone (an event's numbers have at most 17 significant digits)
+_fast_loads: Optional[Callable[[bytes], Any]]
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - where orjson is not installed: json alone
@@ -81,7 +82,8 @@ class Receiver:
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def receive(self, max_events: Optional[int] = None,
+    # over the complexity bound: the per-datagram path (thousands a second) in one frame
+    def receive(self, max_events: Optional[int] = None,  # noqa: C901
                 deadline: Optional[float] = None) -> list[tuple[events.Event, int]]:
         """Drain up to `max_batch` pending datagrams, fewer once `max_events` good events are in
         or time.monotonic() passes `deadline` (a datagram is taken whole: at most 64 KB);
@@ -124,16 +126,18 @@ class Receiver:
                         self.dropped[_rejection(line)] += 1
                     except Exception:  # the schema promises EventDecodeError only; a bug
                         self.dropped["malformed"] += 1  # there must not stop us
-            for event in batch:
-                if event.pid != sender:
-                    event = self._attribute(event, sender)
+            for sent in batch:
+                event: Optional[events.Event] = sent
+                if sent.pid != sender:
+                    event = self._attribute(sent, sender)
                     if event is None:
                         self.dropped["spoofed"] += 1
                         continue
-                elif event.kind == "hello":
-                    event = replace(event, ppid=_parent_of(sender, event.ppid))
-                if event.kind == "hello":  # who may join a server is judged on the kernel's word
+                elif isinstance(sent, events.Hello):
+                    event = replace(sent, ppid=_parent_of(sender, sent.ppid))
+                if isinstance(event, events.Hello):  # who may join a server: the kernel's word
                     event = replace(event, uid=cred[1])
+                assert event is not None
                 good.append((event, sender))
         self.received += len(good)
         return good
@@ -154,7 +158,7 @@ class Receiver:
             if len(self._inner) >= MAX_NS_SENDERS:
                 self._inner.clear()
             self._inner[sender] = inner
-        ppid = inner[1] if event.kind == "hello" and event.ppid is not None else None
+        ppid = inner[1] if isinstance(event, events.Hello) and event.ppid is not None else None
         return replace(event, pid=sender, **({"ppid": ppid} if ppid is not None else {}))
 
     def close(self) -> None:
@@ -170,7 +174,7 @@ class Receiver:
     def __enter__(self) -> "Receiver":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -202,7 +206,7 @@ def namespace_ids(pid: int) -> Optional[tuple[int, int]]:
     return int(nspid[-1]), ppid
 
 
-def _credentials(ancdata: list) -> Optional[tuple[int, int, int]]:
+def _credentials(ancdata: list[Any]) -> Optional[tuple[int, int, int]]:
     for level, kind, payload in ancdata:
         if (level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
                 and len(payload) >= _UCRED.size):

@@ -12,9 +12,8 @@ import time
 from typing import Optional
 
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar.actions.identity import process_start_time
-from torch_watchdog.sidecar.sources.process import children_of, read_pidfile, unit_main_pid, \
-    unit_pids
+from torch_watchdog.sidecar.sources.process import children_of, process_start_time, \
+    read_pidfile, unit_main_pid, unit_pids
 
 UNIT_LOOKUP_S = 5.0
 # ... and at most this often when an agent the lookup does not place said hello: the new
@@ -25,13 +24,15 @@ NEW_AGENT_LOOKUP_S = 1.0
 class Discovery:
     def __init__(self, cfg: config_mod.Config):
         self.cfg = cfg
-        self._looked_up: dict = {}   # (unit, pidfile) -> (when looked up, pids)
+        # (unit, pidfile) -> (when looked up, pids)
+        self._looked_up: dict[tuple[Optional[str], Optional[str]],
+                              tuple[float, tuple[int, ...]]] = {}
         self.started: dict[int, Optional[float]] = {}  # pid -> its start time when first seen
 
     def configured_pids(self, unplaced: bool = False) -> dict[str, tuple[int, ...]]:
         """Each configured server's pids (servers without a live process left out);
         `unplaced`: an agent outside them said hello (looked up again sooner)."""
-        out = {}
+        out: dict[str, tuple[int, ...]] = {}
         every_s = NEW_AGENT_LOOKUP_S if unplaced else UNIT_LOOKUP_S
         for name, unit, pidfile in config_mod.server_sources(self.cfg):
             key = (unit, pidfile)
@@ -39,7 +40,7 @@ class Discovery:
             if time.monotonic() - checked >= every_s:
                 pids = _lookup(unit, pidfile)
                 self._looked_up[key] = (time.monotonic(), pids)
-            if pids:
+            if pids and name is not None:  # a valid config names every server
                 out[name] = pids
         return out
 
@@ -67,5 +68,5 @@ def _lookup(unit: Optional[str], pidfile: Optional[str]) -> tuple[int, ...]:
     group = unit_pids(unit) if unit else None
     if group is not None:
         return group
-    main = unit_main_pid(unit) if unit else read_pidfile(pidfile)
+    main = unit_main_pid(unit) if unit else read_pidfile(pidfile) if pidfile else None
     return tuple(sorted({main, *children_of(main)})) if main else ()

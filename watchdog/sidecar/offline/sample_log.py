@@ -1,8 +1,8 @@
 """The sidecar's sample log: one JSON line per observation, in the order the step saw them.
 
-The daemon writes every poll's agent events, reload outcomes and sample, and the config in
-force at start and after each SIGHUP; offline/traces.py reads them back for replay, which then
-decides what the live sidecar decided.
+The daemon writes every poll's agent events, reload outcomes and sample, the config in force
+at start and after each SIGHUP, and at start the reload history; offline/traces.py reads them
+back for replay, which then decides what the live sidecar decided.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
-    RecordUnreadable, ReloadOutcome, Sample
+    RecordUnreadable, ReloadHistory, ReloadOutcome, Sample
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -28,8 +28,8 @@ def sample_to_dict(s: Sample) -> dict[str, Any]:
                               is not None else {})}
                           for p in s.processes],
             "host_total": s.host_total_bytes, "host_available": s.host_available_bytes}
-    if s.servers:
-        line["servers"] = {k: list(v) for k, v in s.servers.items()}
+    if s.configured:  # "servers": the configured servers' pids
+        line["servers"] = {k: list(v) for k, v in s.configured.items()}
     if s.nvml_down:  # only when some device is down: healthy lines stay as they were
         line["nvml_down"] = dict(s.nvml_down)
     return line
@@ -51,7 +51,8 @@ def sample_from_dict(d: dict[str, Any]) -> Sample:
                         for x in d["processes"]),
         host_total_bytes=opt_int(d.get("host_total")),
         host_available_bytes=opt_int(d.get("host_available")),
-        servers={str(k): tuple(int(p) for p in v) for k, v in (d.get("servers") or {}).items()},
+        configured={str(k): tuple(int(p) for p in v)
+                    for k, v in (d.get("servers") or {}).items()},
         nvml_down={str(k): str(v) for k, v in (d.get("nvml_down") or {}).items()})
 
 
@@ -91,8 +92,24 @@ def unreadable_from_dict(d: dict[str, Any]) -> RecordUnreadable:
     return RecordUnreadable(float(d["t"]), d["detail"])
 
 
-_TO_DICT = {Sample: sample_to_dict, ReloadOutcome: outcome_to_dict,
-            RecordUnreadable: unreadable_to_dict}
+def history_to_dict(h: ReloadHistory) -> dict[str, Any]:
+    return {"kind": "reload_history", "t": h.t,
+            "decisions": [[t, server] for t, server in h.decisions]}
+
+
+def history_from_dict(d: dict[str, Any]) -> ReloadHistory:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    decisions = []
+    for t, server in d["decisions"]:
+        if server is not None and not isinstance(server, str):
+            raise ValueError("a decision's server must be text or null")
+        decisions.append((float(t), server))
+    return ReloadHistory(float(d["t"]), tuple(decisions))
+
+
+_TO_DICT: dict[type, Any] = {Sample: sample_to_dict, ReloadOutcome: outcome_to_dict,
+                             RecordUnreadable: unreadable_to_dict,
+                             ReloadHistory: history_to_dict}
 
 
 def encode(observations: Iterable[Any]) -> bytes:
