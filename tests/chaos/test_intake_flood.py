@@ -3,6 +3,7 @@ packed events for 20 s ran the loop at 1.6 polls/s (of 10), with a 5.4 s gap bet
 pings, and events dropped as backlog were still counted as received."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,6 +83,37 @@ def test_a_flood_of_valid_packed_events_keeps_the_poll_rate(short_tmp):
     assert events_in > 0
 
 
+@contextlib.contextmanager
+def overload(tmp: str, *sender_args: str, sample_log: bool = False):
+    """The real sidecar and 4 agents (overload_sender.py) flooding it; yields the sidecar's
+    port and the senders' count files once every sender wrote its own; stops them all."""
+    port, sock = free_port(), os.path.join(tmp, "ev.sock")
+    cfg = os.path.join(tmp, "w.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(f"metrics_port: {port}\nstate_dir: {tmp}/state\n"
+                 + (f"sample_log: {tmp}/samples.jsonl\n" if sample_log else "")
+                 + f"agent: {{socket_path: {sock}, allowed_uids: [{os.getuid()}]}}\n")
+    env = dict(os.environ, PYTHONPATH=with_root(), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
+                             "--config", cfg], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sender = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overload_sender.py")
+    outs = [os.path.join(tmp, f"sender{i}.json") for i in range(4)]
+    senders: list = []
+    try:
+        assert wait_for(lambda: os.path.exists(sock), 30)
+        senders = [subprocess.Popen([sys.executable, sender, sock, str(FLOOD_S), out,
+                                     *sender_args], env=env, cwd=ROOT) for out in outs]
+        assert wait_for(lambda: all(os.path.exists(o) for o in outs), 120)
+        yield port, outs
+    finally:
+        for p in senders:
+            p.kill()
+            p.wait(10)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 def test_under_overload_every_lost_event_is_counted_by_the_sidecar(short_tmp):
     """4 agents x 64 watched models, each call a new shape, at full speed, the sample log on:
     the agents drop events (their queues full, the socket's too). Once they are quiet, the
@@ -90,24 +122,7 @@ def test_under_overload_every_lost_event_is_counted_by_the_sidecar(short_tmp):
     sample log on (drop reports lost on the way were never told again once the drops
     stopped), and 1.02-1.38 x the events sent received (a datagram parked by a full socket
     and sent later was not counted as sent)."""
-    port, sock = free_port(), os.path.join(short_tmp, "ev.sock")
-    cfg = os.path.join(short_tmp, "w.yaml")
-    with open(cfg, "w") as fh:
-        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}/state\n"
-                 f"sample_log: {short_tmp}/samples.jsonl\n"
-                 f"agent: {{socket_path: {sock}, allowed_uids: [{os.getuid()}]}}\n")
-    env = dict(os.environ, PYTHONPATH=with_root(), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
-                             "--config", cfg], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sender = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overload_sender.py")
-    outs = [os.path.join(short_tmp, f"sender{i}.json") for i in range(4)]
-    senders: list = []
-    try:
-        assert wait_for(lambda: os.path.exists(sock), 30)
-        senders = [subprocess.Popen([sys.executable, sender, sock, str(FLOOD_S), out],
-                                    env=env, cwd=ROOT) for out in outs]
-        assert wait_for(lambda: all(os.path.exists(o) for o in outs), 120)
+    with overload(short_tmp, sample_log=True) as (port, outs):
         counts = [json.load(open(o)) for o in outs]
         lost = sum(sum(c["dropped"].values()) - sum(c["lost_reports"].values())
                    for c in counts)
@@ -120,12 +135,6 @@ def test_under_overload_every_lost_event_is_counted_by_the_sidecar(short_tmp):
         sent = sum(json.load(open(o + ".final"))["sent"] for o in outs)
         time.sleep(1.0)  # the sidecar's next poll has read what it received
         got = status(port)["events"]
-    finally:
-        for p in senders:
-            p.kill()
-            p.wait(10)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
     assert lost > 1000, counts  # it was an overload
     assert got["received_total"] <= sent, (got, sent)
     print(f"\noverload: {lost:,} events lost by the agents, {got['agent_lost_total']:,} "
@@ -137,32 +146,10 @@ def test_the_losses_of_agents_that_stop_while_dropping_are_counted_exactly(short
     after): the sidecar's `agent_lost_total` is what they lost, exactly. Before: 76-82 % of it
     (922,734 of 1,128,653 with 20 s floods): the drops after the last periodic heartbeat were
     never told. The final heartbeat at stop() carries them."""
-    port, sock = free_port(), os.path.join(short_tmp, "ev.sock")
-    cfg = os.path.join(short_tmp, "w.yaml")
-    with open(cfg, "w") as fh:
-        fh.write(f"metrics_port: {port}\nstate_dir: {short_tmp}/state\n"
-                 f"agent: {{socket_path: {sock}, allowed_uids: [{os.getuid()}]}}\n")
-    env = dict(os.environ, PYTHONPATH=with_root(), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
-                             "--config", cfg], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sender = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overload_sender.py")
-    outs = [os.path.join(short_tmp, f"sender{i}.json") for i in range(4)]
-    senders: list = []
-    try:
-        assert wait_for(lambda: os.path.exists(sock), 30)
-        senders = [subprocess.Popen([sys.executable, sender, sock, str(FLOOD_S), out,
-                                     "abrupt"], env=env, cwd=ROOT) for out in outs]
-        assert wait_for(lambda: all(os.path.exists(o) for o in outs), 120)
+    with overload(short_tmp, "abrupt") as (port, outs):
         lost = sum(json.load(open(o))["lost"] for o in outs)
         counted = lambda: status(port)["events"]["agent_lost_total"]  # noqa: E731
         wait_for(lambda: counted() == lost, 10)
         got = counted()
-    finally:
-        for p in senders:
-            p.kill()
-            p.wait(10)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
     assert lost > 1000, lost  # it was an overload
     assert got == lost, f"the sidecar counted {got:,} of the {lost:,} events the agents lost"

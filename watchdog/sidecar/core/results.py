@@ -84,23 +84,24 @@ class Reload(ReloadAction):
 
 
 @dataclass(frozen=True)
-class Execute(ReloadAction):
-    """Carry out the reload decided at `decided_t`."""
+class FollowUp(ReloadAction):
+    """What became of the reload decided at `decided_t`, one poll later."""
     decided_t: float
-    kind: ClassVar[ActionKind] = ActionKind.EXECUTE
 
     def shown(self) -> dict[str, Any]:
         return {**super().shown(), "decided_t": self.decided_t}
 
 
 @dataclass(frozen=True)
-class Cancel(ReloadAction):
-    """The reload decided at `decided_t` no longer holds."""
-    decided_t: float
-    kind: ClassVar[ActionKind] = ActionKind.CANCEL
+class Execute(FollowUp):
+    """Carry out the reload decided at `decided_t`."""
+    kind: ClassVar[ActionKind] = ActionKind.EXECUTE
 
-    def shown(self) -> dict[str, Any]:
-        return {**super().shown(), "decided_t": self.decided_t}
+
+@dataclass(frozen=True)
+class Cancel(FollowUp):
+    """The reload decided at `decided_t` no longer holds."""
+    kind: ClassVar[ActionKind] = ActionKind.CANCEL
 
 
 @dataclass(frozen=True)
