@@ -13,6 +13,7 @@ needs nothing in the container. A command entered that way is in no unit's cgrou
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -158,6 +159,7 @@ class Machine:
         nspawn_sh(self.root, script, timeout=300, binds={self.wheels: "/wheels"})
 
     def boot(self, timeout: float = 90) -> None:
+        reap_orphans()
         console = open(self.console_path, "w")
         # a private network: the sidecar's port and the server's stay off the host's
         self.proc = subprocess.Popen([*NSPAWN, "-D", self.root, "-b", "--console=pipe",
@@ -224,6 +226,33 @@ class Machine:
                 self.proc.wait(10)
         subprocess.run(["umount", "-l", self.root], capture_output=True, timeout=30)
         shutil.rmtree(self.session, ignore_errors=True)
+
+
+def reap_orphans() -> list[int]:
+    """Power off the containers that an interrupted run left behind (`--machine=tw<pid>` whose
+    pytest is gone): a second booted container answers the first one's tests. Returns their
+    nspawn pids."""
+    reaped = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(b"systemd-nspawn"):
+            continue
+        owner = next((a[len(b"--machine=tw"):] for a in argv if a.startswith(b"--machine=tw")),
+                     b"")
+        if owner.isdigit() and not os.path.exists(f"/proc/{int(owner)}"):
+            pid = int(cmdline.split("/")[2])
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)  # an orderly poweroff, as close() does
+                reaped.append(pid)
+    for pid in reaped:
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return reaped
 
 
 def _child_named(pid: int, comm: str) -> Optional[int]:
