@@ -54,7 +54,7 @@ def test_status_has_every_section_and_is_strict_json():
     assert set(status) == {"t", "age_s", "sidecar", "memory", "graphs", "causes", "forecast",
                            "forecast_summary", "actions", "actions_total", "sources",
                            "source_errors", "events", "history", "servers", "scope",
-                           "padding", "stopped"}
+                           "padding", "stopped", "detail", "host_causes"}
     assert status["age_s"] == 2.0
     assert status["memory"]["source"] == "process" and status["memory"]["level_bytes"] == 5 * GIB
     assert status["memory"]["devices"] == [{"uuid": "GPU-a", "used_bytes": 13 * GIB,
@@ -130,7 +130,7 @@ def test_terminal_summary_lines_are_aligned():
     assert [h.strip() for h in heads if h.strip()] == [
         "sidecar", "server", "device", "graphs", "causes", "forecast", "sources", "actions"]
     assert all(line[8] == " " for line in lines)
-    assert "last poll 1.0 s ago" in lines[0]
+    assert "last poll 1 s ago" in lines[0]
     assert "5 GiB (server process GPU memory (NVML)), RSS 3 GiB, up" in text
     assert "GPU-a: 13 GiB used of 80 GiB" in text
     assert "1,983 recorded, 1,990 distinct shapes, 1 compiles, 2 recompiles, 459 KiB/graph" in text
@@ -147,8 +147,8 @@ def test_fmt_bytes(n, text):
     assert fmt_bytes(n) == text
 
 
-@pytest.mark.parametrize("s, text", [(None, "?"), (5.25, "5.2 s"), (45, "45 s"),
-                                     (2400, "40 min"), (5400, "1.5 h"), (3 * 86400, "3.0 d")])
+@pytest.mark.parametrize("s, text", [(None, "?"), (5.25, "5.25 s"), (45, "45 s"),
+                                     (2400, "40 min"), (5400, "1.5 h"), (3 * 86400, "3 d")])
 def test_fmt_duration(s, text):
     assert fmt_duration(s) == text
 

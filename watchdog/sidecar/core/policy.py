@@ -91,28 +91,35 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         # held by the step's reason; none: no reload called for, or this server's under way
         ps.held = hold(ps, now, *held_by) if held_by and ps.holding >= cfg.hold_polls else None
         return actions
-    if now < ps.not_before:  # a refused reload (a PodDisruptionBudget) is asked again then
-        ps.held = hold(ps, now, "precondition", ps.not_before, {"precondition": "refused"})
-        return actions
-    if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
-        ps.held = hold(ps, now, "cooldown", ps.reloads[-1] + cfg.cooldown_s,
-                       {"last_reload_t": ps.reloads[-1], "cooldown_s": cfg.cooldown_s})
-        return actions
-    recent = [t for t in ps.reloads if t > now - 3600]
-    if len(recent) >= cfg.max_reloads_per_hour:
-        # until the oldest of the hour's reloads leaves it (none allowed: no end)
-        ps.held = hold(ps, now, "hourly_maximum", recent[0] + 3600 if recent else None,
-                       {"reloads_last_hour": len(recent),
-                        "max_reloads_per_hour": cfg.max_reloads_per_hour})
-        if not ps.suppressed_alerted:
+    ps.held = _held_back(ps, now, cfg)
+    if ps.held is not None:
+        if ps.held.reason == "hourly_maximum" and not ps.suppressed_alerted:
             ps.suppressed_alerted = True
             actions.append(Verdict(now, ActionKind.ALERT, "reload_suppressed",
-                                   {"reloads_last_hour": len(recent), **_why(fc)}))
+                                   {"reloads_last_hour": ps.held.detail["reloads_last_hour"],
+                                    **_why(fc)}))
         return actions
     ps.reloads.append(now)
     ps.holding, ps.suppressed_alerted, ps.held = 0, False, None
     actions.append(Verdict(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
+
+
+def _held_back(ps: PolicyState, now: float, cfg: PolicyConfig) -> Optional[Held]:
+    """Why the policy itself does not decide a reload now: a refused one's retry time, the
+    cooldown, the hourly maximum; None: it decides one."""
+    if now < ps.not_before:  # a refused reload (a PodDisruptionBudget) is asked again then
+        return hold(ps, now, "precondition", ps.not_before, {"precondition": "refused"})
+    if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
+        return hold(ps, now, "cooldown", ps.reloads[-1] + cfg.cooldown_s,
+                    {"last_reload_t": ps.reloads[-1], "cooldown_s": cfg.cooldown_s})
+    recent = [t for t in ps.reloads if t > now - 3600]
+    if len(recent) >= cfg.max_reloads_per_hour:
+        # until the oldest of the hour's reloads leaves it (none allowed: no end)
+        return hold(ps, now, "hourly_maximum", recent[0] + 3600 if recent else None,
+                    {"reloads_last_hour": len(recent),
+                     "max_reloads_per_hour": cfg.max_reloads_per_hour})
+    return None
 
 
 def hold(ps: PolicyState, now: float, reason: str, until: Optional[float],
