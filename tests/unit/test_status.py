@@ -90,7 +90,7 @@ def test_cause_summary_uses_current_numbers_not_those_at_detection():
 
 @pytest.mark.parametrize("cause, detail, expected", [
     ("recompile_storm", {"recompiles_in_window": 6, "window_s": 300.0},
-     "6 recompiles within 300 s, 15 s compiling so far"),
+     "6 recompiles within 5 min, 14.6 s compiling so far"),
     ("recompile_limit_eager_fallback", {"source": "agent", "function": "forward", "limit": 8},
      "recompile limit 8 reached in forward (reported by the agent): new shapes run eager"),
     ("memory_growth_unexplained", {"unexplained_mb": 412.3, "growth_mb": 900.0},
@@ -180,7 +180,7 @@ def test_status_command_takes_the_port_from_the_config(tmp_path, capsys):
      "reload decided (oom_forecast, OOM in ~42 s)"),
     ({"action": "reload_ok", "reason": "oom_forecast",
       "detail": {"outcome": "SIGTERM sent; the server exited", "reload_seconds": 3.25}},
-     "reload done: SIGTERM sent; the server exited (3.2 s)"),
+     "reload done: SIGTERM sent; the server exited (3.25 s)"),
 ])
 def test_action_summaries(action, text):
     from torch_watchdog.sidecar.present.status import action_summary

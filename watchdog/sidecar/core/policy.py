@@ -88,8 +88,7 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         ps.clear_since = None
     ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
     if ps.holding < cfg.hold_polls or not allow_reload:
-        # held by the step's reason; none: no reload called for, or this server's under way
-        ps.held = hold(ps, now, *held_by) if held_by and ps.holding >= cfg.hold_polls else None
+        ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by)
         return actions
     ps.held = _held_back(ps, now, cfg)
     if ps.held is not None:
@@ -103,6 +102,20 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     ps.holding, ps.suppressed_alerted, ps.held = 0, False, None
     actions.append(Verdict(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
+
+
+def _held_before_deciding(ps: PolicyState, now: float, cfg: PolicyConfig, allow_reload: bool,
+                          held_by: Optional[tuple[str, Optional[float], dict[str, Any]]],
+                          ) -> Optional[Held]:
+    """The hold while the policy does not get as far as deciding: none when no reload is
+    called for or this server's own is under way; the step's reason once the condition held
+    `hold_polls` polls; while it is confirmed again, the hold already said (a hold must not
+    blink off for the polls after each poll the forecast wobbled)."""
+    if ps.holding == 0 or (not allow_reload and held_by is None):
+        return None
+    if held_by is not None and ps.holding >= cfg.hold_polls:
+        return hold(ps, now, *held_by)
+    return ps.held
 
 
 def _held_back(ps: PolicyState, now: float, cfg: PolicyConfig) -> Optional[Held]:

@@ -28,7 +28,9 @@ table{border-collapse:collapse}td,th{padding:.15em .9em .15em 0;text-align:left;
 vertical-align:top}th{font-weight:600;color:#555}td.n{text-align:right;
 font-variant-numeric:tabular-nums}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b}
 .cause{border-left:4px solid #d55e00;padding:.2em .6em;margin:.3em 0;background:#fff6f0}
-.none{color:#666}.bar{background:#eee;height:8px;width:200px;display:inline-block}
+.none{color:#666}
+table.host td{white-space:nowrap}table.host td.wrap{white-space:normal}
+.bar{background:#eee;height:8px;width:200px;display:inline-block}
 .bar>span{background:#0072b2;height:8px;display:block}
 """
 
@@ -166,7 +168,8 @@ def _forecast(status: dict[str, Any]) -> str:
                                          if fc.get("seconds_to_oom_discovery") is None
                                          else fmt_duration(fc["seconds_to_oom_discovery"]))),
             ("growth recordings do not explain", _e(
-                "none" if fc.get("seconds_to_oom_unexplained") is None else
+                "none" if fc.get("seconds_to_oom_unexplained") is None
+                or fc.get("unexplained_bytes_per_s") is None else
                 f"{fmt_bytes(fc.get('unexplained_bytes_per_s'))}/s: OOM in "
                 f"{fmt_duration(fc['seconds_to_oom_unexplained'])}")),
             ("plateau", _e("unknown" if plateau is None else
@@ -235,15 +238,16 @@ def _servers(status: dict[str, Any]) -> str:
             f"<td>{_e(budget_text(r))}"
             f"{_usage(r.get('level_bytes'), r.get('budget_bytes'))}</td>"
             f'<td class="{"bad" if near else ""}">{_e(oom)}</td>'
-            f"<td>{_e(', '.join(r['active_causes']) or 'none')}</td>"
-            f"<td>{_e('none' if not last else fmt_clock(last['t']) + ' ' + last['summary'])}"
+            f"<td class=\"wrap\">{_e(', '.join(r['active_causes']) or 'none')}</td>"
+            f"<td class=\"wrap\">"
+            f"{_e('none' if not last else fmt_clock(last['t']) + ' ' + last['summary'])}"
             "</td></tr>")
         if r.get("held"):
             body.append(f'<tr class="held" data-server="{_e(r["server"])}"><td></td>'
-                        f'<td colspan="7"><span class="bad">reload held back</span>: '
+                        f'<td colspan="7" class="wrap"><span class="bad">reload held back</span>: '
                         f"{_e(r['held']['summary'])}</td></tr>")
-    return (f'<section id="servers"><h2>Servers on this host</h2><table>{head}{"".join(body)}'
-            "</table></section>")
+    return (f'<section id="servers"><h2>Servers on this host</h2><table class="host">{head}'
+            f'{"".join(body)}</table></section>')
 
 
 def _detail_head(status: dict[str, Any]) -> str:
@@ -292,8 +296,11 @@ def _actions(status: dict[str, Any]) -> str:
             + f"<td>{_e(a['summary'])}</td></tr>" for a in actions) + "</table>"
     totals = ", ".join(f"{_e(k)} {_e(v)}" for k, v in sorted(
         (status.get("actions_total") or {}).items()))
-    return (f'<section id="actions"><h2>Last actions</h2>{body}'
-            f'<p class="sub">totals: {totals or "none"}</p></section>')
+    chosen = (status.get("detail") or {}).get("chosen")
+    return (f'<section id="actions"><h2>Last actions'
+            f'{" of server " + _e(status["detail"]["server"]) if chosen else ""}</h2>{body}'
+            f'<p class="sub">totals of every server on this host: {totals or "none"}</p>'
+            "</section>")
 
 
 def _sources(status: dict[str, Any]) -> str:

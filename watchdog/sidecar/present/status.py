@@ -51,8 +51,8 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
         return text + (f", {fmt_mb(mb)} each, {fmt_mb(mb * rec)} so far" if mb else "")
     if cause == "recompile_storm":
         return (f"{detail.get('recompiles_in_window', '?')} recompiles within "
-                f"{detail.get('window_s', 0):.0f} s, {graphs.get('compile_seconds', 0):.0f} s "
-                f"compiling so far")
+                f"{fmt_duration(detail.get('window_s', 0))}, "
+                f"{fmt_duration(graphs.get('compile_seconds') or 0)} compiling so far")
     if cause == "recompile_limit_eager_fallback":
         where = f" in {detail['function']}" if detail.get("function") else ""
         how = "reported by the agent" if detail.get("source") == "agent" else "inferred"
@@ -143,7 +143,7 @@ def action_summary(a: dict[str, Any]) -> str:
         took = d.get("reload_seconds")
         done = {"reload_ok": "reload done", "reload_failed": "reload failed"}.get(
             action, "reload not done")
-        return f"{done}: {d.get('outcome', '')}" + (f" ({took:.1f} s)" if took else "")
+        return f"{done}: {d.get('outcome', '')}" + (f" ({fmt_duration(took)})" if took else "")
     return f"{action} {reason}"
 
 
@@ -179,7 +179,9 @@ def build_status(view: Optional[StatusView], now: float,
         v = listed or {}
         estimates, fc_all = {**v.get("estimates", {}), **v.get("forecast", {})}, \
             v.get("forecast", {})
-        series = series or SeriesView()
+        # a History fed Snapshots without servers has the host's series alone (one server)
+        series = series or SeriesView(view.points, view.memory_source, view.marks,
+                                      view.marks_total, view.breaks, causes=view.causes)
         found = list(series.causes)
         points, marks, totals, breaks = series.points, series.marks, series.marks_total, \
             series.breaks
@@ -189,7 +191,8 @@ def build_status(view: Optional[StatusView], now: float,
                           "rss_bytes")}
         gpus = set(v.get("gpus") or ())
         devices = tuple(d for d in s.devices if d.uuid in gpus) if gpus else s.devices
-        actions_of = [a for a in view.actions if a.get("server") in (None, name)]
+        # the host view: every server's actions; a drill-down: its own
+        actions_of = [a for a in view.actions if not chosen or a.get("server") in (None, name)]
     graphs = {k: estimates.get(k) for k in GRAPH_KEYS if k in estimates}
     fc = {k: fc_all.get(k) for k in FORECAST_KEYS if k in fc_all}
     causes = [{"cause": c.get("cause"), "since_t": c.get("t"), "server": name,
