@@ -159,6 +159,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         serve(*sys.argv[2:5])
     else:
+        # Ctrl-C, or SIGTERM (a background job ignores SIGINT): everything it started stops
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         with HostScenario(os.path.abspath(sys.argv[1]), int(sys.argv[2])) as host:
             print(f"http://127.0.0.1:{host.port}/  (Ctrl-C stops it)", flush=True)
             try:

@@ -158,3 +158,13 @@ def test_the_step_s_reason_holds_it_and_its_own_reload_holds_nothing():
     assert [o[1] for o in out] == [None, None, "concurrency_cap", "concurrency_cap"]
     assert out[-1][2] == 42  # one hold since it began, not a new one each poll
     assert held_over([(t, 10) for t in (40, 41, 42)], allow_reload=False)[-1][1] is None
+
+
+def test_a_forecast_wobbling_around_the_lead_is_one_hold_until_well_clear():
+    """A server growing in steps: its forecast crossed the lead back and forth, and the log
+    said "reload held back" every other poll."""
+    ps = PolicyState(reloads=[0.0])  # the cooldown runs until 100
+    out = held_over([(40, 10), (41, 10), (42, 10), (43, 90), (44, 10), (45, 90)], ps=ps)
+    assert [o[1] for o in out] == [None, None] + ["cooldown"] * 4
+    assert {o[2] for o in out[2:]} == {42}
+    assert held_over([(46, 500)], ps=ps)[-1][1] is None  # well clear (over twice the lead)

@@ -88,7 +88,8 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         ps.clear_since = None
     ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
     if ps.holding < cfg.hold_polls or not allow_reload:
-        ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by)
+        ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by,
+                                        seconds <= 2 * reload_lead(state, cfg))
         return actions
     ps.held = _held_back(ps, now, cfg)
     if ps.held is not None:
@@ -106,13 +107,19 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
 
 def _held_before_deciding(ps: PolicyState, now: float, cfg: PolicyConfig, allow_reload: bool,
                           held_by: Optional[tuple[str, Optional[float], dict[str, Any]]],
-                          ) -> Optional[Held]:
-    """The hold while the policy does not get as far as deciding: none when no reload is
-    called for or this server's own is under way; the step's reason once the condition held
-    `hold_polls` polls; while it is confirmed again, the hold already said (a hold must not
-    blink off for the polls after each poll the forecast wobbled)."""
-    if ps.holding == 0 or (not allow_reload and held_by is None):
+                          near: bool) -> Optional[Held]:
+    """The hold while the policy does not get as far as deciding: none when this server's
+    own reload is under way, or no reload is called for and the forecast is well clear
+    (`near` False: over twice the lead, as a decision is cancelled) or the hold's end has
+    passed; the step's reason once the condition held `hold_polls` polls; while it is
+    confirmed again, the hold already said. A forecast wobbling around the lead (a server
+    growing in steps) is one hold, not one a poll, in the log and on the page."""
+    if not allow_reload and held_by is None:
         return None
+    if ps.holding == 0:
+        kept = ps.held
+        return kept if near and kept is not None and (kept.until is None or
+                                                      now < kept.until) else None
     if held_by is not None and ps.holding >= cfg.hold_polls:
         return hold(ps, now, *held_by)
     return ps.held
