@@ -148,6 +148,10 @@ def test_a_stopped_server_reads_down_at_once_then_stopped():
     rows = {r["server"]: r for r in down["servers"]}
     assert rows["idle"]["state"] == "down" and rows["storm"]["state"] == "up"
     assert 'class="server server-down"' in render_page(down, T + 10)
+    (line,) = [x for x in format_terminal(down, "http://x", T + 10).splitlines()
+               if x[9:].startswith("idle ")]
+    # its last reading is no process's memory now
+    assert "DOWN" in line and "1 GiB" not in line and "- of 20 GiB" in line
     gone = build_status(three_servers(idle_listed=False), T + 10)
     rows = {r["server"]: r for r in gone["servers"]}
     assert rows["idle"]["state"] == "stopped" and rows["idle"]["pids"] == []

@@ -14,8 +14,9 @@ from torch_watchdog import __version__
 from torch_watchdog.sidecar.present import plot
 from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, budget_text, chart_budget,
                                                    fmt_bytes, fmt_clock, fmt_duration, fmt_mb,
-                                                   host_memory_mode, oom_text, over_budget,
-                                                   scope_text, waiting, waiting_lines)
+                                                   host_memory_mode, memory_text, oom_text,
+                                                   over_budget, scope_text, waiting,
+                                                   waiting_lines)
 
 REFRESH_S = 5
 OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
@@ -228,15 +229,16 @@ def _servers(status: dict[str, Any]) -> str:
         state = {"up": '<span class="ok">up</span>', "down": '<span class="bad">down</span>'}.get(
             r["state"], f'<span class="none">{_e(r["state"])}</span>')
         oom = oom_text(r)
-        near = r.get("over_budget") or r.get("seconds_to_oom") is not None
+        up = r["state"] == "up"
+        near = up and (r.get("over_budget") or r.get("seconds_to_oom") is not None)
         last = r.get("last_action")
         body.append(
             f'<tr class="server server-{_e(r["state"])}" data-server="{_e(r["server"])}">'
             f"<td>{_link(r['server'])}</td><td>{state}</td>"
             f"<td>{_e(', '.join(map(str, r['pids'])) or '—')}</td>"
-            f'<td class="n">{_e(fmt_bytes(r.get("memory_bytes")))}</td>'
+            f'<td class="n">{_e(memory_text(r))}</td>'
             f"<td>{_e(budget_text(r))}"
-            f"{_usage(r.get('level_bytes'), r.get('budget_bytes'))}</td>"
+            f"{_usage(r.get('level_bytes'), r.get('budget_bytes')) if up else ''}</td>"
             f'<td class="{"bad" if near else ""}">{_e(oom)}</td>'
             f"<td class=\"wrap\">{_e(', '.join(r['active_causes']) or 'none')}</td>"
             f"<td class=\"wrap\">"

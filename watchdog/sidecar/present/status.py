@@ -438,9 +438,16 @@ def _graph_line(g: dict[str, Any]) -> str:
             f"recompiles{per}")
 
 
+def memory_text(row: dict[str, Any]) -> str:
+    """A server's own memory; none once its processes exited (the last reading is not)."""
+    return fmt_bytes(row.get("memory_bytes")) if row.get("state") == "up" else "-"
+
+
 def budget_text(row: dict[str, Any]) -> str:
     """A server's memory against its budget: "1.62 GiB of 835 MiB (199 %)"."""
     level, budget = row.get("level_bytes"), row.get("budget_bytes")
+    if row.get("state") != "up":
+        return f"- of {fmt_bytes(budget)}" if budget is not None else "-"
     if budget is None:
         return "no budget yet"
     return f"{fmt_bytes(level)} of {fmt_bytes(budget)} ({fmt_share(level, budget)})"
@@ -448,7 +455,7 @@ def budget_text(row: dict[str, Any]) -> str:
 
 def oom_text(row: dict[str, Any]) -> str:
     """A server's time to OOM in a table cell."""
-    if row.get("state") == "stopped":
+    if row.get("state") != "up":
         return "-"
     if row.get("over_budget"):
         return "over budget now"
@@ -462,7 +469,7 @@ def server_table(rows: list[dict[str, Any]]) -> list[str]:
     head = ("SERVER", "STATE", "PIDS", "MEMORY", "AGAINST BUDGET", "TO OOM", "CAUSES",
             "LAST ACTION")
     cells = [(r["server"], r["state"].upper() if r["state"] != "up" else "up",
-              ",".join(map(str, r["pids"])) or "-", fmt_bytes(r.get("memory_bytes")),
+              ",".join(map(str, r["pids"])) or "-", memory_text(r),
               budget_text(r), oom_text(r), ", ".join(r["active_causes"]) or "none",
               "none" if not r.get("last_action") else
               f"{fmt_clock(r['last_action']['t'])} {r['last_action']['summary']}")
