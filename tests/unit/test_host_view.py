@@ -229,3 +229,10 @@ def test_one_number_per_fact_in_the_page_and_status():
     for surface in (page, text):
         assert f"14 GiB of {budget}" in surface or f"budget {budget}" in surface
         assert "OOM in ~1.5 min" in surface
+
+
+def test_a_server_not_on_this_host_is_said_and_the_nearest_to_oom_shown():
+    status = build_status(three_servers(), T + 10, "nope")
+    assert status["detail"] == {"server": "growing", "chosen": False, "asked": "nope"}
+    assert "no server nope here" in render_page(status, T + 10)
+    assert "detail   no server nope here" in format_terminal(status, "http://x", T + 10)

@@ -110,9 +110,9 @@ def _with_processes(views: dict[str, Any], sample: Sample) -> dict[str, dict[str
     its GPU bytes by device, its host memory, and whether one is alive (`up`: False the poll
     its last process exits, not when the step forgets its pids; None: none was read)."""
     out = {}
+    by_pid = {p.pid: p for p in sample.processes}
     for name, view in views.items():
-        pids = set(view.get("pids") or ())
-        mine = [p for p in sample.processes if p.pid in pids]
+        mine = [p for pid in view.get("pids") or () if (p := by_pid.get(pid)) is not None]
         gpu: dict[str, Optional[int]] = {}
         for p in mine:
             for uuid, used in p.gpu_bytes.items():
