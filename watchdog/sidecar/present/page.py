@@ -164,6 +164,8 @@ def _forecast(status: dict[str, Any]) -> str:
     plateau = fc.get("plateau_bytes")
     rows = [("time to OOM", eta),
             ("linear trend", _e("none" if fc.get("seconds_to_oom_linear") is None
+                                else "over budget now" if over_budget(fc)
+                                and not fc["seconds_to_oom_linear"]
                                 else fmt_duration(fc["seconds_to_oom_linear"]))),
             ("shape-discovery model", _e("not applicable yet"
                                          if fc.get("seconds_to_oom_discovery") is None
