@@ -250,7 +250,7 @@ def valid_url(url: str) -> bool:
 
 
 def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
-               out: TextIO) -> int:
+               out: TextIO, server: Optional[str] = None) -> int:
     """Print a running sidecar's /status.json; 1 when none answers at that address, 2 for a
     bad --url or --config."""
     import time
@@ -268,7 +268,7 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
               "as http://HOST:PORT, e.g. http://127.0.0.1:9464", file=sys.stderr)
         return 2
     try:
-        data = read_status(url)
+        data = read_status(url, server=server)
     except (OSError, ValueError) as err:
         print(f"torch-watchdog: no sidecar is running at {url} "
               f"({getattr(err, 'reason', None) or err}).\nStart it with `torch-watchdog sidecar "
@@ -331,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: metrics_address and metrics_port of --config, or defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
+    stp.add_argument("--server", metavar="NAME", help="one server's numbers, chart data and "
+                     "actions (default: every server's row, and the one nearest to OOM)")
     command("run", "the standby launcher: torch-watchdog run [options] -- python "
                    "server.py args... (see torch-watchdog run --help)")
     dp = command("demo", "a small torch.compile server, the agent and the sidecar, "
@@ -391,7 +393,7 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
             return run_sidecar(args.config, args.dev)
         if args.command == "status":
-            return run_status(args.url, args.config, args.json, sys.stdout)
+            return run_status(args.url, args.config, args.json, sys.stdout, args.server)
         if args.command == "demo":
             from torch_watchdog import demo  # the product's commands never load the demo
             return demo.run(args, sys.stdout)

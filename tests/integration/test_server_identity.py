@@ -201,8 +201,9 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
         text = format_terminal(status, "http://127.0.0.1:9464", rig.clock.t)
         page = render_page(status, rig.clock.t)
         metrics = render(rig.daemon.registry).decode()
-        for name, pids in seen.items():
-            assert f"{name}: pid" in text and ", ".join(map(str, pids)) in text, (name, text)
+        for name, pids in seen.items():  # its row of the host table: name, state, pids
+            (row,) = [line for line in text.splitlines() if line[9:].startswith(f"{name} ")]
+            assert " up " in row and ",".join(map(str, sorted(pids))) in row, (name, text)
             assert name in page
             assert f'server="{name}"' in metrics
 

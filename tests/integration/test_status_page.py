@@ -143,7 +143,7 @@ def test_status_command_against_the_running_sidecar(sidecar):
     assert "server   " in out and "(the server's own memory, PSS (host-memory mode))" in out
     assert (f"graphs   {RECORDINGS} recorded, 0 distinct shapes, 1 compiles, 4 recompiles, "
             "memory per graph: not enough recordings yet") in out
-    assert "recompile_storm: 4 recompiles within 300 s" in out
+    assert "recompile_storm: 4 recompiles within 5 min" in out
     assert f"recompile_limit_eager_fallback: recompile limit 8 reached in {FUNCTION}" in out
     # a CPU-only host: NVML is not used there, not "DOWN"
     assert "forecast " in out

@@ -113,3 +113,58 @@ def test_warm_up_counts_from_the_first_hello_not_the_sidecars_start():
     # up, after 3 polls holding (counted from t=0, the warm-up was over and the lead alone
     # would have waited until t=70)
     assert out == [57.0]
+
+
+def held_over(series, cfg=CFG, ps=None, held_by=None, allow_reload=True):
+    """(t, held reason, since, until) after each poll."""
+    state, ps = State(first_t=0.0, compiles=Compiles(first_t=0.0)), ps or PolicyState()
+    out = []
+    for t, seconds in series:
+        state.now = t
+        decide(state, fc(seconds), ps, cfg, allow_reload, held_by)
+        h = ps.held
+        out.append((t, None, None, None) if h is None else (t, h.reason, h.since, h.until))
+    return out
+
+
+def test_a_reload_held_by_the_cooldown_says_so_until_it_ends():
+    """Issue 40: over budget for 6 minutes with no reload and no word of the cooldown."""
+    series = [(t, 10) for t in range(40, 50)]
+    out = held_over(series)
+    assert out[2] == (42, None, None, None)  # decided at 42: nothing held back
+    # once the condition held hold_polls polls again, held by the cooldown, until 42 + 100
+    assert out[3:5] == [(43, None, None, None), (44, None, None, None)]
+    assert out[5:] == [(t, "cooldown", 45, 142.0) for t in range(45, 50)]
+    assert held_over([(40, 500), (41, 500)]) == [(40, None, None, None), (41, None, None, None)]
+
+
+def test_the_hourly_maximum_holds_until_the_oldest_reload_leaves_the_hour():
+    ps = PolicyState(reloads=[1000.0, 1200.0])
+    (last,) = held_over([(1400, 10), (1401, 10), (1402, 10)], ps=ps)[-1:]
+    assert last == (1402, "hourly_maximum", 1402, 4600.0)
+    assert ps.held.detail == {"reloads_last_hour": 2, "max_reloads_per_hour": 2}
+
+
+def test_a_refused_reload_holds_until_it_is_asked_again():
+    ps = PolicyState(not_before=500.0)
+    assert held_over([(t, 10) for t in (40, 41, 42)], ps=ps)[-1] == (42, "precondition", 42,
+                                                                     500.0)
+    assert ps.held.detail == {"precondition": "refused"}
+
+
+def test_the_step_s_reason_holds_it_and_its_own_reload_holds_nothing():
+    cap = ("concurrency_cap", None, {"reloads_under_way": 1, "max_concurrent_reloads": 1})
+    out = held_over([(t, 10) for t in (40, 41, 42, 43)], held_by=cap, allow_reload=False)
+    assert [o[1] for o in out] == [None, None, "concurrency_cap", "concurrency_cap"]
+    assert out[-1][2] == 42  # one hold since it began, not a new one each poll
+    assert held_over([(t, 10) for t in (40, 41, 42)], allow_reload=False)[-1][1] is None
+
+
+def test_a_forecast_wobbling_around_the_lead_is_one_hold_until_well_clear():
+    """A server growing in steps: its forecast crossed the lead back and forth, and the log
+    said "reload held back" every other poll."""
+    ps = PolicyState(reloads=[0.0])  # the cooldown runs until 100
+    out = held_over([(40, 10), (41, 10), (42, 10), (43, 90), (44, 10), (45, 90)], ps=ps)
+    assert [o[1] for o in out] == [None, None] + ["cooldown"] * 4
+    assert {o[2] for o in out[2:]} == {42}
+    assert held_over([(46, 500)], ps=ps)[-1][1] is None  # well clear (over twice the lead)

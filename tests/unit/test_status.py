@@ -54,7 +54,7 @@ def test_status_has_every_section_and_is_strict_json():
     assert set(status) == {"t", "age_s", "sidecar", "memory", "graphs", "causes", "forecast",
                            "forecast_summary", "actions", "actions_total", "sources",
                            "source_errors", "events", "history", "servers", "scope",
-                           "padding", "stopped"}
+                           "padding", "stopped", "detail", "host_causes"}
     assert status["age_s"] == 2.0
     assert status["memory"]["source"] == "process" and status["memory"]["level_bytes"] == 5 * GIB
     assert status["memory"]["devices"] == [{"uuid": "GPU-a", "used_bytes": 13 * GIB,
@@ -90,7 +90,7 @@ def test_cause_summary_uses_current_numbers_not_those_at_detection():
 
 @pytest.mark.parametrize("cause, detail, expected", [
     ("recompile_storm", {"recompiles_in_window": 6, "window_s": 300.0},
-     "6 recompiles within 300 s, 15 s compiling so far"),
+     "6 recompiles within 5 min, 14.6 s compiling so far"),
     ("recompile_limit_eager_fallback", {"source": "agent", "function": "forward", "limit": 8},
      "recompile limit 8 reached in forward (reported by the agent): new shapes run eager"),
     ("memory_growth_unexplained", {"unexplained_mb": 412.3, "growth_mb": 900.0},
@@ -130,7 +130,7 @@ def test_terminal_summary_lines_are_aligned():
     assert [h.strip() for h in heads if h.strip()] == [
         "sidecar", "server", "device", "graphs", "causes", "forecast", "sources", "actions"]
     assert all(line[8] == " " for line in lines)
-    assert "last poll 1.0 s ago" in lines[0]
+    assert "last poll 1 s ago" in lines[0]
     assert "5 GiB (server process GPU memory (NVML)), RSS 3 GiB, up" in text
     assert "GPU-a: 13 GiB used of 80 GiB" in text
     assert "1,983 recorded, 1,990 distinct shapes, 1 compiles, 2 recompiles, 459 KiB/graph" in text
@@ -147,8 +147,8 @@ def test_fmt_bytes(n, text):
     assert fmt_bytes(n) == text
 
 
-@pytest.mark.parametrize("s, text", [(None, "?"), (5.25, "5.2 s"), (45, "45 s"),
-                                     (2400, "40 min"), (5400, "1.5 h"), (3 * 86400, "3.0 d")])
+@pytest.mark.parametrize("s, text", [(None, "?"), (5.25, "5.25 s"), (45, "45 s"),
+                                     (2400, "40 min"), (5400, "1.5 h"), (3 * 86400, "3 d")])
 def test_fmt_duration(s, text):
     assert fmt_duration(s) == text
 
@@ -180,7 +180,7 @@ def test_status_command_takes_the_port_from_the_config(tmp_path, capsys):
      "reload decided (oom_forecast, OOM in ~42 s)"),
     ({"action": "reload_ok", "reason": "oom_forecast",
       "detail": {"outcome": "SIGTERM sent; the server exited", "reload_seconds": 3.25}},
-     "reload done: SIGTERM sent; the server exited (3.2 s)"),
+     "reload done: SIGTERM sent; the server exited (3.25 s)"),
 ])
 def test_action_summaries(action, text):
     from torch_watchdog.sidecar.present.status import action_summary

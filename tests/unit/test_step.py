@@ -416,3 +416,36 @@ def test_a_reload_that_does_not_bring_the_server_back_is_reload_failed_until_it_
     h.feed(hello(h.t, 111, "replica-a", [A]))  # a new process of it: back
     h.poll()
     assert "reload_failed" not in a.firing
+
+
+def test_the_other_replica_s_reload_holds_this_one_back_and_its_view_says_so():
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("execute") and h.t < 2000:
+        h.poll(grow_a=10 * MB, grow_b=10 * MB)
+    first = h.of("execute")[0].server
+    other = "replica-b" if first == "replica-a" else "replica-a"
+    for _ in range(5):
+        h.poll(grow_a=10 * MB, grow_b=10 * MB)
+    views = step(h.host, sample(h.t + 0.01, {}, {101: {A: h.mine[101]}, 202: {B: h.mine[202]}}),
+                 h.cfg).poll.views
+    assert views[other]["held"]["reason"] == "concurrency_cap"
+    assert views[other]["held"]["until_t"] is None  # it ends with the other reload
+    assert views[first]["held"] is None  # its own reload under way holds nothing back
+
+
+def test_a_dry_run_says_it_holds_every_reload_back():
+    cfg = dataclasses.replace(CFG, policy=dataclasses.replace(CFG.policy, dry_run=True))
+    h = Host2(cfg)
+    for _ in range(10):
+        h.poll()
+    while not h.of("reload") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    decided = h.of("reload")[0]
+    assert decided.not_done == "dry run"
+    for _ in range(8):  # the cooldown follows the decision; the reason shown stays the dry run
+        h.poll(grow_a=10 * MB)
+    view = h.host.servers["replica-a"]
+    assert view.policy.held.reason == "dry_run" and view.policy.held.since == decided.t
+    assert h.host.servers["replica-b"].policy.held is None

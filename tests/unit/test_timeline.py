@@ -124,7 +124,7 @@ def test_sidecar_findings_actions_and_the_reload_become_lines_and_facts():
                              "timestamp": iso(T0 + 60.3), "seconds_to_oom": 8.0,
                              "level_bytes": 700 << 20, "budget_bytes": 800 << 20,
                              "dry_run": False})
-    assert decided == ("+ 60.3s sidecar  RELOAD decided: forecast OOM in 8.0 s: server at "
+    assert decided == ("+ 60.3s sidecar  RELOAD decided: forecast OOM in 8 s: server at "
                        "700 MiB of its 800 MiB budget")
     (reloading,) = tl.sidecar({"event": "reloading the server", "method": "signal",
                                "pids": [PID], "timestamp": iso(T0 + 60.4)})
@@ -149,7 +149,7 @@ def test_the_storm_and_unexplained_growth_findings_explain_themselves():
     (storm,) = tl.sidecar({"event": "finding", "cause": "recompile_storm",
                            "timestamp": iso(T0 + 21), "recompiles_in_window": 3,
                            "window_s": 120.0, "compile_seconds": 9.2})
-    assert "FOUND recompile_storm: 3 recompiles within 120 s, 9 s compiling" in storm
+    assert "FOUND recompile_storm: 3 recompiles within 2 min, 9.2 s compiling" in storm
     (growth,) = tl.sidecar({"event": "finding", "cause": "memory_growth_unexplained",
                             "timestamp": iso(T0 + 50), "unexplained_mb": 268.0,
                             "growth_mb": 268.0})

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.core.results import ActionKind, Verdict
+from torch_watchdog.sidecar.core.results import ActionKind, Held, Verdict
 
 
 REARM_S = 60.0
@@ -29,6 +29,7 @@ class PolicyState:
     not_before: float = 0.0                       # no reload decision before (a refused one's
                                                   # retry time)
     clear_since: Optional[float] = None           # the forecast well clear since
+    held: Optional[Held] = None                   # the reload held back now, and why
 
 
 def warming_up(state: State, cfg: PolicyConfig) -> bool:
@@ -59,9 +60,14 @@ def reload_lead(state: State, cfg: PolicyConfig) -> float:
 
 
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
-           allow_reload: bool = True) -> list[Verdict]:
+           allow_reload: bool = True,
+           held_by: Optional[tuple[str, Optional[float], dict[str, Any]]] = None,
+           ) -> list[Verdict]:
     """`allow_reload` False: another reload is under way (this server's, or the host-wide
-    cap's); the condition keeps being held, and the decision comes once it is allowed."""
+    cap's); the condition keeps being held, and the decision comes once it is allowed.
+    `held_by`: why it is not allowed, as `hold()` takes it (None: this server's own reload
+    is under way, which holds nothing back). `ps.held` says, each poll, why a reload the
+    forecast calls for is not decided (None: none is called for, or it is decided)."""
     now, actions = state.now, list[Verdict]()
     for finding in state.findings:
         if finding.cause not in ps.alerted:
@@ -81,22 +87,67 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     if seconds <= 2 * cfg.alert_lead_s:
         ps.clear_since = None
     ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
-    if ps.holding < cfg.hold_polls or not allow_reload or now < ps.not_before:
+    if ps.holding < cfg.hold_polls or not allow_reload:
+        ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by,
+                                        seconds <= 2 * reload_lead(state, cfg))
         return actions
-    if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
-        return actions
-    recent = [t for t in ps.reloads if t > now - 3600]
-    if len(recent) >= cfg.max_reloads_per_hour:
-        if not ps.suppressed_alerted:
+    ps.held = _held_back(ps, now, cfg)
+    if ps.held is not None:
+        if ps.held.reason == "hourly_maximum" and not ps.suppressed_alerted:
             ps.suppressed_alerted = True
             actions.append(Verdict(now, ActionKind.ALERT, "reload_suppressed",
-                                   {"reloads_last_hour": len(recent), **_why(fc)}))
+                                   {"reloads_last_hour": ps.held.detail["reloads_last_hour"],
+                                    **_why(fc)}))
         return actions
     ps.reloads.append(now)
-    ps.holding, ps.suppressed_alerted = 0, False
+    ps.holding, ps.suppressed_alerted, ps.held = 0, False, None
     actions.append(Verdict(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
 
+
+def _held_before_deciding(ps: PolicyState, now: float, cfg: PolicyConfig, allow_reload: bool,
+                          held_by: Optional[tuple[str, Optional[float], dict[str, Any]]],
+                          near: bool) -> Optional[Held]:
+    """The hold while the policy does not get as far as deciding: none when this server's
+    own reload is under way, or no reload is called for and the forecast is well clear
+    (`near` False: over twice the lead, as a decision is cancelled) or the hold's end has
+    passed; the step's reason once the condition held `hold_polls` polls; while it is
+    confirmed again, the hold already said. A forecast wobbling around the lead (a server
+    growing in steps) is one hold, not one a poll, in the log and on the page."""
+    if not allow_reload and held_by is None:
+        return None
+    if ps.holding == 0:
+        kept = ps.held
+        return kept if near and kept is not None and (kept.until is None or
+                                                      now < kept.until) else None
+    if held_by is not None and ps.holding >= cfg.hold_polls:
+        return hold(ps, now, *held_by)
+    return ps.held
+
+
+def _held_back(ps: PolicyState, now: float, cfg: PolicyConfig) -> Optional[Held]:
+    """Why the policy itself does not decide a reload now: a refused one's retry time, the
+    cooldown, the hourly maximum; None: it decides one."""
+    if now < ps.not_before:  # a refused reload (a PodDisruptionBudget) is asked again then
+        return hold(ps, now, "precondition", ps.not_before, {"precondition": "refused"})
+    if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
+        return hold(ps, now, "cooldown", ps.reloads[-1] + cfg.cooldown_s,
+                    {"last_reload_t": ps.reloads[-1], "cooldown_s": cfg.cooldown_s})
+    recent = [t for t in ps.reloads if t > now - 3600]
+    if len(recent) >= cfg.max_reloads_per_hour:
+        # until the oldest of the hour's reloads leaves it (none allowed: no end)
+        return hold(ps, now, "hourly_maximum", recent[0] + 3600 if recent else None,
+                    {"reloads_last_hour": len(recent),
+                     "max_reloads_per_hour": cfg.max_reloads_per_hour})
+    return None
+
+
+def hold(ps: PolicyState, now: float, reason: str, until: Optional[float],
+         detail: dict[str, Any]) -> Held:
+    """A hold for `reason`, since when it began (the same reason poll after poll is one hold:
+    the log says it once, the page since when)."""
+    since = ps.held.since if ps.held is not None and ps.held.reason == reason else now
+    return Held(reason, since, until, detail)
 
 
 def forget_reload(ps: PolicyState, t: float) -> None:

@@ -30,6 +30,27 @@ class Verdict:
     dry_run: bool = False
 
 
+# why a reload the forecast calls for is not carried out (Held.reason)
+HELD_REASONS = ("cooldown", "hourly_maximum", "concurrency_cap", "dry_run", "method_none",
+                "precondition")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A reload held back: the forecast calls for one and the policy does not decide it, or
+    decides one that is not carried out. `until`: when the hold ends by itself (None: no
+    end known, as with a dry run or a cap held by another server's reload); `detail`: the
+    numbers behind it."""
+    reason: str                          # one of HELD_REASONS
+    since: float
+    until: Optional[float] = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "since_t": self.since, "until_t": self.until,
+                **self.detail}
+
+
 @dataclass(frozen=True)
 class Action:
     """What the step asks of the daemon, or tells it, about one server: one type per kind
@@ -176,6 +197,7 @@ class ServerView(TypedDict):
     active_causes: tuple[str, ...]
     pids: list[int]
     gpus: list[str]
+    held: Optional[dict[str, Any]]       # Held.as_dict() while a reload is held back, else None
 
 
 @dataclass(frozen=True)
@@ -204,7 +226,7 @@ class PollResult:
     def before_any() -> "PollResult":
         """The result before the first poll: nothing fires, no server, nothing to read."""
         empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
-                             "active_causes": (), "pids": [], "gpus": []}
+                             "active_causes": (), "pids": [], "gpus": [], "held": None}
         return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
                           focus_causes=[], agents_alive=False, skewed_events=0,
                           agent_events_lost=0)

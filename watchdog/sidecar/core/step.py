@@ -31,8 +31,9 @@ from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, ReloadEnded,
 from torch_watchdog.sidecar.core.observations import (RecordUnreadable, ReloadHistory,
                                                       ReloadOutcome, Sample)
 from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
-                                                 PollResult, Reload, ReloadFailed, ReloadNotDone,
-                                                 ReloadOk, Restart, ServerView, StepResult)
+                                                 Held, PollResult, Reload, ReloadFailed,
+                                                 ReloadNotDone, ReloadOk, Restart, ServerView,
+                                                 StepResult)
 
 # driver -> cause (Forecast.driver: None when no OOM is forecast)
 CAUSE_OF: dict[Optional[str], str] = {
@@ -140,13 +141,27 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
     correlate.evaluate_causes(server.state, cfg.correlate)
     server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
-    # a server whose processes are all forgotten has nothing to reload; growth on a GPU it
-    # shares, with no per-process numbers to pin it on this server, is alerted, not reloaded
-    actions += _decide(host, server, cfg, allow_reload=bool(server.pids) and
-                       others_busy < cfg.policy.max_concurrent_reloads and
-                       _attributable(host, server))
+    held_by = _held_by(host, server, cfg, others_busy)
+    actions += _decide(host, server, cfg, allow_reload=held_by is None, held_by=held_by)
     server.firing = _firing(server, cfg)
     return actions
+
+
+def _held_by(host: Host, server: Server, cfg: Config, others_busy: int,
+             ) -> Optional[tuple[str, Optional[float], dict[str, Any]]]:
+    """Why this server may not be reloaded now, whatever its forecast (policy.hold's terms);
+    None: it may. A server whose processes are all forgotten has nothing to reload; growth on
+    a GPU it shares, with no per-process numbers to pin it on this server, is alerted, not
+    reloaded."""
+    if not server.pids:
+        return "precondition", None, {"precondition": "no_process"}
+    if others_busy >= cfg.policy.max_concurrent_reloads:
+        return "concurrency_cap", None, {"reloads_under_way": others_busy,
+                                         "max_concurrent_reloads":
+                                         cfg.policy.max_concurrent_reloads}
+    if not _attributable(host, server):
+        return "precondition", None, {"precondition": "shared_gpu"}
+    return None
 
 
 def _attributable(host: Host, server: Server) -> bool:
@@ -195,12 +210,24 @@ def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
                     decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
 
 
-def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool) -> list[Action]:
+def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool,
+            held_by: Optional[tuple[str, Optional[float], dict[str, Any]]] = None,
+            ) -> list[Action]:
     fc = server.forecast
-    if server.busy:  # one decision at a time per server
-        allow_reload = False
+    if server.busy:  # one decision at a time per server: its own reload holds nothing back
+        allow_reload, held_by = False, None
     out: list[Action] = []
-    for v in policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload):
+    before = server.policy.held
+    verdicts = policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload, held_by)
+    if _not_done(cfg.policy.dry_run, cfg) is not None and (server.policy.held is not None or any(
+            v.kind is ActionKind.RELOAD for v in verdicts)):
+        # decided or not, none is carried out: the reason a user needs first (a cooldown
+        # after a dry-run decision is no reason of its own)
+        reason = "dry_run" if cfg.policy.dry_run else "method_none"
+        since = before.since if before is not None and before.reason == reason else \
+            server.state.now
+        server.policy.held = Held(reason, since)
+    for v in verdicts:
         if v.kind is not ActionKind.RELOAD:
             out.append(Alert(v.t, v.reason, v.detail, *_target(server)))
             continue
@@ -336,4 +363,5 @@ def server_view(server: Server, cfg: Config) -> ServerView:
     state = server.state
     return {"estimates": state.estimates(cfg.correlate), "forecast": server.forecast.as_dict(),
             "active_causes": tuple(state.active), "pids": sorted(server.pids),
-            "gpus": sorted(state.memory.gpus or server.gpus)}
+            "gpus": sorted(state.memory.gpus or server.gpus),
+            "held": None if server.policy.held is None else server.policy.held.as_dict()}

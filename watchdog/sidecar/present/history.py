@@ -85,6 +85,64 @@ def memory_level(snap: Snapshot) -> tuple[Optional[int], Optional[str]]:
 
 
 @dataclass(frozen=True)
+class SeriesView:
+    """One server's own memory series and marks (never another server's): its drill-down."""
+    points: tuple[Any, ...] = ()                 # (t, bytes), oldest first
+    memory_source: Optional[str] = None          # the core's meter: "process" | "device" | "rss"
+    marks: tuple[Any, ...] = ()                  # (t, kind), by time
+    marks_total: dict[str, int] = field(default_factory=dict)
+    breaks: tuple[float, ...] = ()
+    first_t: Optional[float] = None              # the first poll it was listed
+    last_t: Optional[float] = None               # the last poll it was listed (gone: stopped)
+    causes: tuple[Any, ...] = ()                 # its active causes: {"cause", "t", **detail}
+
+
+class Series:
+    """One server's memory and marks, thinned like the host's."""
+
+    def __init__(self, max_points: int, max_marks: int):
+        self.points = Thinned(max_points, higher)
+        self.max_marks = max_marks
+        self.marks: dict[str, Thinned] = {}
+        self.breaks: collections.deque[Any] = collections.deque(maxlen=max_marks)
+        self.memory_source: Optional[str] = None
+        self.first_t: Optional[float] = None
+        self.last_t: Optional[float] = None
+        self.cause_since: dict[str, float] = {}  # active cause -> the first poll it showed
+        self._gap = False
+        self._view: Optional[tuple[Any, ...]] = None
+
+    def mark(self, t: float, kind: str) -> None:
+        if kind not in self.marks:
+            self.marks[kind] = Thinned(self.max_marks, _first)
+        self.marks[kind].add((t, kind))
+        self._view = None
+
+    def level(self, t: float, level: Optional[int], source: Optional[str]) -> None:
+        if self.first_t is None:
+            self.first_t = t
+        self.last_t = t
+        if level is None:
+            self._gap = self.memory_source is not None
+            return
+        if self._gap:
+            self.breaks.append(t)
+            self._gap = False
+        self.points.add((t, level))
+        self.memory_source = source
+
+    def view(self, causes: tuple[Any, ...]) -> SeriesView:
+        if self._view is None:
+            self._view = tuple(sorted(m for thinned in self.marks.values()
+                                      for m in thinned.view()))
+        return SeriesView(points=self.points.view(), memory_source=self.memory_source,
+                          marks=self._view, marks_total={k: m.added for k, m in
+                                                         self.marks.items()},
+                          breaks=tuple(self.breaks), first_t=self.first_t, last_t=self.last_t,
+                          causes=causes)
+
+
+@dataclass(frozen=True)
 class StatusView:
     """One tick as the status page sees it. Published by a single reference swap and never
     changed after (its dicts are fresh each tick): the HTTP thread reads it without a lock."""
@@ -99,6 +157,8 @@ class StatusView:
     marks_total: dict[str, int] = field(default_factory=dict)
     breaks: tuple[float, ...] = ()  # times the line starts again after polls with no reading
     info: dict[str, Any] = field(default_factory=dict)  # the sidecar itself (version, uptime …)
+    # every server seen, listed now or gone: its own series, marks and causes
+    servers: dict[str, SeriesView] = field(default_factory=dict)
 
 
 class History:
@@ -117,6 +177,9 @@ class History:
         # stopped): the next point starts a new stretch, not a line across the gap
         self.breaks: collections.deque[Any] = collections.deque(maxlen=max_marks)
         self._gap = False
+        self.max_points = max_points
+        self.series: dict[str, Series] = {}      # server -> its own series
+        self.owner: dict[int, str] = {}          # pid -> server, as last listed
 
     def mark(self, t: float, kind: str) -> None:
         if kind not in self.marks:
@@ -125,14 +188,34 @@ class History:
         self._marks_view = None
 
     def observe(self, observations: Iterable[Any]) -> None:
-        """Marks from the agent's events (other observations, the samples, are skipped)."""
+        """Marks from the agent's events (other observations, the samples, are skipped), on
+        the host's chart and on the chart of the server the sending process belongs to."""
         for obs in observations:
             kind = getattr(obs, "kind", None)
             if kind == "cudagraph_record":
-                if obs.phase == "record":
-                    self.mark(obs.t, "record")
-            elif kind in EVENT_MARKS:
-                self.mark(obs.t, EVENT_MARKS[kind])
+                kind = "record" if obs.phase == "record" else None
+            else:
+                kind = EVENT_MARKS.get(kind) if isinstance(kind, str) else None
+            if kind is None:
+                continue
+            self.mark(obs.t, kind)
+            server = self.owner.get(getattr(obs, "pid", None))  # type: ignore[arg-type]
+            if server is not None:
+                self._series(server).mark(obs.t, kind)
+
+    def _series(self, name: str) -> Series:
+        series = self.series.get(name)
+        if series is None:
+            series = self.series[name] = Series(self.max_points, self.max_marks)
+        return series
+
+    def listed(self, t: float, servers: dict[str, dict[str, Any]]) -> None:
+        """Each listed server's own memory (the core's meter of it), and whose pids are
+        whose: a later event's mark goes on its server's chart."""
+        for name, v in servers.items():
+            est = v.get("estimates") or {}
+            self._series(name).level(t, est.get("memory_bytes"), est.get("memory_source"))
+            self.owner.update(dict.fromkeys(v.get("pids") or (), name))
 
     def act(self, t: float, action: str, reason: str, detail: Optional[dict[str, Any]] = None,
             server: Optional[str] = None, pids: Iterable[int] = ()) -> None:
@@ -159,15 +242,34 @@ class History:
                 self._gap = False
             self.points.add((snap.t, level))
             self.memory_source = source
+        self.listed(snap.t, snap.servers)
         self.observe(observations)
         for a in actions:
             self.act(a.t, a.kind.value, a.reason, a.shown(), a.server, a.pids)
+            if a.kind.value == "reload":
+                self._series(a.server).mark(a.t, "reload")
             if isinstance(a, Reload) and a.not_done is not None:  # decided, not carried out
                 self.act(a.t, "reload_not_done", a.reason,
                          {"outcome": f"not carried out: {a.not_done}"})
 
     def view(self, snap: Snapshot, causes: Iterable[dict[str, Any]] = (),
-             info: Optional[dict[str, Any]] = None) -> StatusView:
+             info: Optional[dict[str, Any]] = None,
+             firing: Optional[dict[str, dict[str, dict[str, Any]]]] = None) -> StatusView:
+        """`causes`: the focus server's active findings; `firing`: every server's alerts
+        (server -> cause -> detail), whose active causes each server's view lists."""
+        focus_causes = tuple(dict(c) for c in causes)
+        servers = {}
+        for name, series in self.series.items():
+            listed = snap.servers.get(name)
+            active = tuple(listed.get("active_causes") or ()) if listed else ()
+            series.cause_since = {c: series.cause_since.get(c, snap.t) for c in active}
+            if name == snap.focus and focus_causes:
+                mine = focus_causes
+            else:
+                fires = (firing or {}).get(name) or {}
+                mine = tuple({**fires.get(c, {}), "cause": c, "t": series.cause_since[c]}
+                             for c in active)
+            servers[name] = series.view(mine)
         if self._marks_view is None:
             self._marks_view = tuple(sorted(m for thinned in self.marks.values()
                                             for m in thinned.view()))
@@ -176,5 +278,5 @@ class History:
                           first_t=self.first_t,
                           marks_total={k: m.added for k, m in self.marks.items()},
                           breaks=tuple(self.breaks),
-                          actions=tuple(self.actions), causes=tuple(dict(c) for c in causes),
-                          info=dict(info or {}))
+                          actions=tuple(self.actions), causes=focus_causes,
+                          info=dict(info or {}), servers=servers)

@@ -131,6 +131,13 @@ def _alive(s: Snapshot) -> Any:
     return None if s.server_alive is None else int(bool(s.server_alive))
 
 
+def _held(s: Snapshot) -> Samples:
+    """A reload held back: until when (+Inf: no end known), per server and reason."""
+    return [((name, str(v["held"]["reason"])), math.inf if v["held"].get("until_t") is None
+             else v["held"]["until_t"]) for name, v in sorted(s.servers.items())
+            if v.get("held")]
+
+
 # --- the table --------------------------------------------------------------------------------
 
 _G = ("gpu_uuid",)
@@ -251,6 +258,10 @@ SPECS: tuple[Spec, ...] = (
          _causes),
     Spec("torch_watchdog_actions_total", COUNTER, ("action",),
          "Actions taken by the policy (alert, reload, ...).", _by_label("actions_total")),
+    Spec("torch_watchdog_reload_held_until_timestamp_seconds", GAUGE, ("server", "reason"),
+         "Present while the server's forecast calls for a reload that is held back, by reason "
+         "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition): "
+         "Unix time the hold ends by itself, +Inf when no end is known.", _held),
     # the watchdog itself
     Spec("torch_watchdog_source_up", GAUGE, ("source",),
          "1 if the source (nvml, process, agent) answered at the last poll, else 0.",

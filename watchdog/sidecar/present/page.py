@@ -7,13 +7,16 @@ escaped; the chart comes from plot.py, which escapes its own text.
 from __future__ import annotations
 
 import html
+import urllib.parse
 from typing import Any, Iterable, Optional
 
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.present import plot
-from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, chart_budget, fmt_bytes, fmt_clock,
-                                     fmt_duration, fmt_mb, host_memory_mode, over_budget,
-                                     scope_text, waiting, waiting_lines)
+from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, budget_text, chart_budget,
+                                                   fmt_bytes, fmt_clock, fmt_duration, fmt_mb,
+                                                   host_memory_mode, memory_text, oom_text,
+                                                   over_budget, scope_text, waiting,
+                                                   waiting_lines)
 
 REFRESH_S = 5
 OFF_SCALE = 0.1   # a series under this share of the budget line: the line is left out
@@ -26,7 +29,9 @@ table{border-collapse:collapse}td,th{padding:.15em .9em .15em 0;text-align:left;
 vertical-align:top}th{font-weight:600;color:#555}td.n{text-align:right;
 font-variant-numeric:tabular-nums}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b}
 .cause{border-left:4px solid #d55e00;padding:.2em .6em;margin:.3em 0;background:#fff6f0}
-.none{color:#666}.bar{background:#eee;height:8px;width:200px;display:inline-block}
+.none{color:#666}
+table.host td{white-space:nowrap}table.host td.wrap{white-space:normal}
+.bar{background:#eee;height:8px;width:200px;display:inline-block}
 .bar>span{background:#0072b2;height:8px;display:block}
 """
 
@@ -75,7 +80,10 @@ def _chart(status: dict[str, Any]) -> str:
     source = SOURCE_NAMES.get(str((status.get("memory") or {}).get("source")), "memory")
     budget, notes = _chart_budget(status, points)
     try:
-        svg = plot.memory_chart(points, marks, budget=budget, title=f"{source} over time",
+        name = (status.get("detail") or {}).get("server")
+        many = len(status.get("servers") or []) > 1
+        svg = plot.memory_chart(points, marks, budget=budget,
+                                title=f"{name + ': ' if many and name else ''}{source} over time",
                                 breaks=[float(t) for t in hist.get("breaks") or []])
     except Exception as exc:  # a chart bug must not take the rest of the page with it
         svg = f'<p class="bad">chart unavailable: {_e(repr(exc))}</p>'
@@ -132,7 +140,13 @@ def _graphs(status: dict[str, Any]) -> str:
 
 def _causes(status: dict[str, Any]) -> str:
     causes = status.get("causes") or []
-    if not causes:
+    elsewhere = [r for r in status.get("servers") or [] if r["active_causes"]
+                 and r["server"] != (status.get("detail") or {}).get("server")]
+    if not causes and elsewhere:  # "no active cause" only when no server has one
+        body = ('<p class="none">none on this server; on other servers: '
+                + "; ".join(f"{_link(r['server'])}: {_e(', '.join(r['active_causes']))}"
+                            for r in elsewhere) + "</p>")
+    elif not causes:
         body = '<p class="none">no active cause</p>'
     else:
         body = "".join(f'<div class="cause" data-cause="{_e(c["cause"])}"><b>{_e(c["cause"])}'
@@ -150,12 +164,15 @@ def _forecast(status: dict[str, Any]) -> str:
     plateau = fc.get("plateau_bytes")
     rows = [("time to OOM", eta),
             ("linear trend", _e("none" if fc.get("seconds_to_oom_linear") is None
+                                else "over budget now" if over_budget(fc)
+                                and not fc["seconds_to_oom_linear"]
                                 else fmt_duration(fc["seconds_to_oom_linear"]))),
             ("shape-discovery model", _e("not applicable yet"
                                          if fc.get("seconds_to_oom_discovery") is None
                                          else fmt_duration(fc["seconds_to_oom_discovery"]))),
             ("growth recordings do not explain", _e(
-                "none" if fc.get("seconds_to_oom_unexplained") is None else
+                "none" if fc.get("seconds_to_oom_unexplained") is None
+                or fc.get("unexplained_bytes_per_s") is None else
                 f"{fmt_bytes(fc.get('unexplained_bytes_per_s'))}/s: OOM in "
                 f"{fmt_duration(fc['seconds_to_oom_unexplained'])}")),
             ("plateau", _e("unknown" if plateau is None else
@@ -196,20 +213,78 @@ def _padding(status: dict[str, Any]) -> str:
             "</table></section>")
 
 
+def _link(name: str) -> str:
+    return f'<a href="?{_e(urllib.parse.urlencode({"server": name}))}">{_e(name)}</a>'
+
+
 def _servers(status: dict[str, Any]) -> str:
-    """Every server on the host, one row each: a host with replicas is not one server."""
-    servers = status.get("servers") or []
-    if len(servers) < 2:
+    """Every server on the host, one row each (nvitop's process table): a host with replicas
+    is not one server. Its name opens its drill-down."""
+    rows = status.get("servers") or []
+    if not rows:
         return ""
-    rows = [(str(v.get("server")),
-             f"pids {_e(', '.join(map(str, v.get('pids') or [])) or '—')} · GPUs "
-             f"{_e(', '.join(v.get('gpus') or []) or '—')} · "
-             f"memory {_e('—' if v.get('memory_bytes') is None else fmt_bytes(v['memory_bytes']))}"
-             f" · {_e(v.get('recordings'))} graphs · "
-             f"{_e(v.get('forecast_summary'))}"
-             + (f" · {_e(', '.join(v.get('active_causes')))}" if v.get("active_causes") else ""))
-            for v in servers]
-    return f'<section id="servers"><h2>Servers</h2>{_table(rows)}</section>'
+    head = ("<tr><th>server</th><th>state</th><th>pids</th><th>memory</th>"
+            "<th>against its budget</th><th>time to OOM</th><th>active causes</th>"
+            "<th>last action</th></tr>")
+    body = []
+    for r in rows:
+        state = {"up": '<span class="ok">up</span>', "down": '<span class="bad">down</span>'}.get(
+            r["state"], f'<span class="none">{_e(r["state"])}</span>')
+        oom = oom_text(r)
+        up = r["state"] == "up"
+        near = up and (r.get("over_budget") or r.get("seconds_to_oom") is not None)
+        last = r.get("last_action")
+        body.append(
+            f'<tr class="server server-{_e(r["state"])}" data-server="{_e(r["server"])}">'
+            f"<td>{_link(r['server'])}</td><td>{state}</td>"
+            f"<td>{_e(', '.join(map(str, r['pids'])) or '—')}</td>"
+            f'<td class="n">{_e(memory_text(r))}</td>'
+            f"<td>{_e(budget_text(r))}"
+            f"{_usage(r.get('level_bytes'), r.get('budget_bytes')) if up else ''}</td>"
+            f'<td class="{"bad" if near else ""}">{_e(oom)}</td>'
+            f"<td class=\"wrap\">{_e(', '.join(r['active_causes']) or 'none')}</td>"
+            f"<td class=\"wrap\">"
+            f"{_e('none' if not last else fmt_clock(last['t']) + ' ' + last['summary'])}"
+            "</td></tr>")
+        if r.get("held"):
+            body.append(f'<tr class="held" data-server="{_e(r["server"])}"><td></td>'
+                        f'<td colspan="7" class="wrap"><span class="bad">reload held back</span>: '
+                        f"{_e(r['held']['summary'])}</td></tr>")
+    return (f'<section id="servers"><h2>Servers on this host</h2><table class="host">{head}'
+            f'{"".join(body)}</table></section>')
+
+
+def _detail_head(status: dict[str, Any]) -> str:
+    """Whose the sections below are: the server asked for, or the one nearest to OOM."""
+    detail = status.get("detail") or {}
+    name = detail.get("server")
+    if name is None:
+        return ""
+    rows = status.get("servers") or []
+    others = [r["server"] for r in rows if r["server"] != name]
+    if detail.get("chosen"):
+        why = ('its own memory, counts, forecast and actions · <a href="?">all servers</a>'
+               + (" · other servers: " + ", ".join(map(_link, others)) if others else ""))
+    elif others:
+        why = ("the server nearest to OOM; the others: " + ", ".join(map(_link, others)))
+    else:
+        return ""
+    asked = detail.get("asked")
+    missing = (f'<p class="bad">no server {_e(asked)} here: below, the one nearest to OOM</p>'
+               if asked else "")
+    return (f'<section id="detail">{missing}<h2 class="server-name">Server {_e(name)}</h2>'
+            f'<p class="sub">{why}</p></section>')
+
+
+def _held(status: dict[str, Any]) -> str:
+    """The reload this server's forecast calls for, held back: why, and until when."""
+    name = (status.get("detail") or {}).get("server")
+    row = next((r for r in status.get("servers") or [] if r["server"] == name), None)
+    if not row or not row.get("held"):
+        return ""
+    return (f'<section id="held"><div class="cause held-back" data-reason='
+            f'"{_e(row["held"].get("reason"))}"><b>reload held back</b>: '
+            f"{_e(row['held']['summary'])}</div></section>")
 
 
 def _actions(status: dict[str, Any]) -> str:
@@ -217,13 +292,19 @@ def _actions(status: dict[str, Any]) -> str:
     if not actions:
         body = '<p class="none">no action taken</p>'
     else:
+        many = len(status.get("servers") or []) > 1 and \
+            not (status.get("detail") or {}).get("chosen")
         body = "<table>" + "".join(
             f'<tr class="action action-{_e(a["action"])}"><td>{_e(fmt_clock(a["t"]))}</td>'
-            f"<td>{_e(a['summary'])}</td></tr>" for a in actions) + "</table>"
+            + (f"<td>{_e(a.get('server') or '')}</td>" if many else "")
+            + f"<td>{_e(a['summary'])}</td></tr>" for a in actions) + "</table>"
     totals = ", ".join(f"{_e(k)} {_e(v)}" for k, v in sorted(
         (status.get("actions_total") or {}).items()))
-    return (f'<section id="actions"><h2>Last actions</h2>{body}'
-            f'<p class="sub">totals: {totals or "none"}</p></section>')
+    chosen = (status.get("detail") or {}).get("chosen")
+    return (f'<section id="actions"><h2>Last actions'
+            f'{" of server " + _e(status["detail"]["server"]) if chosen else ""}</h2>{body}'
+            f'<p class="sub">totals of every server on this host: {totals or "none"}</p>'
+            "</section>")
 
 
 def _sources(status: dict[str, Any]) -> str:
@@ -271,7 +352,8 @@ def render_page(status: dict[str, Any], now: float) -> str:
         f"{_e(side.get('version', __version__))} · <a href=\"status.json\">status.json</a> · "
         '<a href="metrics">metrics</a></p>'
         + (_waiting(status) if waiting(status) else
-           _servers(status) + _causes(status) + _forecast(status) + _chart(status)
-           + _memory(status) + _graphs(status) + _padding(status))
+           ("" if (status.get("detail") or {}).get("chosen") else _servers(status))
+           + _detail_head(status) + _held(status) + _causes(status) + _forecast(status)
+           + _chart(status) + _memory(status) + _graphs(status) + _padding(status))
         + _actions(status) + _sources(status)
         + "</body></html>\n")

@@ -10,6 +10,8 @@ import math
 from typing import Any, Mapping, Optional, Sequence, Union
 from xml.sax.saxutils import escape, quoteattr
 
+from torch_watchdog.sidecar.present.units import fmt_bytes, fmt_duration
+
 # what each mark kind means on the time axis, and its colour (colour-blind-safe palette)
 MARK_STYLE = {
     "record": ("CUDA graph recorded", "#0072b2"),
@@ -287,30 +289,6 @@ def _num(v: float) -> str:
     return f"{v:.0f}" if abs(v - round(v)) < 1e-6 else f"{v:.3g}"
 
 
-def human_bytes(n: Optional[float]) -> str:
-    """1.5 GiB, 480 MiB, 0.986 GiB (never "1.01e+03 MiB": past 999 of a unit, the next one);
-    "—" for None."""
-    if n is None:
-        return "—"
-    units = (("B", 1), ("KiB", 1024), ("MiB", 2 ** 20), ("GiB", 2 ** 30), ("TiB", 2 ** 40))
-    for name, div in units:
-        value = n / div
-        if abs(float(f"{value:.3g}")) < 1000 or name == "TiB":
-            if name == "B":
-                return f"{n:.0f} B"
-            return f"{value:,.0f} {name}" if abs(value) >= 1000 else f"{value:.3g} {name}"
-    return f"{n:.0f} B"  # unreachable: TiB takes every larger value
-
-
-def human_duration(s: Optional[float]) -> str:
-    """42.5 s, 2.41 min, 11.1 h, 3.2 d; never an exponent; "—" for None."""
-    if s is None:
-        return "—"
-    sign, s = ("-" if s < 0 else ""), abs(s)
-    if s >= 2 * 86400:
-        return f"{sign}{s / 86400:,.0f} d" if s >= 1000 * 86400 else f"{sign}{s / 86400:.3g} d"
-    if s >= 3600:
-        return f"{sign}{s / 3600:.3g} h"
-    if s >= 60:
-        return f"{sign}{s / 60:.3g} min"
-    return f"{sign}{s:.3g} s"
+# the one rule for sizes and durations (units.py), under the names the chart's callers use
+human_bytes = fmt_bytes
+human_duration = fmt_duration

@@ -31,6 +31,7 @@ class Publisher:
         self.actions_total: collections.Counter[str] = collections.Counter()
         self._failed = False
         self._published_t = -1e18
+        self._held: dict[str, dict[str, Any]] = {}  # server -> the hold last logged
 
     def count(self, action: Action) -> None:
         self.actions_total[action.kind.value] += 1
@@ -38,6 +39,19 @@ class Publisher:
     def log_findings(self, poll: PollResult) -> None:
         for server, finding in poll.new_findings:
             self.log.warning("finding", server=server, **finding)
+        self.log_held(poll)
+
+    def log_held(self, poll: PollResult) -> None:
+        """One line when a server's reload starts being held back (or its reason changes),
+        and one when the hold ends; not one a poll."""
+        now = {name: held for name, v in poll.views.items() if (held := v.get("held"))}
+        for name, held in now.items():
+            if (self._held.get(name) or {}).get("reason") != held["reason"]:
+                self.log.warning("reload held back", server=name, **held)
+        for name in self._held.keys() - now.keys():
+            self.log.info("reload no longer held back", server=name,
+                          reason=self._held[name]["reason"])
+        self._held = now
 
     def snapshot(self, sample: Sample, poll: PollResult, counts: dict[str, Any]) -> Snapshot:
         """This poll's snapshot; `counts`: the sources' and actions' counters, as the
@@ -50,7 +64,7 @@ class Publisher:
             server_alive=any_alive if sample.processes else None,
             estimates={**focus["estimates"], **focus["forecast"]}, forecast=focus["forecast"],
             active_causes=focus["active_causes"], actions_total=dict(self.actions_total),
-            servers=poll.views, focus=poll.focus, stopped=poll.stopped,
+            servers=_with_processes(poll.views, sample), focus=poll.focus, stopped=poll.stopped,
             sources_up={"nvml": sample.nvml_up, "process": any_alive,
                         "agent": poll.agents_alive},
             nvml_error=None if sample.nvml_up else sample.nvml_error,
@@ -70,7 +84,7 @@ class Publisher:
                 info = {"version": __version__, "polls": polls, "poll_interval_s":
                         cfg.poll_interval_s, "socket": cfg.agent.socket_path,
                         "reload_method": cfg.reload.method, "dry_run": cfg.policy.dry_run}
-                self.status = self.history.view(snap, poll.focus_causes, info)
+                self.status = self.history.view(snap, poll.focus_causes, info, poll.firing)
                 self._published_t = snap.t
         except Exception as e:
             if not self._failed:  # once: it would repeat every poll
@@ -89,3 +103,22 @@ def _process_sums(sample: Sample) -> tuple[dict[str, Optional[int]], Optional[in
     alive = [p for p in sample.processes if p.alive]
     rss = [p.host_bytes for p in alive if p.host_bytes is not None]
     return gpu, sum(rss) if rss else None, bool(alive)
+
+
+def _with_processes(views: dict[str, Any], sample: Sample) -> dict[str, dict[str, Any]]:
+    """Each server's view with its own processes as the process source read them this poll:
+    its GPU bytes by device, its host memory, and whether one is alive (`up`: False the poll
+    its last process exits, not when the step forgets its pids; None: none was read)."""
+    out = {}
+    by_pid = {p.pid: p for p in sample.processes}
+    for name, view in views.items():
+        mine = [p for pid in view.get("pids") or () if (p := by_pid.get(pid)) is not None]
+        gpu: dict[str, Optional[int]] = {}
+        for p in mine:
+            for uuid, used in p.gpu_bytes.items():
+                was = gpu.get(uuid, 0)
+                gpu[uuid] = None if used is None or was is None else was + used
+        rss = [p.host_bytes for p in mine if p.alive and p.host_bytes is not None]
+        out[name] = {**view, "gpu_bytes": gpu, "rss_bytes": sum(rss) if rss else None,
+                     "up": any(p.alive for p in mine) if mine else None}
+    return out

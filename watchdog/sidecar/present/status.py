@@ -7,10 +7,11 @@ graph too (the estimate is kept in decimal MB, `mb_per_graph`, as its metric is 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.present.history import StatusView
+from torch_watchdog.sidecar.present.history import SeriesView, StatusView
+from torch_watchdog.sidecar.present.units import (fmt_bytes, fmt_clock, fmt_duration, fmt_mb,
+                                                  fmt_share)
 
 GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles", "recompiles",
               "recompile_limit_hits", "compile_seconds", "graph_breaks", "stalls",
@@ -25,35 +26,8 @@ SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
                 "rss": "the server's own memory, PSS (host-memory mode)"}
 
 
-# -- formatting --------------------------------------------------------------------------------
-def fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "?"
-    for name, div in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 1024)):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {name}" if abs(n) / div < 1000 else f"{n / div:,.0f} {name}"
-    return f"{n:.0f} B"
-
-
-def fmt_mb(mb: Optional[float]) -> str:
-    """A size the core keeps in decimal MB (per graph, the causes' details), as shown: MiB."""
-    return fmt_bytes(None if mb is None else mb * 1e6)
-
-
-def fmt_duration(s: Optional[float]) -> str:
-    if s is None:
-        return "?"
-    if s >= 2 * 86400:
-        return f"{s / 86400:.1f} d"
-    if s >= 3600:
-        return f"{s / 3600:.1f} h"
-    if s >= 120:
-        return f"{s / 60:.0f} min"
-    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
-
-
-def fmt_clock(t: Optional[float]) -> str:
-    return "--:--:--" if not t else time.strftime("%H:%M:%S", time.localtime(t))
+# -- formatting: present/units.py (one rule for every surface) ------------------------------
+__all__ = ["fmt_bytes", "fmt_clock", "fmt_duration", "fmt_mb", "build_status", "format_terminal"]
 
 
 def _finite(value: Any) -> Any:
@@ -77,8 +51,8 @@ def cause_summary(cause: str, detail: dict[str, Any], graphs: dict[str, Any]) ->
         return text + (f", {fmt_mb(mb)} each, {fmt_mb(mb * rec)} so far" if mb else "")
     if cause == "recompile_storm":
         return (f"{detail.get('recompiles_in_window', '?')} recompiles within "
-                f"{detail.get('window_s', 0):.0f} s, {graphs.get('compile_seconds', 0):.0f} s "
-                f"compiling so far")
+                f"{fmt_duration(detail.get('window_s', 0))}, "
+                f"{fmt_duration(graphs.get('compile_seconds') or 0)} compiling so far")
     if cause == "recompile_limit_eager_fallback":
         where = f" in {detail['function']}" if detail.get("function") else ""
         how = "reported by the agent" if detail.get("source") == "agent" else "inferred"
@@ -169,65 +143,162 @@ def action_summary(a: dict[str, Any]) -> str:
         took = d.get("reload_seconds")
         done = {"reload_ok": "reload done", "reload_failed": "reload failed"}.get(
             action, "reload not done")
-        return f"{done}: {d.get('outcome', '')}" + (f" ({took:.1f} s)" if took else "")
+        return f"{done}: {d.get('outcome', '')}" + (f" ({fmt_duration(took)})" if took else "")
     return f"{action} {reason}"
 
 
-# -- the dict ----------------------------------------------------------------------------------
-def build_status(view: Optional[StatusView], now: float) -> dict[str, Any]:
-    """Everything the page and `torch-watchdog status` show; `view` None: no poll yet."""
+# -- the dict ---------------------------------------------------------------------------------
+def build_status(view: Optional[StatusView], now: float,
+                 server: Optional[str] = None) -> dict[str, Any]:
+    """Everything the page and `torch-watchdog status` show; `view` None: no poll yet.
+
+    `servers` lists every server on the host (its state, memory against its budget, time to
+    OOM, causes, last action, a reload held back); the other sections are about one server,
+    `server` (the drill-down) or else the one nearest to OOM, and never mix in another's."""
     if view is None:
         return {"t": None, "age_s": None, "sidecar": {}, "memory": {"source": None,
                 "level_bytes": None, "devices": [], "server": {}}, "graphs": {}, "causes": [],
                 "forecast": {}, "forecast_summary": "no poll yet", "actions": [], "servers": [],
-                "padding": [], "stopped": [],
+                "padding": [], "stopped": [], "detail": {"server": None, "chosen": False},
                 "actions_total": {}, "sources": {}, "events": {},
                 "history": {"points": [], "marks": [], "marks_total": {}, "breaks": []}}
     s = view.snapshot
-    graphs = {k: s.estimates.get(k) for k in GRAPH_KEYS if k in s.estimates}
-    fc = {k: s.forecast.get(k) for k in FORECAST_KEYS if k in s.forecast}
-    level = view.points[-1][1] if view.points else None
-    causes = [{"cause": c.get("cause"), "since_t": c.get("t"),
-               "summary": cause_summary(str(c.get("cause")), c, graphs),
-               "detail": {k: v for k, v in c.items() if k not in ("cause", "t")}}
-              for c in view.causes]
-    actions = [{**a, "summary": action_summary(a)} for a in reversed(view.actions)]
     focus = s.focus if s.focus is not None else next(  # a Snapshot built without its focus
         (name for name, v in s.servers.items() if v.get("estimates") == s.estimates), None)
+    chosen = server is not None and (server in s.servers or server in view.servers)
+    name = server if chosen else focus
+    listed = s.servers.get(name or "")
+    series = view.servers.get(name or "")
+    if listed is None and series is None:  # one server, or a Snapshot of one (no servers)
+        estimates, fc_all, found = s.estimates, s.forecast, list(view.causes)
+        points, marks, totals, breaks = view.points, view.marks, view.marks_total, view.breaks
+        source, server_mem = view.memory_source, {"alive": s.server_alive, "gpu_bytes": dict(
+            s.server_gpu_bytes), "rss_bytes": s.server_rss_bytes}
+        devices, actions_of = s.devices, list(view.actions)
+    else:
+        v = listed or {}
+        estimates, fc_all = {**v.get("estimates", {}), **v.get("forecast", {})}, \
+            v.get("forecast", {})
+        # a History fed Snapshots without servers has the host's series alone (one server)
+        series = series or SeriesView(view.points, view.memory_source, view.marks,
+                                      view.marks_total, view.breaks, causes=view.causes)
+        found = list(series.causes)
+        points, marks, totals, breaks = series.points, series.marks, series.marks_total, \
+            series.breaks
+        source = series.memory_source
+        server_mem = {"alive": False if listed is None else v.get("up"),
+                      "gpu_bytes": dict(v.get("gpu_bytes") or {}), "rss_bytes": v.get(
+                          "rss_bytes")}
+        gpus = set(v.get("gpus") or ())
+        devices = tuple(d for d in s.devices if d.uuid in gpus) if gpus else s.devices
+        # the host view: every server's actions; a drill-down: its own
+        actions_of = [a for a in view.actions if not chosen or a.get("server") in (None, name)]
+    graphs = {k: estimates.get(k) for k in GRAPH_KEYS if k in estimates}
+    fc = {k: fc_all.get(k) for k in FORECAST_KEYS if k in fc_all}
+    causes = [{"cause": c.get("cause"), "since_t": c.get("t"), "server": name,
+               "summary": cause_summary(str(c.get("cause")), c, graphs),
+               "detail": {k: v for k, v in c.items() if k not in ("cause", "t")}}
+              for c in found]
+    rows = server_rows(view, now)
     out: dict[str, Any] = _finite({
         "t": s.t, "age_s": round(max(0.0, now - s.t), 3),
         "sidecar": {**view.info, "watching_since_t": view.first_t},
+        # whose the sections below are: `server` if asked for (`chosen`), else the one nearest
+        # to OOM; `asked`: a server asked for that is not known
+        "detail": {"server": name, "chosen": chosen,
+                   "asked": server if server is not None and not chosen else None},
         "memory": {
-            "source": view.memory_source, "level_bytes": level,
-            "attribution": attribution_note(view.memory_source, s.gpu_attribution),
+            "source": source, "level_bytes": points[-1][1] if points else None,
+            "attribution": attribution_note(source, s.gpu_attribution),
             "devices": [{"uuid": d.uuid, "used_bytes": d.used_bytes, "total_bytes":
-                         d.total_bytes, "free_bytes": d.free_bytes} for d in s.devices],
-            "server": {"alive": s.server_alive, "gpu_bytes": dict(s.server_gpu_bytes),
-                       "rss_bytes": s.server_rss_bytes}},
-        "graphs": graphs, "scope": _scope(view, focus), "causes": causes, "forecast": fc,
-        "padding": padding_rows(s.estimates.get("padding") or {}),
-        "forecast_summary": forecast_summary(fc), "actions": actions,
-        # every server on the host (the fields above are the one nearest to OOM)
-        "servers": [{"server": name, "pids": v.get("pids", []), "gpus": v.get("gpus", []),
-                     "active_causes": list(v.get("active_causes", ())),
-                     "forecast_summary": forecast_summary(
-                         {k: v.get("forecast", {}).get(k) for k in FORECAST_KEYS}),
-                     "seconds_to_oom": v.get("forecast", {}).get("seconds_to_oom"),
-                     "recordings": v.get("estimates", {}).get("recordings"),
-                     "memory_bytes": v.get("estimates", {}).get("memory_bytes")}
-                    for name, v in sorted(s.servers.items())],
+                         d.total_bytes, "free_bytes": d.free_bytes} for d in devices],
+            "server": server_mem},
+        "graphs": graphs, "scope": _scope(view, name), "causes": causes, "forecast": fc,
+        "padding": padding_rows(estimates.get("padding") or {}),
+        "forecast_summary": forecast_summary(fc),
+        "actions": [{**a, "summary": action_summary(a)} for a in reversed(actions_of)],
+        # every server on the host, listed now or gone, in name order
+        "servers": rows,
+        "host_causes": sum(len(r["causes"]) for r in rows),
         "stopped": list(s.stopped),
         "actions_total": dict(s.actions_total), "sources": dict(s.sources_up),
         "source_errors": {"nvml": s.nvml_error} if s.nvml_error else {},
         "events": {"received_total": s.events_received_total,
                    "dropped_total": dict(s.events_dropped_total),
                    "agent_lost_total": s.agent_events_lost_total},
-        "history": {"points": [list(p) for p in view.points],
-                    "marks": [list(m) for m in view.marks],
-                    "marks_total": dict(view.marks_total),
-                    "breaks": list(view.breaks)},
+        "history": {"points": [list(p) for p in points],
+                    "marks": [list(m) for m in marks],
+                    "marks_total": dict(totals),
+                    "breaks": list(breaks)},
     })
     return out
+
+
+def server_rows(view: StatusView, now: float) -> list[dict[str, Any]]:
+    """One row per server, as nvitop lists processes: its state (up; down from the poll its
+    last process exits; stopped once the sidecar let it go), its memory against its budget,
+    time to OOM, active causes, last action and a reload held back."""
+    s = view.snapshot
+    rows = []
+    for name in sorted(set(s.servers) | set(view.servers)):
+        v, series = s.servers.get(name), view.servers.get(name)
+        est, fc = (v or {}).get("estimates") or {}, (v or {}).get("forecast") or {}
+        found = list(series.causes) if series else [
+            {"cause": c} for c in (v or {}).get("active_causes") or ()]
+        last = next((a for a in reversed(view.actions) if a.get("server") == name), None)
+        held = (v or {}).get("held")
+        fc_view = {k: fc.get(k) for k in FORECAST_KEYS}
+        state = "stopped" if v is None else "down" if v.get("up") is False else "up"
+        rows.append({
+            "server": name, "state": state,
+            "pids": list((v or {}).get("pids") or []), "gpus": list((v or {}).get("gpus") or []),
+            "memory_bytes": est.get("memory_bytes"),
+            "level_bytes": fc.get("level_bytes"), "budget_bytes": fc.get("budget_bytes"),
+            "seconds_to_oom": fc.get("seconds_to_oom"), "over_budget": over_budget(fc_view),
+            "forecast_summary": forecast_summary(fc_view) if v else "stopped: no forecast",
+            "active_causes": [c["cause"] for c in found],
+            "causes": [{"cause": c["cause"], "since_t": c.get("t"),
+                        "summary": cause_summary(str(c["cause"]), c, est)} for c in found],
+            "recordings": est.get("recordings"), "compiles": est.get("compiles"),
+            "recompiles": est.get("recompiles"),
+            "last_action": None if last is None else {"t": last["t"], "action": last["action"],
+                                                      "summary": action_summary(last)},
+            "held": None if not held else {**held, "summary": held_summary(held, now)},
+            "last_seen_t": series.last_t if series else s.t})
+    return rows
+
+
+HELD_WORDS = {
+    "dry_run": "dry run (policy.dry_run): reloads are decided, never carried out",
+    "method_none": "reload.method is none: the sidecar alerts, it never reloads",
+    "concurrency_cap": "another server's reload is under way (policy.max_concurrent_reloads)",
+}
+PRECONDITIONS = {
+    "refused": "the last reload was refused (a PodDisruptionBudget or the like)",
+    "no_process": "no process of the server is left to reload",
+    "shared_gpu": ("its memory is read on GPUs it shares with another server: growth cannot "
+                   "be pinned on it, so it is alerted, not reloaded"),
+}
+
+
+def held_summary(held: dict[str, Any], now: float) -> str:
+    """Why the reload the forecast calls for is held back, and until when, in one line:
+    "cooldown until 12:10:01 (9.5 min left): 600 s after the reload at 12:00:01"."""
+    reason, until = held.get("reason"), held.get("until_t")
+    when = "" if until is None else \
+        f" until {fmt_clock(until)} ({fmt_duration(max(0.0, until - now))} left)"
+    if reason == "cooldown":
+        text = (f"cooldown{when}: policy.cooldown_s {fmt_duration(held.get('cooldown_s'))} "
+                f"after the reload at {fmt_clock(held.get('last_reload_t'))}")
+    elif reason == "hourly_maximum":
+        text = (f"hourly maximum{when}: {held.get('reloads_last_hour')} reloads in the last "
+                f"hour, policy.max_reloads_per_hour {held.get('max_reloads_per_hour')}")
+    elif reason == "precondition":
+        text = PRECONDITIONS.get(str(held.get("precondition")), "a precondition failed") + (
+            f"; asked again at {fmt_clock(until)}" if until is not None else "")
+    else:
+        text = HELD_WORDS.get(str(reason), str(reason)) + when
+    return f"{text} (held since {fmt_clock(held.get('since_t'))})"
 
 
 def _scope(view: StatusView, focus: Optional[str]) -> dict[str, Any]:
@@ -367,13 +438,50 @@ def _graph_line(g: dict[str, Any]) -> str:
             f"recompiles{per}")
 
 
-def _server_line(v: dict[str, Any]) -> str:
-    pids = v.get("pids") or []
-    gpus = v.get("gpus") or []
-    return (f"{v.get('server')}: pid{'s' if len(pids) > 1 else ''} "
-            f"{', '.join(map(str, pids)) or 'none alive'}"
-            + (f", GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}" if gpus else "")
-            + f"; {v.get('forecast_summary') or 'no forecast'}")
+def memory_text(row: dict[str, Any]) -> str:
+    """A server's own memory; none once its processes exited (the last reading is not)."""
+    return fmt_bytes(row.get("memory_bytes")) if row.get("state") == "up" else "-"
+
+
+def budget_text(row: dict[str, Any]) -> str:
+    """A server's memory against its budget: "1.62 GiB of 835 MiB (199 %)"."""
+    level, budget = row.get("level_bytes"), row.get("budget_bytes")
+    if row.get("state") != "up":
+        return f"- of {fmt_bytes(budget)}" if budget is not None else "-"
+    if budget is None:
+        return "no budget yet"
+    return f"{fmt_bytes(level)} of {fmt_bytes(budget)} ({fmt_share(level, budget)})"
+
+
+def oom_text(row: dict[str, Any]) -> str:
+    """A server's time to OOM in a table cell."""
+    if row.get("state") != "up":
+        return "-"
+    if row.get("over_budget"):
+        return "over budget now"
+    seconds = row.get("seconds_to_oom")
+    return "none forecast" if seconds is None else f"~{fmt_duration(seconds)}"
+
+
+def server_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The host's servers as aligned columns (nvitop's process table), a reload held back on
+    the line under its server."""
+    head = ("SERVER", "STATE", "PIDS", "MEMORY", "AGAINST BUDGET", "TO OOM", "CAUSES",
+            "LAST ACTION")
+    cells = [(r["server"], r["state"].upper() if r["state"] != "up" else "up",
+              ",".join(map(str, r["pids"])) or "-", memory_text(r),
+              budget_text(r), oom_text(r), ", ".join(r["active_causes"]) or "none",
+              "none" if not r.get("last_action") else
+              f"{fmt_clock(r['last_action']['t'])} {r['last_action']['summary']}")
+             for r in rows]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head) - 1)]
+    lines = []
+    for row, c in zip([None, *rows], [head, *cells], strict=True):
+        lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths, strict=False))
+                     + "  " + c[-1])
+        if row is not None and row.get("held"):
+            lines.append(" " * (widths[0] + 2) + "reload held back: " + row["held"]["summary"])
+    return lines
 
 
 def format_terminal(status: dict[str, Any], url: str, now: float, actions: int = 5) -> str:
@@ -385,25 +493,40 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
     lines = [f"sidecar  {url}, last poll {fmt_duration(max(0.0, now - status['t']))} ago"
              + (f", watching for {fmt_duration(now - since)}" if since else "")
              + (f", reloads: {side['reload_method']}" if side.get("reload_method") else "")]
+    servers = status.get("servers") or []
+    detail = status.get("detail") or {}
+    if len(servers) > 1 or detail.get("chosen") or detail.get("asked"):
+        lines += [("servers  " if i == 0 else "         ") + line
+                  for i, line in enumerate(server_table(servers))]
+    if detail.get("asked"):
+        lines.append(f"detail   no server {detail['asked']} here: the servers are the rows "
+                     "above; below, the one nearest to OOM")
     if waiting(status):
         lines += [("waiting  " if i == 0 else "         ") + line
                   for i, line in enumerate(waiting_lines(status))]
     else:
+        if len(servers) > 1 or detail.get("chosen"):
+            why = "asked for" if detail.get("chosen") else \
+                "nearest to OOM; `status --server NAME` for another"
+            lines.append(f"detail   server {detail.get('server')} ({why}): its own numbers "
+                         "below")
         lines += _memory_lines(status.get("memory") or {})
         lines.append(_graph_line(status.get("graphs") or {}))
         lines.append("         " + scope_text(status.get("scope") or {}))
         causes = status.get("causes") or []
-        lines.append("causes   " + ("none" if not causes else
-                                    f"{causes[0]['cause']}: {causes[0]['summary']}"))
+        elsewhere = (status.get("host_causes") or 0) - len(causes)
+        lines.append("causes   " + (f"{causes[0]['cause']}: {causes[0]['summary']}" if causes
+                                    else f"none on this server; {elsewhere} on others (their "
+                                    "rows above)" if elsewhere > 0 else "none"))
         lines += [f"         {c['cause']}: {c['summary']}" for c in causes[1:]]
         padding = status.get("padding") or []
         lines += [("padding  " if i == 0 else "         ") + row["summary"]
                   for i, row in enumerate(padding)]
         lines.append(f"forecast {status.get('forecast_summary', '?')}")
-    servers = status.get("servers") or []
-    if len(servers) > 1:  # the lines above are the one nearest to OOM
-        lines += [("servers  " if i == 0 else "         ") + _server_line(v)
-                  for i, v in enumerate(servers)]
+        held = next((r["held"] for r in servers if r["server"] == detail.get("server")
+                     and r.get("held")), None)
+        if held:
+            lines.append(f"reload   held back: {held['summary']}")
     sources = status.get("sources") or {}
     host_mode = host_memory_mode(status)
     lines.append("sources  " + ", ".join(

@@ -103,16 +103,17 @@ class StatusServer:
         self._serving = False
 
     # -- routes: each returns (content type, body) ------------------------------------------
-    def metrics(self) -> tuple[str, bytes]:
+    # `server`: the drill-down asked for (`?server=NAME`); None: the host view
+    def metrics(self, server: Optional[str] = None) -> tuple[str, bytes]:
         return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
-    def status_json(self) -> tuple[str, bytes]:
-        body = json.dumps(build_status(self.status(), self.clock()), allow_nan=False)
+    def status_json(self, server: Optional[str] = None) -> tuple[str, bytes]:
+        body = json.dumps(build_status(self.status(), self.clock(), server), allow_nan=False)
         return JSON, body.encode()
 
-    def page(self) -> tuple[str, bytes]:
+    def page(self, server: Optional[str] = None) -> tuple[str, bytes]:
         now = self.clock()
-        return HTML, render_page(build_status(self.status(), now), now).encode()
+        return HTML, render_page(build_status(self.status(), now, server), now).encode()
 
     # -- life cycle -----------------------------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.2) -> None:
@@ -304,7 +305,7 @@ class _Output(io.BytesIO):
         pass
 
 
-ROUTES: dict[str, Callable[[StatusServer], tuple[str, bytes]]] = {
+ROUTES: dict[str, Callable[[StatusServer, Optional[str]], tuple[str, bytes]]] = {
     "/metrics": StatusServer.metrics, "/status.json": StatusServer.status_json,
     "/": StatusServer.page, "/index.html": StatusServer.page,
 }
@@ -330,14 +331,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(send_body=False)
 
     def _answer(self, send_body: bool) -> None:
-        path = urllib.parse.urlsplit(self.path).path
+        split = urllib.parse.urlsplit(self.path)
+        path = split.path
+        server = urllib.parse.parse_qs(split.query).get("server", [None])[0] or None
         route = ROUTES.get(path)
         if route is None:
             self._send(404, TEXT, f"not found: {path} (try /, /status.json, /metrics)\n".encode(),
                        send_body)
             return
         try:
-            ctype, body = route(self.server)
+            ctype, body = route(self.server, server)
         except Exception as exc:  # a bug in a view must not look like a dead sidecar
             if path not in self.server.failed_paths:
                 self.server.failed_paths.add(path)
@@ -373,10 +376,13 @@ def serve(address: str, port: int, registry: CollectorRegistry,
     return server, thread
 
 
-def read_status(base_url: str, timeout_s: float = 3.0) -> dict[str, Any]:
-    """GET <base_url>/status.json; raises OSError when nothing answers (or answers an error),
-    ValueError when what answers is not a sidecar's status."""
-    url = base_url.rstrip("/") + "/status.json"
+def read_status(base_url: str, timeout_s: float = 3.0,
+                server: Optional[str] = None) -> dict[str, Any]:
+    """GET <base_url>/status.json (`server`: that server's drill-down); raises OSError when
+    nothing answers (or answers an error), ValueError when what answers is not a sidecar's
+    status."""
+    url = base_url.rstrip("/") + "/status.json" + (
+        "" if server is None else "?" + urllib.parse.urlencode({"server": server}))
     with urllib.request.urlopen(url, timeout=timeout_s) as reply:
         data = json.loads(reply.read().decode("utf-8"))
     if not isinstance(data, dict) or "memory" not in data or "forecast" not in data:
