@@ -449,3 +449,24 @@ def test_a_dry_run_says_it_holds_every_reload_back():
     view = h.host.servers["replica-a"]
     assert view.policy.held.reason == "dry_run" and view.policy.held.since == decided.t
     assert h.host.servers["replica-b"].policy.held is None
+
+
+def test_the_new_process_s_events_heard_before_the_reload_ends_are_kept():
+    """A reload's new process often says hello and compiles before the reload's outcome comes
+    back: those compiles are its own, and its counts start with them, not at zero."""
+    h = Host2()
+    for _ in range(10):
+        h.poll()
+    while not h.of("execute") and h.t < 2000:
+        h.poll(grow_a=10 * MB)
+    assert [a.server for a in h.of("execute")] == ["replica-a"]
+    h.t += 1  # the old process has exited (SIGTERM): the new one is the reload's, not a restart
+    h.feed(Sample(t=h.t, devices=(DeviceSample(A, GB, 10 * GB, 9 * GB),),
+                  processes=(ProcessSample(101, False, 0, {}),)))
+    h.feed(hello(h.t, 303, "replica-a", [A]), compile_event(h.t, 303),
+           compile_event(h.t + 0.1, 303))
+    h.feed(ReloadOutcome(True, "exited after SIGTERM", 3.0).at(h.t + 1, "replica-a"))
+    a = h.host.servers["replica-a"]
+    assert set(a.pids) == {303}
+    assert a.state.compiles.compiles == 2  # the new process's two, not 0, not the old one's too
+    assert not h.of("restart") and [k.kind for k in h.actions[-1:]] == ["reload_ok"]

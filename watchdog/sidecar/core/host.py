@@ -73,6 +73,8 @@ class Server:
     uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
     reload_failed: Optional[ReloadFailure] = None
     findings_shown: int = 0     # its state's findings already in a poll's result
+    # the reload under way's new process said hello: the state is its own since then
+    renewed: bool = False
 
     @property
     def busy(self) -> bool:

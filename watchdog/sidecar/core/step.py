@@ -101,7 +101,13 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
     name = owner_of(host, e)
     adopt(host, e, name)
     server = host.server(name)
-    if e.pid not in server.pids and all_gone(host, server):
+    if e.pid not in server.pids and server.reloading is not None:
+        if not server.renewed:
+            # the reload's new process, back before the reload's outcome: its compiles and
+            # recordings are the new state's first; the old pids stay until the outcome
+            _renew(server)
+            server.renewed = True
+    elif e.pid not in server.pids and all_gone(host, server):
         # the server died and came back (a crash, systemd's Restart=): a new process, a new
         # baseline; folding it into the old state calls its model load "unexplained growth"
         actions.append(Restart(e.t, "server_restarted",
@@ -295,13 +301,19 @@ def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
     old = set(decision.pids) if decision else set(server.pids)
     if o.failed:
         server.reload_failed = ReloadFailure(ended, frozenset(old))
-    if o.ok:  # the old processes are gone: the new ones start a fresh state, keeping the
-        # replacements heard during the reload (a rolling reload's, whose hellos came first)
+    if o.ok:  # the old processes are gone: the new ones start a fresh state (from the first
+        # new hello where it came first), keeping the replacements heard during the reload
         fresh = {pid: t for pid, t in server.pids.items() if pid not in old}
-        _reset(host, server)
+        if server.renewed:
+            for pid in old:
+                server.pids.pop(pid, None)
+                host.owner.pop(pid, None)
+        else:
+            _reset(host, server)
         server.reload_failed = None
         server.pids.update(fresh)
         host.owner.update(dict.fromkeys(fresh, server.name))
+    server.renewed = False
     return [action]
 
 
@@ -311,6 +323,13 @@ def _reset(host: Host, server: Server) -> None:
     for pid in server.pids:
         host.owner.pop(pid, None)
     server.pids = {}
+    _renew(server)
+
+
+def _renew(server: Server) -> None:
+    """A new correlation state, alerts that can fire again, no decision pending; the pids and
+    the reload history (cooldown, hourly maximum) stay."""
+    server.renewed = False
     server.state = correlate.State()
     server.findings_shown = 0
     server.policy = policy.PolicyState(reloads=server.policy.reloads)
