@@ -73,6 +73,8 @@ class Server:
     uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
     reload_failed: Optional[ReloadFailure] = None
     findings_shown: int = 0     # its state's findings already in a poll's result
+    argv: Optional[str] = None  # its latest hello's command line (its label's program)
+    label: Optional[str] = None  # its metrics' and alerts' `server` (core/labels.py)
 
     @property
     def busy(self) -> bool:

@@ -176,6 +176,7 @@ class ServerView(TypedDict):
     active_causes: tuple[str, ...]
     pids: list[int]
     gpus: list[str]
+    label: str        # its `server` in metrics (core/labels.py): stable over its restarts
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class PollResult:
     def before_any() -> "PollResult":
         """The result before the first poll: nothing fires, no server, nothing to read."""
         empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
-                             "active_causes": (), "pids": [], "gpus": []}
+                             "active_causes": (), "pids": [], "gpus": [], "label": ""}
         return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
                           focus_causes=[], agents_alive=False, skewed_events=0,
                           agent_events_lost=0)
