@@ -6,8 +6,9 @@ it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()
 that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
 
 Conventions (Prometheus's naming practice): prefix `torch_watchdog_`, base units, counters end
-in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server`; no pid or shape
-labels (they are unbounded). A reading
+in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server` (its label,
+core/labels.py: the same over its restarts and reloads, one per server); nothing per server is
+summed over servers; no pid or shape labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
 exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
 """
@@ -320,7 +321,8 @@ SPECS: tuple[Spec, ...] = (
          "heartbeat passes after the losses, whatever became of the drop reports.",
          _one(lambda s: s.agent_events_lost_total), True),
     Spec("torch_watchdog_alerts_sent_total", COUNTER, ("url",),
-         "Alerts accepted by each configured Alertmanager.", _by_label("alerts_sent_total"), True),
+         "Alerts each configured Alertmanager accepted (an alert sent again while it fires "
+         "counts again).", _by_label("alerts_sent_total"), True),
     Spec("torch_watchdog_alert_posts_failed_total", COUNTER, ("url",),
          "POSTs to an Alertmanager that failed (refused, timed out, or an error status).",
          _by_label("alert_posts_failed_total"), True),
