@@ -2,9 +2,13 @@
 over restarts and reloads, never two servers' on one host."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from tests.unit.test_step import A, GB, Host2, hello
 from torch_watchdog.sidecar.core.labels import assign, base, program
+from torch_watchdog.sidecar.core.observations import ProcessSample, ReloadOutcome, Sample
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -68,3 +72,40 @@ def test_a_label_of_another_base_is_given_anew():
     # a pid heard before its hello was "default"; its hello named it, with its program
     assert assign({"pgid:10": "app.py"}, {"pgid:10": "default"}, {"pgid:10"}) == \
         {"pgid:10": "app.py"}
+
+
+def test_through_the_step_a_reloaded_server_keeps_its_label_and_a_second_copy_gets_its_own():
+    """`python app.py` on GPU 0, under a supervisor (parent 50): reloaded, it comes back in a
+    new process group (`pgid:303` -> `pgid:404`) and its views keep `app.py/cuda:0`; the same
+    script started by another supervisor on the same GPU set is `app.py/cuda:0#2`."""
+    def started(t: float, pid: int, name: str, ppid: int):
+        return dataclasses.replace(hello(t, pid, name, [A]), ppid=ppid, argv="app.py --port 1")
+
+    def labels(h) -> dict:
+        h.poll()
+        return {name: s.label for name, s in h.host.servers.items() if s.pids}
+
+    h = Host2()
+    h.feed(started(h.t, 303, "pgid:303/cuda:0", 50))
+    h.mine[303] = 2 * GB
+    assert labels(h)["pgid:303/cuda:0"] == "app.py/cuda:0"
+    h.feed(started(h.t, 505, "pgid:505/cuda:0", 60))
+    h.mine[505] = 2 * GB
+    assert labels(h) == {"replica-a": "replica-a", "replica-b": "replica-b",
+                         "pgid:303/cuda:0": "app.py/cuda:0",
+                         "pgid:505/cuda:0": "app.py/cuda:0#2"}
+    h.feed(ReloadOutcome(True, "exited after SIGTERM", 2.0).at(h.t, "pgid:303/cuda:0"))
+    del h.mine[303]
+    h.feed(Sample(t=h.t + 1, processes=(ProcessSample(303, False, 0, {}),)))  # it exited
+    h.feed(started(h.t + 2, 404, "pgid:404/cuda:0", 50))
+    h.mine[404] = 2 * GB
+    got = labels(h)
+    assert "pgid:303/cuda:0" not in h.host.servers
+    assert got["pgid:404/cuda:0"] == "app.py/cuda:0"
+    assert got["pgid:505/cuda:0"] == "app.py/cuda:0#2"
+
+
+def test_a_configured_or_explicit_name_keeps_itself_against_a_derived_label():
+    app = "uvicorn main:app"  # a configured name, and the program of a `pgid:` server
+    got = assign({app: app, "pgid:1": app}, {}, {app, "pgid:1"})
+    assert got == {app: app, "pgid:1": app + "#2"}

@@ -13,7 +13,7 @@ the server's program instead (its script, `python -m`'s module, or a launcher wi
 A label, once given, stays with its server (through the host's renames: a reload's new process
 group is the same Server). Two servers that would have the same label (two copies of one
 script) are told apart by a suffix, `#2`, `#3`, …, given in a fixed order: servers with a live
-process first, then by name. A server whose processes are all gone gives its exact label up to
+process first, then those whose name is their label (configured, explicit), then by name. A server whose processes are all gone gives its exact label up to
 a new live server asking for it: the same program started again outside its supervisor.
 """
 from __future__ import annotations
@@ -72,7 +72,8 @@ def assign(wanted: Mapping[str, str], held: Mapping[str, Optional[str]],
     the label it had (None: none yet); `live`: the servers with a live process. A held label
     is kept while it is still one of its base; a gone server's is taken over by a live server
     without a label asking for exactly it."""
-    order = sorted(wanted, key=lambda n: (n not in live, n))
+    # a name that is its own label (configured, explicit) before a derived one
+    order = sorted(wanted, key=lambda n: (n not in live, wanted[n] != n, n))
     asked = {wanted[n] for n in live if n in wanted and held.get(n) is None}
     taken: dict[str, str] = {}  # label -> server
     for n in order:

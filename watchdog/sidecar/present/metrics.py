@@ -228,7 +228,8 @@ SPECS: tuple[Spec, ...] = (
          "memory per graph).",
          _est("explained_by_recordings_bytes")),
     Spec("torch_watchdog_memory_unexplained_bytes", GAUGE, _S,
-         "Server memory growth that neither recordings nor compiles explain.",
+         "Server memory growth since its warm-up that neither recordings nor compiles "
+         "explain.",
          _est("unexplained_bytes")),
     # forecast
     Spec("torch_watchdog_oom_forecast_seconds", GAUGE, _S,
@@ -294,8 +295,9 @@ SPECS: tuple[Spec, ...] = (
          "The sidecar's decisions and reload outcomes for the server, by action.", _actions),
     # the watchdog itself
     Spec("torch_watchdog_source_up", GAUGE, ("source",),
-         "1 if the source (nvml, process, agent) answered at the last poll, else 0; nvml is "
-         "absent on a host without a GPU stack.", _sources, True),
+         "1 if the source was up at the last poll, else 0: nvml, NVML read a GPU (absent on a "
+         "host without a GPU stack); process, a watched process is alive; agent, a process "
+         "that sent events is alive.", _sources, True),
     Spec("torch_watchdog_poll_duration_seconds", GAUGE, (),
          "Duration of the last poll.", _one(lambda s: s.poll_seconds), True),
     Spec("torch_watchdog_nvml_query_seconds", GAUGE, (),
@@ -308,7 +310,9 @@ SPECS: tuple[Spec, ...] = (
          "Failed or late reads of a source, by reason (NVML: the error's class, late, init).",
          _source_errors, True),
     Spec("torch_watchdog_events_received_total", COUNTER, (),
-         "Agent events received.", _one(lambda s: s.events_received_total), True),
+         "Agent events taken in by the polls (those dropped are "
+         "torch_watchdog_events_dropped_total).", _one(lambda s: s.events_received_total),
+         True),
     Spec("torch_watchdog_events_skewed_total", COUNTER, (),
          "Agent events whose time was further than correlate.max_clock_skew_s from the "
          "sidecar's clock (their time replaced by the sidecar's).",
