@@ -48,8 +48,9 @@ replica's `serve:<app>/<deployment>/<rank>`, a systemd service); the automatic n
 change with each start (`pgid:N`, `dist:<addr>:<port>`, `torchrun:<id>`) give way to the
 server's program, from the agent's command line, with the rest of the name: `app.py` for
 `python app.py`, `uvicorn main:app`, `app.py/cuda:0` for `pgid:7212/cuda:0`. Two servers of a
-host never share a label: a second copy of one program is `app.py#2` (servers with a live
-process first, then by name), and keeps it while it lives. A reading that is
+host never share a label: a second copy of one program is `app.py#2` (in a fixed order: servers
+with a live process first, then those named by config or by their agent, then by name), and
+keeps it while it lives. A reading that is
 unknown is absent, never 0, except the OOM forecasts: no OOM forecast is exported as `+Inf`, so
 that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged. Per-server counters
 count from zero for a new server process. A scrape never fails: a family that cannot be built
