@@ -34,7 +34,7 @@ class Publisher:
         # known (an action can be a new server's first)
         self.server_actions: collections.Counter[tuple[str, str]] = collections.Counter()
         self._uncounted: list[tuple[str, str]] = []      # (server name, action)
-        self._labels: dict[str, str] = {}                # server name -> label, as last shown
+        self._labels: dict[str, str] = {}                # server name -> label, last poll
         self._gpu_seen = False                           # NVML listed a GPU since the start
         self._failed = False
         self._published_t = -1e18
@@ -52,10 +52,11 @@ class Publisher:
         Snapshot's fields name them."""
         focus = poll.focus_view
         gpu, rss_bytes, any_alive = _process_sums(sample)
-        self._labels.update((name, v["label"]) for name, v in poll.views.items())
-        for name, kind in self._uncounted:
-            self.server_actions[(self._labels.get(name, name), kind)] += 1
+        labels = {name: v["label"] for name, v in poll.views.items()}
+        for name, kind in self._uncounted:  # a server gone this poll: its last poll's label
+            self.server_actions[(labels.get(name) or self._labels.get(name, name), kind)] += 1
         self._uncounted.clear()
+        self._labels = labels  # this poll's servers only: names change with each start
         self._gpu_seen = self._gpu_seen or bool(sample.devices or sample.nvml_down)
         snap = snapshot_mod.make(dict(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
