@@ -13,8 +13,9 @@ the server's program instead (its script, `python -m`'s module, or a launcher wi
 A label, once given, stays with its server (through the host's renames: a reload's new process
 group is the same Server). Two servers that would have the same label (two copies of one
 script) are told apart by a suffix, `#2`, `#3`, …, given in a fixed order: servers with a live
-process first, then those whose name is their label (configured, explicit), then by name. A server whose processes are all gone gives its exact label up to
-a new live server asking for it: the same program started again outside its supervisor.
+process first, then those whose name is their label (configured, explicit), then by name. A
+server whose processes are all gone gives its exact label up to a new live server asking for
+it: the same program started again outside its supervisor.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from torch_watchdog.sidecar.core.host import Host, all_gone
 MAX_LABEL_CHARS = 255  # the agent's own bound for a server name (agent/identity.py)
 # programs that serve an app named by an argument (`uvicorn main:app`): the app is the server
 LAUNCHERS = frozenset({"uvicorn", "gunicorn", "hypercorn", "granian", "daphne", "waitress-serve"})
-PYTHON_PREFIX = "python"
+NO_SCRIPT = "python"  # `python -c`, an interactive interpreter
 
 
 def program(argv: str) -> str:
@@ -36,7 +37,7 @@ def program(argv: str) -> str:
     `python` when there is none (`python -c`, an interactive interpreter)."""
     words = argv.split()
     if not words or words[0].startswith("-"):  # "-c" or "" : no script
-        return PYTHON_PREFIX
+        return NO_SCRIPT
     path = words[0]
     name = posixpath.basename(path)
     if name in ("__main__.py", "__init__.py"):  # `python -m pkg`: sys.argv[0] is its file
