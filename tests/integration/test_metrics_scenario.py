@@ -241,6 +241,8 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
              padded_calls=30, real_tokens=900, padding_tokens=100, checks=3,
              check_seconds=0.25, max_error={"float16": 0.002}, recordings_saved=12,
              checks_skipped=2)
+    llm.send("oom", t=clock.t, source="allocator", device=0, requested_bytes=MB,
+             limit_bytes=None, free_bytes=None, message=None)
     llm.send("heartbeat", t=clock.t, seq=1, uptime_s=30.0, queue_depth=0, errors=0, lost=3)
     tick()
     # chat.py stops and is started again by the same parent, in a new process group
@@ -256,6 +258,8 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
     for i in range(1, 5):
         chat2.send("recompile", t=clock.t, compile_id=f"0/{i}", function="f", seconds=0.25,
                    reason="size mismatch")
+    chat2.send("recompile_limit", t=clock.t, function="f", limit=8, reason="size mismatch",
+               compile_id="0/8")
     chat2.send("graph_break", t=clock.t + 1e6, reason="print", location="m.py:3")  # skewed
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # not an event
         s.sendto(b"not json", sock)
@@ -302,11 +306,11 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         # first compiles only; chat.py's count from its new process (1, not 1 + 1)
         "torch_watchdog_compiles_total": {A: 2, B: 1},
         "torch_watchdog_recompiles_total": {A: 1, B: 4},
-        "torch_watchdog_recompile_limit_hits_total": {A: 0, B: 0},
+        "torch_watchdog_recompile_limit_hits_total": {A: 0, B: 1},
         "torch_watchdog_stalls_total": {A: 1, B: 0},
         "torch_watchdog_stall_seconds_total": {A: 0.25, B: 0},
         "torch_watchdog_graph_breaks_total": {A: 1, B: 1},
-        "torch_watchdog_ooms_total": {A: 0, B: 0},
+        "torch_watchdog_ooms_total": {A: 1, B: 0},  # chat.py's was its first process's
         "torch_watchdog_compile_seconds_total": {A: 2.0 + 1.5 + 0.5, B: 0.75 + 4 * 0.25},
         "torch_watchdog_fx_cache_hits_total": {A: 5, B: 0},
         "torch_watchdog_fx_cache_misses_total": {A: 1, B: 0},
@@ -349,11 +353,12 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         "torch_watchdog_padding_checks_stopped": {L(server="llm", model="llm"): 0},
         "torch_watchdog_padding_max_error_ratio": {
             L(server="llm", model="llm", dtype="float16"): 0.002},
-        # llm records graphs that cost memory; chat.py (again) recompiles in a storm
+        # llm records graphs that cost memory; chat.py (again) recompiles in a storm, to the
+        # recompile limit
         "torch_watchdog_cause_active": {
             **{L(server="llm", cause=c): int(c == "cudagraph_per_shape") for c in CAUSES},
-            **{L(server="chat.py/cuda:0", cause=c): int(c == "recompile_storm")
-               for c in CAUSES}},
+            **{L(server="chat.py/cuda:0", cause=c): int(
+                c in ("recompile_storm", "recompile_limit_eager_fallback")) for c in CAUSES}},
         "torch_watchdog_actions_total": {
             L(server=label, action=kind): n for (label, kind), n in collections.Counter(
                 (labels[name], kind) for name, kind in acted).items()},
