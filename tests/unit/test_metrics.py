@@ -338,3 +338,18 @@ def test_padding_per_model_on_off_plan_fraction_and_recordings_saved():
     assert value(scrape(snapshot(estimates=off)), "torch_watchdog_padding_on", **labels) == 0
     without = dict(ESTIMATES, padding={})
     assert "torch_watchdog_padding_on" not in names(scrape(snapshot(estimates=without)))
+
+
+@pytest.mark.parametrize("gpu_seen, error, in_use", [
+    (True, "NVML read late: no answer for 1.20 s", True),      # a GPU host, NVML slow
+    (False, "NVML unavailable: ModuleNotFoundError: No module named 'pynvml'", False),
+    (False, "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+     False),
+    (False, "NVML unavailable: NVMLError_DriverNotLoaded: Driver Not Loaded", False),
+    (False, "NVML unavailable: NVMLError_NoPermission: Insufficient Permissions", True),
+    (False, "NVML not read yet", False),
+    (False, None, False),
+])
+def test_nvml_is_a_source_where_it_listed_a_gpu_or_fails_on_a_gpu_host(gpu_seen, error, in_use):
+    from torch_watchdog.sidecar.present.publisher import nvml_in_use
+    assert nvml_in_use(gpu_seen, error) is in_use
