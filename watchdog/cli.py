@@ -206,6 +206,7 @@ def inputs_readable(paths: list[str], command: str, hint: str = "") -> bool:
 def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out: TextIO) -> int:
     """Exit codes: 0 replayed, 2 a config or an input that cannot be used (one line each)."""
     from torch_watchdog.sidecar.offline.replay import replay, since_start
+    from torch_watchdog.sidecar.offline.replay_text import summary
 
     cfg = load_config(config_path, "replay")
     if cfg is None or not inputs_readable(paths, "replay"):
@@ -226,14 +227,8 @@ def run_replay(paths: list[str], config_path: Optional[str], as_json: bool, out:
         json.dump(result, out, indent=1)
         out.write("\n")
         return 0
-    rows = [(f["t"], "finding", f["cause"]) for f in result["findings"]]
-    rows += [(a["t"], a["action"], a["reason"]) for a in result["actions"]]
-    print(f"# {info['observations']:,} observations, {info['bad_lines']:,} bad line(s), "
-          f"{info['trace_seconds']:,.1f} s of recording; times in seconds from its start",
-          file=out)
-    for t, what, why in sorted(rows):
-        print(f"+{since_start(t, info['first_t']):9.1f}s  {what:8s} {why}", file=out)
-    print(json.dumps(result["estimates"]), file=out)
+    for line in summary(result, lambda t: since_start(t, info["first_t"])):
+        print(line, file=out)
     return 0
 
 
@@ -310,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("traces", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, "
                     "recorded traces")
     rp.add_argument("--config", help="sidecar config (YAML); defaults otherwise")
-    rp.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    rp.add_argument("--json", action="store_true", help="print the whole result as JSON (the "
+                    "default: a summary per server, what was decided, when and why)")
     rep = command("report", "an HTML post-mortem of event logs and recorded traces")
     rep.add_argument("files", nargs="+", help=".jsonl or .jsonl.gz: agent event logs, the "
                      "sidecar's sample log, recorded traces")

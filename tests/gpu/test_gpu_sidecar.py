@@ -64,7 +64,9 @@ def test_sidecar_sees_recordings_and_nvml_growth(short_tmp):
         assert m["torch_watchdog_cudagraph_recordings_total"] == result["truth"]["nodes"]
         assert m['torch_watchdog_source_up{source="nvml"}'] == 1
         uuid = result["devices"][0]
-        server_mem = m[f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{uuid}"}}']
+        server_mem = sum(v for k, v in m.items()  # the one server's, labelled server too
+                         if k.startswith("torch_watchdog_server_gpu_memory_bytes{")
+                         and f'gpu_uuid="{uuid}"' in k)
         assert server_mem > 100 << 20  # the server's own NVML memory, by process
         assert m[f'torch_watchdog_gpu_memory_used_bytes{{gpu_uuid="{uuid}"}}'] >= server_mem
         # this one-layer model's graphs cost less than the allocator's own steps: the estimate

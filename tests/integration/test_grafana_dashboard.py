@@ -152,4 +152,4 @@ def test_every_panel_of_the_dashboard_has_series_from_a_live_sidecar(short_tmp):
     assert {p["title"] for p in dash["panels"]} >= {
         "Server memory vs budget", "Time to OOM", "CUDA-graph recordings",
         "Memory per CUDA graph", "Recompiles and eager fallbacks", "Stalls",
-        "Reloads and alerts", "GPU memory"}
+        "Reloads and alerts", "GPU memory", "Server processes"}

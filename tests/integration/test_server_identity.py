@@ -201,11 +201,15 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
         text = format_terminal(status, "http://127.0.0.1:9464", rig.clock.t)
         page = render_page(status, rig.clock.t)
         metrics = render(rig.daemon.registry).decode()
+        # the metrics' label: the program where the name changes with each start
+        labels = {name: rig.daemon.host.servers[name].label for name in seen}
         for name, pids in seen.items():  # its row of the host table: name, state, pids
             (row,) = [line for line in text.splitlines() if line[9:].startswith(f"{name} ")]
             assert " up " in row and ",".join(map(str, sorted(pids))) in row, (name, text)
             assert name in page
-            assert f'server="{name}"' in metrics
+            assert f'server="{labels[name]}"' in metrics
+            assert not labels[name].startswith(("pgid:", "dist:")), labels
+        assert len(set(labels.values())) == len(labels), labels
 
         # a growing replica: reloaded alone, back under the same name
         grower = f"pgid:{sup.pid}/cuda:2"
@@ -219,8 +223,9 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
         assert rig.acted("execute", grower)["pids"] == [old]
         assert not psutil.pid_exists(old) or psutil.Process(old).status() == "zombie"
         assert all(psutil.pid_exists(p) for p in others), "a healthy process was signalled"
-        rig.until(lambda: [p for p in rig.servers().get(grower, []) if p != old], 30,
-                  "the new replica watched")
+        rig.until(lambda: [p for n, ps in rig.servers().items() for p in ps
+                           if p != old and rig.daemon.host.servers[n].label == labels[grower]],
+                  30, "the new replica watched, under its label")
         assert not [a for a in rig.live if a["action"] == "execute" and a["server"] != grower]
 
         # a growing job: both ranks, torchrun starts them again

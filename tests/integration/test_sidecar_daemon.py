@@ -63,6 +63,10 @@ def test_daemon_end_to_end_with_the_real_agent(daemon):
         assert m['torch_watchdog_source_up{source="agent"}'] == 1
         # no GPU here: host-memory mode watches the agent's process by RSS
         assert m["torch_watchdog_server_rss_bytes"] > 10 << 20
+        if not any(k.startswith("torch_watchdog_gpu_memory_used_bytes") for k in m):
+            # no GPU stack here: NVML is no source, and its series are left out
+            assert "torch_watchdog_nvml_query_seconds" not in m
+            assert 'torch_watchdog_source_up{source="nvml"}' not in m
         assert m["torch_watchdog_events_received_total"] >= 7
     finally:
         agent_mod.uninstall()

@@ -73,7 +73,8 @@ def test_ticks_fold_agent_events_with_nvml_per_process_memory(rig):
     assert snap.forecast["will_oom"] is None  # no request counts: no discovery model
     text = render(d.registry).decode()
     assert 'torch_watchdog_cudagraph_recordings_total{server="default"} 60.0' in text
-    assert f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{GPU}"}} 2.03e+09' in text
+    assert f'torch_watchdog_server_gpu_memory_bytes{{gpu_uuid="{GPU}",server="default"}} ' \
+        '2.03e+09' in text
 
 
 def test_a_lost_gpu_degrades_the_source_and_the_loop_goes_on(rig):

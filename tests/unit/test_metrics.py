@@ -15,7 +15,7 @@ from torch_watchdog.sidecar.core.correlate import CAUSES
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, \
     serve, stop
 from torch_watchdog.sidecar.core.observations import DeviceSample
-from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.snapshot import Processes, Snapshot
 
 GIB = 1 << 30
 ESTIMATES = {
@@ -50,6 +50,8 @@ def snapshot(**overrides) -> Snapshot:
         estimates=dict(ESTIMATES), forecast=dict(FORECAST),
         active_causes=("cudagraph_per_shape",),
         actions_total={"alert": 2, "reload": 1},
+        processes={"default": Processes(True, 3 * GIB, {"GPU-aaa": 20 * GIB, "GPU-bbb": None})},
+        server_actions_total={("default", "alert"): 2, ("default", "reload"): 1},
         sources_up={"nvml": True, "process": True, "agent": False},
         poll_seconds=0.04, nvml_query_seconds=0.012, events_received_total=777,
         events_skewed_total=3,
@@ -100,14 +102,14 @@ def test_device_and_server_memory_per_gpu_uuid():
     assert ("torch_watchdog_gpu_memory_free_bytes", frozenset({("gpu_uuid", "GPU-bbb")})) not in s
     assert value(s, "torch_watchdog_server_gpu_memory_bytes", gpu_uuid="GPU-aaa") == 20 * GIB
     assert ("torch_watchdog_server_gpu_memory_bytes",
-            frozenset({("gpu_uuid", "GPU-bbb")})) not in s
+            frozenset({("gpu_uuid", "GPU-bbb"), ("server", "default")})) not in s
     assert value(s, "torch_watchdog_server_rss_bytes") == 3 * GIB
     assert value(s, "torch_watchdog_server_up") == 1
 
 
 @pytest.mark.parametrize("alive, expected", [(True, 1), (False, 0), (None, None)])
 def test_server_up_is_absent_when_unknown(alive, expected):
-    s = scrape(snapshot(server_alive=alive, server_rss_bytes=None))
+    s = scrape(snapshot(processes={"default": Processes(alive, None, {})}))
     assert "torch_watchdog_server_rss_bytes" not in names(s)
     if expected is None:
         assert "torch_watchdog_server_up" not in names(s)
@@ -158,6 +160,14 @@ def test_counters_are_typed_counter_and_end_in_total():
         assert name.endswith("_total") == (kind == "counter"), name
         if kind == "counter":  # the parser names a counter family without its _total
             assert families[name[:-len("_total")]].type == "counter"
+
+
+def test_nvml_series_are_left_out_where_nvml_is_not_used():
+    s = scrape(snapshot(nvml_in_use=False, sources_up={"nvml": False, "process": True}))
+    assert "torch_watchdog_nvml_query_seconds" not in names(s)
+    assert ("torch_watchdog_source_up", frozenset({("source", "nvml")})) not in s
+    assert "torch_watchdog_source_errors_total" not in names(s)
+    assert value(s, "torch_watchdog_source_up", source="process") == 1
 
 
 def test_labelled_families():
@@ -328,3 +338,18 @@ def test_padding_per_model_on_off_plan_fraction_and_recordings_saved():
     assert value(scrape(snapshot(estimates=off)), "torch_watchdog_padding_on", **labels) == 0
     without = dict(ESTIMATES, padding={})
     assert "torch_watchdog_padding_on" not in names(scrape(snapshot(estimates=without)))
+
+
+@pytest.mark.parametrize("gpu_seen, error, in_use", [
+    (True, "NVML read late: no answer for 1.20 s", True),      # a GPU host, NVML slow
+    (False, "NVML unavailable: ModuleNotFoundError: No module named 'pynvml'", False),
+    (False, "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+     False),
+    (False, "NVML unavailable: NVMLError_DriverNotLoaded: Driver Not Loaded", False),
+    (False, "NVML unavailable: NVMLError_NoPermission: Insufficient Permissions", True),
+    (False, "NVML not read yet", False),
+    (False, None, False),
+])
+def test_nvml_is_a_source_where_it_listed_a_gpu_or_fails_on_a_gpu_host(gpu_seen, error, in_use):
+    from torch_watchdog.sidecar.present.publisher import nvml_in_use
+    assert nvml_in_use(gpu_seen, error) is in_use

@@ -131,18 +131,55 @@ def test_garbage_lines_are_counted_not_fatal(tmp_path):
     assert r["replay"]["bad_lines"] == 4 and r["replay"]["observations"] == 1
 
 
-def _text_rows(capsys, *paths: str) -> list[tuple[float, str, str]]:
+def _text(capsys, *paths: str) -> dict[str, list[tuple[float, str, str]]]:
+    """Server -> its rows (t, what, why) of `replay`'s readable output: its decisions (what:
+    the action) and its alerts (what: "alert", why: the cause and its numbers)."""
     from torch_watchdog import cli
 
     assert cli.main(["replay", *paths]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# ") and "times in seconds from its start" in out[0]
-    json.loads(out[-1])  # the estimates
-    rows = []
-    for line in out[1:-1]:
-        t, what, why = line.lstrip("+").split(None, 2)
-        rows.append((float(t.rstrip("s")), what, why))
+    servers: dict[str, list[tuple[float, str, str]]] = {}
+    section = ""
+    for line in out[1:]:
+        if line.startswith("server "):
+            rows = servers[line[len("server "):]] = []
+        elif not line.startswith("    "):
+            section = line.split(":")[0].strip()
+        elif line.startswith("    +"):
+            t, rest = line.strip()[1:].split(" s  ", 1)
+            what, why = rest.split(": ", 1) if section == "decided" else ("alert", rest)
+            rows.append((float(t), what, why))
+    return servers
+
+
+def _text_rows(capsys, *paths: str) -> list[tuple[float, str, str]]:
+    (rows,) = _text(capsys, *paths).values()
     return rows
+
+
+def test_text_output_says_per_server_what_was_decided_when_and_why(capsys):
+    """Two replicas on two GPUs: each server's block holds its own decisions and alerts (the
+    growing one's reload, carried out, back), the other's says nothing was decided; --json
+    keeps the machine form, with the same actions."""
+    path = fixture("h200x2-two-replicas-samples.jsonl.gz")
+    servers = _text(capsys, path)
+    assert sorted(servers) == ["replica-a", "replica-b"]
+    a = servers["replica-a"]
+    assert [what for _, what, _ in a if what != "alert"] == ["reload", "execute", "reload_ok"]
+    reload_why = next(why for _, what, why in a if what == "reload")
+    assert reload_why.startswith("cause oom_forecast, OOM forecast in ")
+    assert {why.split(":")[0] for _, what, why in a if what == "alert"} == {
+        "oom_forecast", "cudagraph_per_shape"}
+    assert servers["replica-b"] == []
+    from torch_watchdog import cli
+
+    assert cli.main(["replay", "--json", path]) == 0
+    result = json.loads(capsys.readouterr().out)
+    first = result["replay"]["first_t"]["epoch"]
+    assert [(round(a["t"] - first, 1), a["action"]) for a in result["actions"]
+            if a["action"] != "alert"] == [(t, what) for t, what, _ in servers["replica-a"]
+                                           if what != "alert"]
 
 
 def test_text_output_counts_from_the_start_of_the_trace(capsys):

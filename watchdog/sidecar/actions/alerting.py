@@ -47,7 +47,8 @@ class Alerting:
 
     def _alerts(self, name: str, fires: dict[str, dict[str, Any]], view: ServerView,
                 base: dict[str, str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-        labels = {**base, "server": name}
+        # its label, as its metrics': the same over its restarts (core/labels.py)
+        labels = {**base, "server": view.get("label") or name}
         deployment = events.serve_deployment(name)
         if deployment is not None:  # Alertmanager groups a deployment's replicas on all nodes
             labels["deployment"] = deployment

@@ -75,6 +75,8 @@ class Server:
     findings_shown: int = 0     # its state's findings already in a poll's result
     # the reload under way's new process said hello: the state is its own since then
     renewed: bool = False
+    argv: Optional[str] = None  # its latest hello's command line (its label's program)
+    label: Optional[str] = None  # its metrics' and alerts' `server` (core/labels.py)
 
     @property
     def busy(self) -> bool:

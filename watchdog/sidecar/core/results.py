@@ -198,6 +198,7 @@ class ServerView(TypedDict):
     pids: list[int]
     gpus: list[str]
     held: Optional[dict[str, Any]]       # Held.as_dict() while a reload is held back, else None
+    label: str        # its `server` in metrics (core/labels.py): stable over its restarts
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class PollResult:
     def before_any() -> "PollResult":
         """The result before the first poll: nothing fires, no server, nothing to read."""
         empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
-                             "active_causes": (), "pids": [], "gpus": [], "held": None}
+                             "active_causes": (), "pids": [], "gpus": [], "held": None, "label": ""}
         return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
                           focus_causes=[], agents_alive=False, skewed_events=0,
                           agent_events_lost=0)

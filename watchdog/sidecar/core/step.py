@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.core import correlate, policy
+from torch_watchdog.sidecar.core import correlate, labels, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, ReloadEnded, ReloadFailure,
                                               ReloadUnderWay, Server, adopt, all_gone, claim,
@@ -115,6 +115,8 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
                                *_target(server)))
         _reset(host, server)
     server.gpus.update(e.devices)
+    if isinstance(e.argv, str) and e.argv:
+        server.argv = e.argv
     if server.uid is None or server.uid == 0 or len(server.pids) == 0:
         server.uid = e.uid
     if server.reload_failed is not None and e.pid not in server.reload_failed.old_pids:
@@ -344,6 +346,7 @@ def estimates(server: Server, cfg: Config) -> dict[str, Any]:
 
 def _poll_result(host: Host, cfg: Config) -> PollResult:
     """What fires and what every server shows, after a sample."""
+    labels.relabel(host)
     focus = host.focus()
     # a server whose processes are all gone leaves the page (its state and reload history
     # stay, for its next start); once every one has, the page waits for a server again
@@ -382,5 +385,6 @@ def server_view(server: Server, cfg: Config) -> ServerView:
     state = server.state
     return {"estimates": state.estimates(cfg.correlate), "forecast": server.forecast.as_dict(),
             "active_causes": tuple(state.active), "pids": sorted(server.pids),
+            "label": server.label or server.name,
             "gpus": sorted(state.memory.gpus or server.gpus),
             "held": None if server.policy.held is None else server.policy.held.as_dict()}

@@ -6,8 +6,9 @@ it renders whatever Snapshot the loop last handed to `SnapshotCollector.update()
 that cannot be built is left out and counted in `torch_watchdog_scrape_errors_total`.
 
 Conventions (Prometheus's naming practice): prefix `torch_watchdog_`, base units, counters end
-in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server`; no pid or shape
-labels (they are unbounded). A reading
+in `_total`, GPUs labelled `gpu_uuid`, per-server families labelled `server` (its label,
+core/labels.py: the same over its restarts and reloads, one per server); nothing per server is
+summed over servers; no pid or shape labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
 exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
 """
@@ -66,12 +67,18 @@ def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
     return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
 
 
+def _label(s: Snapshot, name: str) -> str:
+    """A server's `server` label (core/labels.py): stable over its restarts, one per server."""
+    view = s.servers.get(name)
+    return str(view.get("label") or name) if view else name
+
+
 def _servers(s: Snapshot) -> list[Any]:
-    """(server, estimates, forecast, active causes) of each server; a Snapshot built without
-    servers (an old caller) is one server, "default"."""
+    """(server label, estimates, forecast, active causes) of each server, in label order; a
+    Snapshot built without servers (an old caller) is one server, "default"."""
     if s.servers:
-        return [(name, v.get("estimates", {}), v.get("forecast", {}), v.get("active_causes", ()))
-                for name, v in sorted(s.servers.items())]
+        return sorted((_label(s, name), v.get("estimates", {}), v.get("forecast", {}),
+                       v.get("active_causes", ())) for name, v in s.servers.items())
     if s.estimates or s.forecast:
         return [("default", s.estimates, s.forecast, s.active_causes)]
     return []
@@ -122,20 +129,40 @@ def _pad_errors(s: Snapshot) -> Samples:
             for dtype, err in sorted((v.get("max_error") or {}).items())]
 
 
+def _in_use(s: Snapshot, source: str) -> bool:
+    """NVML is left out where it is no source of the sidecar's (no GPU stack on the host)."""
+    return source != "nvml" or s.nvml_in_use
+
+
 def _sources(s: Snapshot) -> Samples:
     return [((str(k),), None if v is None else int(bool(v)))
-            for k, v in sorted(s.sources_up.items())]
+            for k, v in sorted(s.sources_up.items()) if _in_use(s, str(k))]
 
 
-def _alive(s: Snapshot) -> Any:
-    return None if s.server_alive is None else int(bool(s.server_alive))
+def _source_errors(s: Snapshot) -> Samples:
+    return [((src, reason), n) for (src, reason), n in sorted(s.source_errors_total.items())
+            if _in_use(s, src)]
+
+
+def _procs(get: Callable[[Any], Any]) -> Callable[[Snapshot], Samples]:
+    """One sample per server from its processes' reading (snapshot.Processes)."""
+    return lambda s: sorted(((_label(s, name),), get(p)) for name, p in s.processes.items())
+
+
+def _procs_gpu(s: Snapshot) -> Samples:
+    return sorted(((_label(s, name), str(uuid)), used) for name, p in s.processes.items()
+                  for uuid, used in p.gpu_bytes.items())
+
+
+def _actions(s: Snapshot) -> Samples:
+    return [((label, action), n) for (label, action), n in sorted(s.server_actions_total.items())]
 
 
 def _held(s: Snapshot) -> Samples:
     """A reload held back: until when (+Inf: no end known), per server and reason."""
-    return [((name, str(v["held"]["reason"])), math.inf if v["held"].get("until_t") is None
-             else v["held"]["until_t"]) for name, v in sorted(s.servers.items())
-            if v.get("held")]
+    return sorted(((_label(s, name), str(v["held"]["reason"])),
+                   math.inf if v["held"].get("until_t") is None else v["held"]["until_t"])
+                  for name, v in s.servers.items() if v.get("held"))
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -150,72 +177,87 @@ SPECS: tuple[Spec, ...] = (
          "GPU memory size, from NVML.", _device("total_bytes")),
     Spec("torch_watchdog_gpu_memory_free_bytes", GAUGE, _G,
          "GPU memory free, from NVML, at the last poll.", _device("free_bytes")),
-    # the watched inference server
-    Spec("torch_watchdog_server_gpu_memory_bytes", GAUGE, _G,
-         "GPU memory used by the watched server's process (absent where NVML does not say).",
-         _by_label("server_gpu_bytes")),
-    Spec("torch_watchdog_server_rss_bytes", GAUGE, (),
-         "Resident set size of the watched server's process.", _one(lambda s: s.server_rss_bytes)),
-    Spec("torch_watchdog_server_up", GAUGE, (),
-         "1 if the watched server's process is alive, 0 if not (absent when unknown).",
-         _one(_alive)),
+    # each server's processes, as the last poll read them
+    Spec("torch_watchdog_server_gpu_memory_bytes", GAUGE, ("server", "gpu_uuid"),
+         "GPU memory used on this GPU by the server's live processes, summed, from NVML's "
+         "per-process list (absent where NVML does not say: MIG, containers).",
+         _procs_gpu),
+    Spec("torch_watchdog_server_rss_bytes", GAUGE, _S,
+         "Resident set size (RSS) of the server's live processes, summed.",
+         _procs(lambda p: p.rss_bytes)),
+    Spec("torch_watchdog_server_up", GAUGE, _S,
+         "1 while one of the server's processes is alive, 0 once none is (absent before "
+         "one was read).", _procs(lambda p: None if p.up is None else int(p.up))),
     # pipeline (cumulative counts from the agent's events, correlated)
     Spec("torch_watchdog_cudagraph_recordings_total", COUNTER, _S,
-         "CUDA graphs recorded by the server.", _est("recordings")),
+         "CUDA graphs recorded by the server's processes.", _est("recordings")),
     Spec("torch_watchdog_cudagraph_warmups_total", COUNTER, _S,
          "CUDA-graph warm-up runs (a size's first run, before it is recorded).", _est("warmups")),
     Spec("torch_watchdog_compiles_total", COUNTER, _S,
-         "torch.compile compilations (first compiles and recompiles).", _est("compiles")),
+         "First torch.compile compilations of a frame, one per frame and process "
+         "(recompilations are torch_watchdog_recompiles_total).", _est("compiles")),
     Spec("torch_watchdog_recompiles_total", COUNTER, _S,
-         "torch.compile recompilations (a guard failed).", _est("recompiles")),
+         "torch.compile recompilations of a frame already compiled (a guard failed).",
+         _est("recompiles")),
     Spec("torch_watchdog_recompile_limit_hits_total", COUNTER, _S,
-         "Times a frame hit the recompile limit and fell back to eager.",
+         "Times a frame hit the recompile limit and fell back to eager, as the agent reported.",
          _est("recompile_limit_hits")),
     Spec("torch_watchdog_stalls_total", COUNTER, _S,
-         "Server steps stalled by compilation or graph recording.", _est("stalls")),
+         "Calls of a watched callable stalled by compilation or graph recording, as the agent "
+         "reported.", _est("stalls")),
     Spec("torch_watchdog_stall_seconds_total", COUNTER, _S,
-         "Time the server's steps spent stalled.", _est("stall_seconds")),
+         "Time those stalled calls took.", _est("stall_seconds")),
     Spec("torch_watchdog_graph_breaks_total", COUNTER, _S,
          "torch.compile graph breaks.", _est("graph_breaks")),
     Spec("torch_watchdog_ooms_total", COUNTER, _S,
-         "CUDA out-of-memory errors seen by the agent.", _est("ooms")),
+         "CUDA out-of-memory errors the agent saw.", _est("ooms")),
     Spec("torch_watchdog_compile_seconds_total", COUNTER, _S,
-         "Time spent compiling.", _est("compile_seconds")),
+         "Time spent compiling: compilations and recompilations.", _est("compile_seconds")),
     Spec("torch_watchdog_fx_cache_hits_total", COUNTER, _S,
-         "Inductor FX-graph cache hits while compiling (torch 2.6+).", _est("fx_cache_hits")),
+         "Inductor FX-graph cache hits of compilations and recompilations (torch 2.6+).",
+         _est("fx_cache_hits")),
     Spec("torch_watchdog_fx_cache_misses_total", COUNTER, _S,
-         "Inductor FX-graph cache misses: compiled from scratch (torch 2.6+).",
-         _est("fx_cache_misses")),
+         "Inductor FX-graph cache misses (compiled from scratch) of compilations and "
+         "recompilations (torch 2.6+).", _est("fx_cache_misses")),
     Spec("torch_watchdog_requests_total", COUNTER, _S,
-         "Requests (steps) seen by the agent.", _est("requests")),
+         "Calls of the server's watched callables, as the agents counted them.",
+         _est("requests")),
     Spec("torch_watchdog_distinct_shapes", GAUGE, _S,
-         "Distinct input shapes seen so far.", _est("distinct_shapes")),
+         "Distinct input shapes of the server's watched callables so far.",
+         _est("distinct_shapes")),
     Spec("torch_watchdog_cudagraph_memory_per_graph_bytes", GAUGE, _S,
          "Estimated GPU memory per recorded CUDA graph (absent until enough recordings).",
          _est("mb_per_graph", 1e6)),
     Spec("torch_watchdog_cudagraph_memory_per_graph_confidence_ratio", GAUGE, _S,
          "Confidence (0-1) of the memory-per-graph estimate.", _est("mb_per_graph_confidence")),
     Spec("torch_watchdog_memory_explained_by_recordings_bytes", GAUGE, _S,
-         "Server memory growth explained by CUDA-graph recordings.",
+         "Server memory growth explained by CUDA-graph recordings (recordings times the "
+         "memory per graph).",
          _est("explained_by_recordings_bytes")),
     Spec("torch_watchdog_memory_unexplained_bytes", GAUGE, _S,
-         "Server memory growth that neither recordings nor compiles explain.",
+         "Server memory growth since its warm-up that neither recordings nor compiles "
+         "explain.",
          _est("unexplained_bytes")),
     # forecast
     Spec("torch_watchdog_oom_forecast_seconds", GAUGE, _S,
-         "Forecast time until GPU memory runs out (shape-discovery model, else trend); "
-         "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom")),
+         "Forecast time until the server's memory level reaches its budget (on a GPU its "
+         "GPU's, in host-memory mode its memory limit), from the shape-discovery model, "
+         "else the trend; +Inf means no OOM forecast.", _fc_seconds("seconds_to_oom")),
     Spec("torch_watchdog_oom_forecast_linear_seconds", GAUGE, _S,
-         "Forecast time until GPU memory runs out from the linear trend alone; "
-         "+Inf means no OOM forecast.", _fc_seconds("seconds_to_oom_linear")),
+         "Forecast time until the server's memory level reaches its budget from the linear "
+         "trend alone; +Inf means no OOM forecast.", _fc_seconds("seconds_to_oom_linear")),
     Spec("torch_watchdog_memory_plateau_bytes", GAUGE, _S,
          "Forecast memory level once every input shape is recorded (absent when unknown).",
          _fc("plateau_bytes")),
     Spec("torch_watchdog_memory_budget_bytes", GAUGE, _S,
-         "The memory budget the forecast measures against.", _fc("budget_bytes")),
+         "The budget the forecast measures against: on a GPU its usable memory less "
+         "forecast.headroom_bytes; in host-memory mode the server's memory limit (its cgroup's, "
+         "else what it holds plus what the host has available) less the headroom; or "
+         "forecast.process_budget_bytes.", _fc("budget_bytes")),
     Spec("torch_watchdog_memory_level_bytes", GAUGE, _S,
-         "The memory the forecast measures against the budget now (the server's GPU, or in "
-         "host-memory mode the host's, as used by everyone; absent when unknown).",
+         "The memory the forecast measures against the budget now: on a GPU the GPU's used "
+         "memory (every process's); in host-memory mode, or with forecast."
+         "process_budget_bytes, the server's own processes' (absent when unknown).",
          _fc("level_bytes")),
     Spec("torch_watchdog_shape_space_estimate", GAUGE, _S,
          "Estimated number of distinct input shapes the traffic draws from.",
@@ -256,29 +298,32 @@ SPECS: tuple[Spec, ...] = (
     Spec("torch_watchdog_cause_active", GAUGE, ("server", "cause"),
          "1 while the watchdog attributes memory growth or slowdown to this cause, else 0.",
          _causes),
-    Spec("torch_watchdog_actions_total", COUNTER, ("action",),
-         "Actions taken by the policy (alert, reload, ...).", _by_label("actions_total")),
+    Spec("torch_watchdog_actions_total", COUNTER, ("server", "action"),
+         "The sidecar's decisions and reload outcomes for the server, by action.", _actions),
     Spec("torch_watchdog_reload_held_until_timestamp_seconds", GAUGE, ("server", "reason"),
          "Present while the server's forecast calls for a reload that is held back, by reason "
          "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition): "
          "Unix time the hold ends by itself, +Inf when no end is known.", _held),
     # the watchdog itself
     Spec("torch_watchdog_source_up", GAUGE, ("source",),
-         "1 if the source (nvml, process, agent) answered at the last poll, else 0.",
-         _sources, True),
+         "1 if the source was up at the last poll, else 0: nvml, NVML read a GPU (absent on a "
+         "host without a GPU stack); process, a watched process is alive; agent, a process "
+         "that sent events is alive.", _sources, True),
     Spec("torch_watchdog_poll_duration_seconds", GAUGE, (),
          "Duration of the last poll.", _one(lambda s: s.poll_seconds), True),
     Spec("torch_watchdog_nvml_query_seconds", GAUGE, (),
-         "Duration of the last poll's NVML queries.", _one(lambda s: s.nvml_query_seconds), True),
+         "Duration of the last poll's NVML queries (absent where NVML is not used).",
+         _one(lambda s: s.nvml_query_seconds if s.nvml_in_use else None), True),
     Spec("torch_watchdog_reload_record_unreadable", GAUGE, (),
          "1 when <state_dir>/reloads.json could not be read at start: no reload for an hour.",
          _one(lambda s: int(s.reload_record_unreadable)), True),
     Spec("torch_watchdog_source_errors_total", COUNTER, ("source", "reason"),
          "Failed or late reads of a source, by reason (NVML: the error's class, late, init).",
-         lambda s: [((src, reason), n) for (src, reason), n in
-                    sorted(s.source_errors_total.items())], True),
+         _source_errors, True),
     Spec("torch_watchdog_events_received_total", COUNTER, (),
-         "Agent events received.", _one(lambda s: s.events_received_total), True),
+         "Agent events taken in by the polls (those dropped are "
+         "torch_watchdog_events_dropped_total).", _one(lambda s: s.events_received_total),
+         True),
     Spec("torch_watchdog_events_skewed_total", COUNTER, (),
          "Agent events whose time was further than correlate.max_clock_skew_s from the "
          "sidecar's clock (their time replaced by the sidecar's).",
@@ -291,7 +336,8 @@ SPECS: tuple[Spec, ...] = (
          "heartbeat passes after the losses, whatever became of the drop reports.",
          _one(lambda s: s.agent_events_lost_total), True),
     Spec("torch_watchdog_alerts_sent_total", COUNTER, ("url",),
-         "Alerts accepted by each configured Alertmanager.", _by_label("alerts_sent_total"), True),
+         "Alerts each configured Alertmanager accepted (an alert sent again while it fires "
+         "counts again).", _by_label("alerts_sent_total"), True),
     Spec("torch_watchdog_alert_posts_failed_total", COUNTER, ("url",),
          "POSTs to an Alertmanager that failed (refused, timed out, or an error status).",
          _by_label("alert_posts_failed_total"), True),

@@ -17,7 +17,7 @@ COMMAND = "python -m torch_watchdog.sidecar.present.metrics_doc > docs/metrics.m
 # the spec table (the test checks it), so a removed metric cannot leave its note behind.
 NOTES: dict[str, str] = {
     "torch_watchdog_actions_total": (
-        "`action`: `alert`, `reload` (decisions), `execute`, `cancel`; `reload_ok`, "
+        "Per server. `action`: `alert`, `reload` (decisions), `execute`, `cancel`; `reload_ok`, "
         "`reload_not_done`, `reload_failed` (outcomes); `restart` (a new server process)."),
     "torch_watchdog_source_up": "`source`: `nvml`, `process`, `agent`.",
     "torch_watchdog_source_errors_total": (
@@ -38,7 +38,19 @@ Every metric the sidecar exports on `/metrics` (default `http://127.0.0.1:9464/m
 
 Conventions: prefix `torch_watchdog_`, base units (bytes, seconds), counters end in `_total`,
 GPUs are labelled `gpu_uuid`, the families of one server are labelled `server` (a group of
-processes reloaded together); no pid or shape labels (they are unbounded). A reading that is
+processes reloaded together); no pid or shape labels (they are unbounded). Nothing of a server
+is summed over servers. NVML's series are left out on a host without a GPU stack.
+
+A server's `server` label stays the same over its restarts and reloads, so that dashboards and
+alerts follow it: its configured name (`servers:`, `server.unit`), else the name its agent
+announces where that name stays (`install(server=...)` / `TORCH_WATCHDOG_SERVER`, a Ray Serve
+replica's `serve:<app>/<deployment>/<rank>`, a systemd service); the automatic names that
+change with each start (`pgid:N`, `dist:<addr>:<port>`, `torchrun:<id>`) give way to the
+server's program, from the agent's command line, with the rest of the name: `app.py` for
+`python app.py`, `uvicorn main:app`, `app.py/cuda:0` for `pgid:7212/cuda:0`. Two servers of a
+host never share a label: a second copy of one program is `app.py#2` (in a fixed order: servers
+with a live process first, then those named by config or by their agent, then by name), and
+keeps it while it lives. A reading that is
 unknown is absent, never 0, except the OOM forecasts: no OOM forecast is exported as `+Inf`, so
 that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged. Per-server counters
 count from zero for a new server process. A scrape never fails: a family that cannot be built

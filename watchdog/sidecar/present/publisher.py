@@ -7,16 +7,17 @@ a poll behind: the watching goes on.
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from torch_watchdog import __version__
 from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.core.host import DEFAULT_SERVER
 from torch_watchdog.sidecar.core.observations import Sample
-from torch_watchdog.sidecar.core.results import Action, PollResult
+from torch_watchdog.sidecar.core.results import Action, PollResult, ServerView
 from torch_watchdog.sidecar.present import snapshot as snapshot_mod
 from torch_watchdog.sidecar.present.history import History, StatusView
 from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry
-from torch_watchdog.sidecar.present.snapshot import Snapshot
+from torch_watchdog.sidecar.present.snapshot import Processes, Snapshot
 
 PUBLISH_S = 1.0  # the status page's view is rebuilt at most this often, or when the step acts
 
@@ -29,12 +30,19 @@ class Publisher:
         self.history = History()                   # the status page's series, marks, actions
         self.status: Optional[StatusView] = None   # read by HTTP threads
         self.actions_total: collections.Counter[str] = collections.Counter()
+        # (server label, action): counted at the next snapshot, once this poll's labels are
+        # known (an action can be a new server's first)
+        self.server_actions: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._uncounted: list[tuple[str, str]] = []      # (server name, action)
+        self._labels: dict[str, str] = {}                # server name -> label, last poll
+        self._gpu_seen = False                           # NVML listed a GPU since the start
         self._failed = False
         self._published_t = -1e18
         self._held: dict[str, dict[str, Any]] = {}  # server -> the hold last logged
 
     def count(self, action: Action) -> None:
         self.actions_total[action.kind.value] += 1
+        self._uncounted.append((action.server, action.kind.value))
 
     def log_findings(self, poll: PollResult) -> None:
         for server, finding in poll.new_findings:
@@ -58,6 +66,12 @@ class Publisher:
         Snapshot's fields name them."""
         focus = poll.focus_view
         gpu, rss_bytes, any_alive = _process_sums(sample)
+        labels = {name: v["label"] for name, v in poll.views.items()}
+        for name, kind in self._uncounted:  # a server gone this poll: its last poll's label
+            self.server_actions[(labels.get(name) or self._labels.get(name, name), kind)] += 1
+        self._uncounted.clear()
+        self._labels = labels  # this poll's servers only: names change with each start
+        self._gpu_seen = self._gpu_seen or bool(sample.devices or sample.nvml_down)
         snap = snapshot_mod.make(dict(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
             gpu_attribution=self.cfg.gpu.attribution, server_rss_bytes=rss_bytes,
@@ -69,7 +83,10 @@ class Publisher:
                         "agent": poll.agents_alive},
             nvml_error=None if sample.nvml_up else sample.nvml_error,
             nvml_query_seconds=sample.query_s, events_skewed_total=poll.skewed_events,
-            agent_events_lost_total=poll.agent_events_lost, **counts))
+            agent_events_lost_total=poll.agent_events_lost,
+            processes=readings(sample, poll.views),
+            server_actions_total=dict(self.server_actions),
+            nvml_in_use=nvml_in_use(self._gpu_seen, sample.nvml_error), **counts))
         self.collector.update(snap)
         return snap
 
@@ -90,6 +107,45 @@ class Publisher:
             if not self._failed:  # once: it would repeat every poll
                 self.log.exception("status page not updated", error=repr(e))
             self._failed = True
+
+
+# NVML's errors where the host has no GPU stack at all (no nvidia-ml-py, no library, no
+# driver): NVML is then no source of this sidecar's, and its series are left out
+NO_GPU_STACK = ("ModuleNotFoundError", "ImportError", "NVMLError_LibraryNotFound",
+                "NVMLError_DriverNotLoaded")
+
+
+def nvml_in_use(gpu_seen: bool, error: Optional[str]) -> bool:
+    """Whether NVML is a source here: it listed a GPU since the start (`gpu_seen`), or it fails
+    for another reason than a missing GPU stack (no permission, a library mismatch: a GPU
+    host where NVML is broken, which its alert must tell). Not before its first answer."""
+    if gpu_seen:
+        return True
+    if error is None or not error.startswith("NVML unavailable: "):
+        return False  # not read yet, or read with no GPU listed
+    return not error[len("NVML unavailable: "):].startswith(NO_GPU_STACK)
+
+
+def readings(sample: Sample, views: Mapping[str, ServerView]) -> dict[str, Processes]:
+    """Each server's processes as `sample` read them: whether one is alive, and the live
+    ones' RSS and GPU memory (None where none said). Without a server that has pids of its
+    own (agents' pids not trusted), every process read is the default server's, as its
+    numbers are (metrics._servers)."""
+    groups = {name: set(view["pids"]) for name, view in views.items()} or (
+        {DEFAULT_SERVER: {p.pid for p in sample.processes}} if sample.processes else {})
+    out = {}
+    for name, pids in groups.items():
+        procs = [p for p in sample.processes if p.pid in pids]
+        alive = [p for p in procs if p.alive]
+        rss = [p.rss_bytes for p in alive if p.rss_bytes is not None]
+        gpu: dict[str, Optional[int]] = {}
+        for p in alive:
+            for uuid, used in p.gpu_bytes.items():
+                was = gpu.get(uuid, 0)
+                gpu[uuid] = None if used is None or was is None else was + used
+        out[name] = Processes(up=bool(alive) if procs else None,
+                              rss_bytes=sum(rss) if rss else None, gpu_bytes=gpu)
+    return out
 
 
 def _process_sums(sample: Sample) -> tuple[dict[str, Optional[int]], Optional[int], bool]:

@@ -6,9 +6,17 @@ reference it finds, so it never waits for the loop and never sees half an update
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from torch_watchdog.sidecar.core.observations import DeviceSample
+
+
+class Processes(NamedTuple):
+    """One server's processes as the poll read them (publisher.readings): None where none
+    said."""
+    up: Optional[bool]                     # one of them alive; None: none read
+    rss_bytes: Optional[int]               # the live ones' resident set sizes, summed
+    gpu_bytes: dict[str, Optional[int]]    # by gpu_uuid: the live ones' NVML usedGpuMemory
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class Snapshot:
     alert_posts_failed_total: dict[str, int] = field(default_factory=dict)  # (a few, configured)
     alerts_dropped_total: dict[str, int] = field(default_factory=dict)
     gpu_attribution: str = "auto"                  # config gpu.attribution: whose memory
+    # per server (by name, as `servers`): its processes, and its actions by kind
+    processes: dict[str, Processes] = field(default_factory=dict)
+    server_actions_total: dict[tuple[str, str], int] = field(default_factory=dict)  # (label,
+                                                                                    # action)
+    nvml_in_use: bool = True      # NVML listed a GPU, or is there and fails (publisher)
 
 
 _FIELDS = frozenset(f.name for f in fields(Snapshot))
