@@ -362,6 +362,9 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         "torch_watchdog_actions_total": {
             L(server=label, action=kind): n for (label, kind), n in collections.Counter(
                 (labels[name], kind) for name, kind in acted).items()},
+        # no forecast here calls for a reload, so none is held back (the held series'
+        # values: tests/integration/test_host_view.py, a cooldown)
+        "torch_watchdog_reload_held_until_timestamp_seconds": {},
         "torch_watchdog_source_up": {L(source="nvml"): 1, L(source="process"): 1,
                                      L(source="agent"): 1},
         "torch_watchdog_poll_duration_seconds": {L(): snap.poll_seconds},

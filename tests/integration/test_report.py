@@ -439,4 +439,4 @@ def test_a_server_has_its_own_span():
     assert rep["input"]["span_s"] == pytest.approx(99)
     assert rep["chart"]["points"][-1][0] == 79  # the line stops where it died, not flat to 99
     page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
-    assert "server seen for 59 s (from +20 s)" in page and "over 1.65 min" in page
+    assert "server seen for 59 s (from +20 s)" in page and "over 1 min 39 s" in page

@@ -175,7 +175,7 @@ def test_a_reload_held_back_says_why_and_until_when_everywhere():
     row = next(r for r in status["servers"] if r["server"] == "growing")
     when = re.escape  # the clock is local time: compared as the page writes it
     summary = row["held"]["summary"]
-    assert summary.startswith("cooldown until ") and "(9.83 min left)" in summary
+    assert summary.startswith("cooldown until ") and "(9 min 50 s left)" in summary
     assert "policy.cooldown_s 10 min after the reload at" in summary
     page = render_page(status, T + 10)
     assert 'data-reason="cooldown"' in page and when(summary) and summary in page
@@ -228,7 +228,7 @@ def test_one_number_per_fact_in_the_page_and_status():
     assert budget == "20 GiB"
     for surface in (page, text):
         assert f"14 GiB of {budget}" in surface or f"budget {budget}" in surface
-        assert "OOM in ~1.5 min" in surface
+        assert "OOM in ~1 min 30 s" in surface
 
 
 def test_a_server_not_on_this_host_is_said_and_the_nearest_to_oom_shown():
@@ -236,3 +236,15 @@ def test_a_server_not_on_this_host_is_said_and_the_nearest_to_oom_shown():
     assert status["detail"] == {"server": "growing", "chosen": False, "asked": "nope"}
     assert "no server nope here" in render_page(status, T + 10)
     assert "detail   no server nope here" in format_terminal(status, "http://x", T + 10)
+
+
+def test_a_server_whose_name_changes_with_each_start_shows_its_metrics_label():
+    view = three_servers()
+    view.snapshot.servers["growing"]["label"] = "app.py/cuda:0"
+    status = build_status(view, T + 10)
+    rows = {r["server"]: r for r in status["servers"]}
+    assert rows["growing"]["label"] == "app.py/cuda:0" and rows["idle"]["label"] == "idle"
+    text = format_terminal(status, "http://x", T + 10)
+    assert "growing (app.py/cuda:0)" in text and "idle (" not in text
+    page = render_page(status, T + 10)
+    assert "metrics: app.py/cuda:0" in page and "metrics: idle" not in page

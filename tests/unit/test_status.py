@@ -148,7 +148,8 @@ def test_fmt_bytes(n, text):
 
 
 @pytest.mark.parametrize("s, text", [(None, "?"), (5.25, "5.25 s"), (45, "45 s"),
-                                     (2400, "40 min"), (5400, "1.5 h"), (3 * 86400, "3 d")])
+                                     (65, "1 min 5 s"), (2400, "40 min"),
+                                     (5400, "1 h 30 min"), (3 * 86400, "3 d")])
 def test_fmt_duration(s, text):
     assert fmt_duration(s) == text
 

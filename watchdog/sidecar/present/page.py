@@ -217,6 +217,13 @@ def _link(name: str) -> str:
     return f'<a href="?{_e(urllib.parse.urlencode({"server": name}))}">{_e(name)}</a>'
 
 
+def _label(row: dict[str, Any]) -> str:
+    """The metrics' `server` label under a name it differs from (a `pgid:` name changes with
+    each start; the label stays)."""
+    label = row.get("label") or row["server"]
+    return "" if label == row["server"] else f'<br><span class="none">metrics: {_e(label)}</span>'
+
+
 def _servers(status: dict[str, Any]) -> str:
     """Every server on the host, one row each (nvitop's process table): a host with replicas
     is not one server. Its name opens its drill-down."""
@@ -236,7 +243,7 @@ def _servers(status: dict[str, Any]) -> str:
         last = r.get("last_action")
         body.append(
             f'<tr class="server server-{_e(r["state"])}" data-server="{_e(r["server"])}">'
-            f"<td>{_link(r['server'])}</td><td>{state}</td>"
+            f"<td>{_link(r['server'])}{_label(r)}</td><td>{state}</td>"
             f"<td>{_e(', '.join(map(str, r['pids'])) or '—')}</td>"
             f'<td class="n">{_e(memory_text(r))}</td>'
             f"<td>{_e(budget_text(r))}"

@@ -250,7 +250,7 @@ def server_rows(view: StatusView, now: float) -> list[dict[str, Any]]:
         fc_view = {k: fc.get(k) for k in FORECAST_KEYS}
         state = "stopped" if v is None else "down" if v.get("up") is False else "up"
         rows.append({
-            "server": name, "state": state,
+            "server": name, "label": str((v or {}).get("label") or name), "state": state,
             "pids": list((v or {}).get("pids") or []), "gpus": list((v or {}).get("gpus") or []),
             "memory_bytes": est.get("memory_bytes"),
             "level_bytes": fc.get("level_bytes"), "budget_bytes": fc.get("budget_bytes"),
@@ -463,12 +463,19 @@ def oom_text(row: dict[str, Any]) -> str:
     return "none forecast" if seconds is None else f"~{fmt_duration(seconds)}"
 
 
+def named(row: dict[str, Any]) -> str:
+    """A server's name, and its metrics' `server` label where that differs (a `pgid:` name
+    changes with each start; the label stays)."""
+    label = row.get("label") or row["server"]
+    return row["server"] if label == row["server"] else f"{row['server']} ({label})"
+
+
 def server_table(rows: list[dict[str, Any]]) -> list[str]:
     """The host's servers as aligned columns (nvitop's process table), a reload held back on
     the line under its server."""
     head = ("SERVER", "STATE", "PIDS", "MEMORY", "AGAINST BUDGET", "TO OOM", "CAUSES",
             "LAST ACTION")
-    cells = [(r["server"], r["state"].upper() if r["state"] != "up" else "up",
+    cells = [(named(r), r["state"].upper() if r["state"] != "up" else "up",
               ",".join(map(str, r["pids"])) or "-", memory_text(r),
               budget_text(r), oom_text(r), ", ".join(r["active_causes"]) or "none",
               "none" if not r.get("last_action") else

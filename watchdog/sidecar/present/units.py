@@ -4,7 +4,8 @@ the chart and the report. The same number must read the same everywhere (a budge
 
 Sizes in binary units (KiB, MiB, GiB, like the chart and nvidia-smi), three significant
 digits, never four digits of a unit (0.986 GiB, not 1,010 MiB) and never an exponent;
-durations alike (42.5 s, 2.41 min, 11.1 h, 3.2 d); times of day as the sidecar's host's local
+durations in the largest unit with the next one while it matters (42.5 s, 1 min 5 s,
+12 min, 1 h 30 min, 21 h, 3.2 d); times of day as the sidecar's host's local
 clock, HH:MM:SS. Unknown values are "?".
 """
 from __future__ import annotations
@@ -37,13 +38,23 @@ def fmt_duration(s: Optional[float]) -> str:
     if s is None:
         return UNKNOWN
     sign, s = ("-" if s < 0 else ""), abs(s)
-    if s >= 2 * 86400:
-        return f"{sign}{s / 86400:,.0f} d" if s >= 1000 * 86400 else f"{sign}{s / 86400:.3g} d"
-    if s >= 3600:
-        return f"{sign}{s / 3600:.3g} h"
-    if s >= 60:
-        return f"{sign}{s / 60:.3g} min"
-    return f"{sign}{s:.3g} s"
+    if s < 59.95:  # what .3g would round to 60 s reads as a minute
+        return f"{sign}{s:.3g} s"
+    whole = round(s)
+    if whole < 600:  # minutes and seconds while the seconds still matter: 1 min 5 s
+        return sign + _two(whole // 60, "min", whole % 60, "s")
+    if whole < 3600 - 30:
+        return f"{sign}{round(s / 60)} min"
+    minutes = round(s / 60)
+    if minutes < 600:  # hours and minutes up to 10 h: 1 h 30 min
+        return sign + _two(minutes // 60, "h", minutes % 60, "min")
+    if s < 2 * 86400:
+        return f"{sign}{round(s / 3600)} h"
+    return f"{sign}{s / 86400:,.0f} d" if s >= 1000 * 86400 else f"{sign}{s / 86400:.3g} d"
+
+
+def _two(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")
 
 
 def fmt_clock(t: Optional[float]) -> str:
