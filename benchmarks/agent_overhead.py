@@ -321,8 +321,8 @@ def main() -> int:
     if baseline is not None:  # the installed agent's settings, as install() gave ours
         from torch_watchdog.agent import settings
 
-        baseline.configure(emit=settings.emit, stall_ns=settings.stall_ns,
-                           max_shapes=settings.max_shapes)
+        baseline.configure(emit=settings.current.emit, stall_ns=settings.current.stall_ns,
+                           max_shapes=settings.current.max_shapes)
     if "watch" in only:
         runs = [bench_watch(args.batches, args.calls, baseline) for _ in range(args.runs)]
         results["watch"] = {case: median_of([r[case] for r in runs]) for case in runs[0]}

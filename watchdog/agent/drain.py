@@ -28,7 +28,7 @@ exit, with another status that no supervisor restarts. From the drain's start an
 and past the grace deadline exits with the drain code itself.
 
 A call in hand is seen through inflight.calls_in_flight(): the C path's count of calls in
-progress, or the frame of a watched call on the Python path, on any thread. The wait also
+progress, or a signature on a thread's stack of calls on the Python path. The wait also
 asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 
 from torch_watchdog import durable, events
 from torch_watchdog.procfs import start_ticks
-from torch_watchdog.agent import inflight, registry
+from torch_watchdog.agent import inflight, wrapper
 from torch_watchdog.agent.forks import _AFTER_FORK
 
 log = logging.getLogger("torch_watchdog.agent")
@@ -89,7 +89,7 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 
 def refuse_new_calls() -> None:
     """From now on every watched call raises Draining (Watched._refuse)."""
-    for w in list(registry.watched):
+    for w in list(wrapper.watched):
         try:
             w._refuse(_refuse)
         except Exception:
@@ -264,7 +264,7 @@ def in_flight() -> int:
 
 def _total_calls() -> int:
     total = 0
-    for w in list(registry.watched):
+    for w in list(wrapper.watched):
         try:
             total += w.calls
         except Exception:

@@ -596,7 +596,7 @@ class Padded:
         try:
             finite = error if error is not None and error == error and error != float("inf") \
                 else None
-            settings.emit(events.Mitigation(
+            settings.current.emit(events.Mitigation(
                 t=time.time(), pid=os.getpid(), name="padding", action=action,
                 detail=events.clip(detail, 500), model=self.name, error=finite,
                 buckets=list(self.plan)))

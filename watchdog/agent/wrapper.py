@@ -3,18 +3,26 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.agent import settings, shapes
-from torch_watchdog.agent.activity import tls
 from torch_watchdog.agent.calls import make_call
 from torch_watchdog.agent.crashes import crash_is_oom, crash_text, gpu_memory, is_gpu_crash, is_oom
-from torch_watchdog.agent.registry import watched
+from torch_watchdog.agent.forks import _AFTER_FORK
 from torch_watchdog.agent.shapes import _Hot
 from torch_watchdog.agent.signature import as_shape, memory_key, shape_text
+
+watched: weakref.WeakSet = weakref.WeakSet()  # every Watched of this process; watch() adds each
+
+# What the torch hooks last saw on each serving thread, written by hooks.py (rare):
+# `activity`/`activity_ns` of the last compile or cudagraph step, `oom_ns` of the last OOM
+# seen. Read by a watched call on its slow path only: a stall's cause, an OOM the allocator's
+# observer already reported.
+tls = threading.local()
 
 
 def _unset(*args: Any, **kwargs: Any) -> None:  # a Watched's callable until _start()
@@ -107,8 +115,8 @@ class Watched(functools.partial):
         return self._h.fn
 
     def _forget(self) -> None:
-        """A fresh shape memory and running totals (in a forked child: registry._after_fork
-        keeps the old memory)."""
+        """A fresh shape memory and running totals (in a forked child: _after_fork keeps the
+        old memory)."""
         self._start(_Hot(self._h.fn, self._h.tensor))
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
@@ -132,25 +140,29 @@ class Watched(functools.partial):
             shape = None
             if new and self._rationed(t0 + dt):
                 shape = as_shape(sig) if key is not None else []
-                if settings.emit_later is not None:
-                    # queued as a tuple of untracked values: see signature.shape_text
-                    settings.emit_later(("new_shape", time.time(), os.getpid(), self.name,
-                                         shape_text(shape), dt / 1e9, h.count))
-                else:
-                    settings.emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
-                                                  shape=shape, seconds=dt / 1e9,
-                                                  distinct=h.count))
-            if seconds >= settings.stall_s:
+                self._new_shape(shape, dt)
+            if seconds >= settings.current.stall_s:
                 h.stall_calls += 1
                 h.stall_ns += dt
                 if shape is None:
                     shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
-                settings.emit(events.Stall(t=time.time(), pid=os.getpid(), name=self.name,
-                                           shape=shape, seconds=dt / 1e9, new_shape=new,
-                                           cause=cause))
+                settings.current.emit(events.Stall(
+                    t=time.time(), pid=os.getpid(), name=self.name, shape=shape,
+                    seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
+
+    def _new_shape(self, shape: events.Shape, dt: int) -> None:
+        emit_later = settings.current.emit_later
+        if emit_later is not None:
+            # queued as a tuple of untracked values: see signature.shape_text
+            emit_later(("new_shape", time.time(), os.getpid(), self.name, shape_text(shape),
+                        dt / 1e9, self._h.count))
+        else:
+            settings.current.emit(events.NewShape(
+                t=time.time(), pid=os.getpid(), name=self.name, shape=shape, seconds=dt / 1e9,
+                distinct=self._h.count))
 
     def _rationed(self, now_ns: int) -> bool:
         """Take one new_shape event from the ration, if one is left."""
@@ -168,9 +180,10 @@ class Watched(functools.partial):
             if getattr(tls, "oom_ns", -1) >= t0:
                 return  # the allocator's observer already reported this call's OOM
             if is_oom(exc):
-                settings.emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
-                                         device=None, requested_bytes=None, limit_bytes=None,
-                                         free_bytes=None, message=events.clip(str(exc), 500)))
+                settings.current.emit(events.Oom(
+                    t=time.time(), pid=os.getpid(), source="exception", device=None,
+                    requested_bytes=None, limit_bytes=None, free_bytes=None,
+                    message=events.clip(str(exc), 500)))
                 return
             text = crash_text(exc)
             if not is_gpu_crash(text):
@@ -180,9 +193,10 @@ class Watched(functools.partial):
                 return  # CUDA not initialised: not a GPU this process filled
             device, free, total = memory
             if crash_is_oom(text, free, total):
-                settings.emit(events.Oom(t=time.time(), pid=os.getpid(), source="crash",
-                                         device=device, requested_bytes=None, limit_bytes=total,
-                                         free_bytes=free, message=events.clip(text, 500)))
+                settings.current.emit(events.Oom(
+                    t=time.time(), pid=os.getpid(), source="crash", device=device,
+                    requested_bytes=None, limit_bytes=total, free_bytes=free,
+                    message=events.clip(text, 500)))
         except Exception:
             pass
 
@@ -217,3 +231,29 @@ def watch(fn: Callable, name: Optional[str] = None, pad: Any = None) -> Watched:
     w = Watched(fn, label, torch.Tensor)
     watched.add(w)
     return w
+
+
+# The shape memories a forked child inherited, kept and never touched. Why: a worker must
+# report the shapes *it* meets (a master's warm-up shapes are not in the worker's CUDA graphs),
+# so each wrapper starts a fresh memory after fork; freeing the master's would write to every
+# remembered key (its refcount) inside os.fork(), copying those pages into each worker, while
+# kept they stay shared with the master.
+_inherited: list = []
+
+
+def _after_fork() -> None:
+    """In a forked child (run inside os.fork()): every watched callable starts with no shapes,
+    no calls and a full new_shape ration, whether or not an agent is installed. Only the
+    forking thread exists here: plain assignments, no locks."""
+    failed = None
+    for w in list(watched):
+        try:
+            _inherited.append(w._h)
+            w._forget()
+        except Exception as e:  # the others still start fresh; the hook counts the error
+            failed = e
+    if failed is not None:
+        raise failed
+
+
+_AFTER_FORK.append(_after_fork)
