@@ -86,12 +86,12 @@ class Watched(functools.partial):
     stall_calls = property(lambda self: self._h.stall_calls)
     stall_ns = property(lambda self: self._h.stall_ns)
     # partial's attribute names: the wrapped object's, as every other attribute
-    func = property(lambda self: getattr(self._h.fn, "func"))
-    args = property(lambda self: getattr(self._h.fn, "args"))
-    keywords = property(lambda self: getattr(self._h.fn, "keywords"))
+    func = property(lambda self: self._h.fn.func)
+    args = property(lambda self: self._h.fn.args)
+    keywords = property(lambda self: self._h.fn.keywords)
 
     # and so is `__dict__` (a partial has one; a Watched stores nothing there, see __setattr__)
-    __dict__ = property(lambda self: getattr(self._h.fn, "__dict__"))  # type: ignore[assignment]
+    __dict__ = property(lambda self: self._h.fn.__dict__)  # type: ignore[assignment]
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Only Watched's own slots: a partial's instance dict would otherwise take any name
@@ -203,7 +203,7 @@ class Watched(functools.partial):
     def take_window(self) -> tuple[int, int, int, int, int]:
         """(calls, total_ns, stall_calls, stall_ns, distinct_shapes) since the last take."""
         now = (*self._totals(), self.stall_calls, self.stall_ns)
-        delta = tuple(a - b for a, b in zip(now, self._taken))
+        delta = tuple(a - b for a, b in zip(now, self._taken, strict=True))
         self._taken = now
         return (*delta, self._h.count)
 
