@@ -44,18 +44,18 @@ _copy_settings(settings.current)
 
 # The Python path's calls in progress: one stack of signatures per thread (appended and popped
 # by that thread only), and every thread's by thread id, for inflight.py's readers.
-_local = threading.local()
 stacks: dict[int, list] = {}
 
 
-def this_thread_stack() -> list:
-    """This thread's stack of the signatures of its calls in progress on the Python path."""
-    try:
-        return _local.stack
-    except AttributeError:
-        stack = _local.stack = []
-        stacks[threading.get_ident()] = stack
-        return stack
+class _ThisThread(threading.local):
+    """`stack`: this thread's (made on the thread's first watched call)."""
+
+    def __init__(self) -> None:
+        self.stack: list = []
+        stacks[threading.get_ident()] = self.stack
+
+
+this_thread = _ThisThread()
 
 
 _NOTHING = object()  # no signature found yet
@@ -75,11 +75,11 @@ class PythonPath:
         self.total = 0.0
         self.last: Any = _NOTHING  # the last signature found in the hot set
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def call(self, *args: Any, **kwargs: Any) -> Any:
         """The model's call, timed, with the model's result or exception unchanged."""
         sig = call_signature(args, kwargs, self.h.tensor)
         target = self.ref()._route(sig) if settings.current.route_eager else self.h.fn
-        stack = this_thread_stack()
+        stack = this_thread.stack
         stack.append(sig)
         t0 = perf_counter()
         try:
@@ -135,11 +135,11 @@ class PythonPath:
 def make_call(h: _Hot, ref: weakref.ref[Any]) -> tuple[Callable, Callable[[], tuple[int, int]]]:
     """The hot path of one watched callable (what its Watched calls) and a reader of its
     running totals (calls, total ns): the C path's `Hot` over a PythonPath where it is built,
-    else the PythonPath alone."""
+    else the PythonPath's `call` (a bound method: called faster than an instance)."""
     path = PythonPath(h, ref)
     if _hotpath is None:
-        return path, path.totals
-    hot = _hotpath.Hot(h.fn, h.tensor, h.seen, path, path.miss, path.slow, path.failed)
+        return path.call, path.totals
+    hot = _hotpath.Hot(h.fn, h.tensor, h.seen, path.call, path.miss, path.slow, path.failed)
 
     def totals() -> tuple[int, int]:
         c_calls, c_total = hot.totals()
