@@ -38,14 +38,15 @@ class Watched(functools.partial):
     of source "crash" (crashes.crash_is_oom).
 
     A functools.partial of the hot path (calls.make_call: the C path's `Hot` object where it
-    is built, else a closure over this callable's state), not a class with a `__call__`. Why:
+    is built, else the PythonPath's `call`), not a class with a `__call__`. Why:
     calling an instance of a Python class goes through `slot_tp_call` (a method lookup, an
     argument tuple, a second call), while a partial (a C type) is called through its
     vectorcall, which subclasses inherit from Python 3.12 on. The hot path reads nothing
     through `self`: Watched defines `__getattr__`, which turns off CPython's specialised
     attribute loads. partial's own attributes `func`, `args` and `keywords` are the wrapped
     object's here (properties below); the partial's state is set only through
-    `functools.partial.__setstate__` (at creation and in a forked child).
+    `functools.partial.__setstate__` (at creation, in a forked child, and by a drain, which
+    swaps the hot path for one that refuses calls).
     """
 
     __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "_taken")
@@ -102,7 +103,8 @@ class Watched(functools.partial):
 
     def __reduce__(self) -> Any:
         """copy, deepcopy and pickle: a new watch() of (the copy of) the wrapped callable,
-        with its own shape memory and totals (partial's would copy the hot path's closure)."""
+        with its own shape memory and totals (partial's would copy the hot path and its
+        state)."""
         return _rewatch, (self._h.fn, self.name)
 
     def _route(self, sig: Any) -> Callable:
