@@ -48,7 +48,8 @@ stacks: dict[int, list] = {}
 
 
 class _ThisThread(threading.local):
-    """`stack`: this thread's (made on the thread's first watched call)."""
+    """`stack`: this thread's (made on the thread's first watched call; an ended thread's is
+    left, empty, until a thread with the same id replaces it)."""
 
     def __init__(self) -> None:
         self.stack: list = []

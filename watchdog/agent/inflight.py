@@ -54,7 +54,7 @@ def _after_fork() -> None:
     """In a forked child only the forking thread exists: the other threads' calls in progress
     are not this process's (they would keep a drain waiting forever)."""
     me = threading.get_ident()
-    for ident in [i for i in calls.stacks if i != me]:
+    for ident in [i for i in list(calls.stacks) if i != me]:
         del calls.stacks[ident]
     if calls._hotpath is not None:
         calls._hotpath.after_fork()
