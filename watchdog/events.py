@@ -336,17 +336,17 @@ def from_dict(obj: Any) -> Event:
     if not spec.names.issuperset(obj):
         extra = obj.keys() - spec.names
         raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
-    values = {}
+    values = []  # in the fields' order: t, pid (Event's), then the kind's
     for name, default, check in spec.fields:
         value = obj.get(name, default)
         if value is _MISSING:
             raise EventDecodeError(f"{kind}: missing field {name!r}")
         if not (type(value) is check if type(check) is type else check(value)):
             raise EventDecodeError(f"{kind}: field {name!r} has a bad value {value!r:.80}")
-        values[name] = value
-    if values["pid"] <= 0:
+        values.append(value)
+    if values[1] <= 0:
         raise EventDecodeError(f"{kind}: bad pid")
-    return spec.cls(**values)
+    return spec.cls(*values)
 
 
 def _checker(hint: Any) -> Union[type, Callable[[Any], bool]]:
@@ -355,8 +355,12 @@ def _checker(hint: Any) -> Union[type, Callable[[Any], bool]]:
     (from_dict compares it inline: a call per field was half its time)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Union and len(args) == 2 and type(None) in args:  # Optional[X]
-        inner = _check(_checker(next(a for a in args if a is not type(None))))
-        return lambda v: v is None or inner(v)
+        inner = _checker(next(a for a in args if a is not type(None)))
+        if isinstance(inner, type):
+            exact = inner
+            return lambda v: v is None or type(v) is exact
+        check = inner
+        return lambda v: v is None or check(v)
     if origin is Union:
         parts = [_check(_checker(arg)) for arg in args]
         return lambda v: any(p(v) for p in parts)
@@ -368,7 +372,7 @@ def _checker(hint: Any) -> Union[type, Callable[[Any], bool]]:
     if hint is type(None):
         return lambda v: v is None
     if hint is float:
-        return lambda v: (type(v) is float and math.isfinite(v)) or type(v) is int
+        return lambda v: (type(v) is float and _isfinite(v)) or type(v) is int
     assert isinstance(hint, type)
     return hint
 
@@ -404,6 +408,7 @@ def _check(check: Union[type, Callable[[Any], bool]]) -> Callable[[Any], bool]:
 
 
 _MISSING: Any = object()  # a field with no default, not in the object
+_isfinite = math.isfinite
 
 
 class _Spec(typing.NamedTuple):
