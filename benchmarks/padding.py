@@ -213,7 +213,7 @@ def run_variant(name: str, mode: str, seconds: float, window: float) -> dict:  #
         if name in ("graph_budget", "agent_padding", "refusal"):
             agent.install(socket_path="", event_log=None, heartbeat_s=3600,
                           graph_budget=64 if name == "graph_budget" else 0)
-            forward = settings.emit
+            forward = settings.current.emit
             settings.configure(emit=lambda e: (mitigations.append(e) if e.kind == "mitigation"
                                                else None, forward(e)))
         if name == "graph_budget":

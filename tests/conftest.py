@@ -203,10 +203,10 @@ def scrape(port: int) -> dict[str, float]:
 def hot_path(request, monkeypatch):
     """Each agent test on both hot paths of watch(): the C one (_hotpath.c) and calls.py's
     Python one, which serves where the C one is not built (watch() picks at wrap time)."""
-    from torch_watchdog.agent import native
+    from torch_watchdog.agent import calls
 
     if request.param == "python":
-        monkeypatch.setattr(native, "_hotpath", None)
-    elif native._hotpath is None:
+        monkeypatch.setattr(calls, "_hotpath", None)
+    elif calls._hotpath is None:
         pytest.skip("the C hot path is not built here (test_the_c_hot_path_is_built_here)")
     return request.param

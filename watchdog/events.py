@@ -286,15 +286,9 @@ KINDS: dict[str, type[Event]] = {
                 CudagraphWarning, GraphBreak, NewShape, Stall, Calls, Oom, Dropped, Mitigation,
                 Padding, Drain, Warm)
 }
-_HINTS = {kind: typing.get_type_hints(cls) for kind, cls in KINDS.items()}
-_FIELDS = {kind: [f.name for f in dataclasses.fields(cls)] for kind, cls in KINDS.items()}
-_DEFAULTS = {kind: {f.name: f.default for f in dataclasses.fields(cls)
-                    if f.default is not dataclasses.MISSING} for kind, cls in KINDS.items()}
-
-
 def to_dict(event: Event) -> dict[str, Any]:
     d = {"v": SCHEMA_VERSION, "kind": event.kind}
-    d.update((name, getattr(event, name)) for name in _FIELDS[event.kind])
+    d.update((name, getattr(event, name)) for name, _, _ in _SPECS[event.kind].fields)
     return d
 
 
@@ -324,17 +318,11 @@ def decode(data: Union[bytes, str]) -> Event:
 
 
 def from_dict(obj: Any) -> Event:
-    # the common case, a valid event with every field: one generated function checks and
-    # builds it; anything else takes the path below, which says what is wrong
-    if type(obj) is dict:
-        kind = obj.get("kind")
-        if type(kind) is str:
-            build = _BUILDERS.get(kind)
-            if build is not None:
-                event = build(obj)
-                if event is not None:
-                    return event
-    if type(obj) is not dict and not isinstance(obj, dict):
+    """The event of a decoded JSON object; any problem raises EventDecodeError, naming the
+    first one: the version, the kind, an unknown field, then each field in the kind's order
+    (missing, or a bad value), then the pid. A field with a default may be missing (an agent
+    older than the field)."""
+    if not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
     if "v" not in obj:
         raise EventDecodeError("no schema version `v`: not an agent event")
@@ -345,155 +333,100 @@ def from_dict(obj: Any) -> Event:
     spec = _SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise EventDecodeError(f"unknown event kind {kind!r}")
-    assert isinstance(kind, str)  # spec is None unless kind is a str
-    cls, size, check = spec
-    if len(obj) != size:
-        extra = set(obj) - set(_FIELDS[kind]) - {"v", "kind"}
-        if extra:
-            raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
-        obj = {**_DEFAULTS[kind], **obj}  # fields added later may be missing
-    try:
-        bad = check(obj)
-    except KeyError as e:
-        raise EventDecodeError(f"{kind}: missing field {e.args[0]!r}") from None
-    if bad is not None:
-        raise EventDecodeError(f"{kind}: field {bad!r} has a bad value {obj[bad]!r:.80}")
-    if obj["pid"] <= 0:
+    if not spec.names.issuperset(obj):
+        extra = obj.keys() - spec.names
+        raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+    values = []  # in the fields' order: t, pid (Event's), then the kind's
+    for name, default, check in spec.fields:
+        value = obj.get(name, default)
+        if value is _MISSING:
+            raise EventDecodeError(f"{kind}: missing field {name!r}")
+        if not (type(value) is check if type(check) is type else check(value)):
+            raise EventDecodeError(f"{kind}: field {name!r} has a bad value {value!r:.80}")
+        values.append(value)
+    if values[1] <= 0:
         raise EventDecodeError(f"{kind}: bad pid")
-    # every field is checked: fill the frozen instance directly, skipping the dataclass
-    # __init__ (one object.__setattr__ per field: most of the decode time at 1,000 events/s)
-    event = object.__new__(cls)
-    fields = event.__dict__
-    fields.update(obj)
-    del fields["v"], fields["kind"]
-    return event
+    return spec.cls(*values)
 
 
-def _checker(hint: Any) -> Callable[[Any], bool]:
-    """A fast predicate for one field's annotation (built once per kind, at import).
-    bool is never an int; an int is a float; floats must be finite."""
-    origin = typing.get_origin(hint)
+def _checker(hint: Any) -> Union[type, Callable[[Any], bool]]:
+    """The check of a value against a field's annotation: bool is never an int, an int is a
+    float, floats must be finite. A class (str, int, bool) stands for "of exactly this type"
+    (from_dict compares it inline: a call per field was half its time)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union and len(args) == 2 and type(None) in args:  # Optional[X]
+        inner = _checker(next(a for a in args if a is not type(None)))
+        if isinstance(inner, type):
+            exact = inner
+            return lambda v: v is None or type(v) is exact
+        check = inner
+        return lambda v: v is None or check(v)
     if origin is Union:
-        parts = [_checker(arg) for arg in typing.get_args(hint)]
+        parts = [_check(_checker(arg)) for arg in args]
         return lambda v: any(p(v) for p in parts)
     if origin is list:
-        item = _checker(typing.get_args(hint)[0])
-        return lambda v: type(v) is list and all(item(x) for x in v)
+        return _list_of(_checker(args[0]))
     if origin is dict:
-        key, item = (_checker(a) for a in typing.get_args(hint))
+        key, item = _check(_checker(args[0])), _check(_checker(args[1]))
         return lambda v: type(v) is dict and all(key(k) and item(x) for k, x in v.items())
     if hint is type(None):
         return lambda v: v is None
-    if hint is bool:
-        return lambda v: type(v) is bool
-    if hint is int:
-        return lambda v: type(v) is int
     if hint is float:
-        return lambda v: (type(v) is float and math.isfinite(v)) or type(v) is int
-    return lambda v: type(v) is hint
+        return lambda v: (type(v) is float and _isfinite(v)) or type(v) is int
+    assert isinstance(hint, type)
+    return hint
 
 
-def _inline(hint: Any, v: str = "v", finite: bool = False) -> Optional[str]:
-    """The check of a scalar field as a Python expression on variable `v` (None: not a
-    scalar). `finite`: the parser never gives inf or nan (orjson refuses them)."""
-    if hint in (int, bool, str):
-        return f"type({v}) is {hint.__name__}"
-    if hint is float:
-        return f"(type({v}) is float or type({v}) is int)" if finite else \
-            f"((type({v}) is float and _finite({v})) or type({v}) is int)"
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is Union and len(args) == 2 and type(None) in args:
-        inner = _inline(next(a for a in args if a is not type(None)), v, finite)
-        return None if inner is None else f"({v} is None or {inner})"
-    return None
+def _list_of(item: Union[type, Callable[[Any], bool]]) -> Callable[[Any], bool]:
+    """The check of a list of `item`s, as a plain loop (a shape is a list of lists of ints:
+    a call per int was most of a new_shape's decode)."""
+    if isinstance(item, type):
+        exact = item
+
+        def list_of_type(v: Any) -> bool:
+            if type(v) is not list:
+                return False
+            for x in v:  # noqa: SIM110 (a loop: all() over a generator is twice the time)
+                if type(x) is not exact:
+                    return False
+            return True
+
+        return list_of_type
+    check = item
+
+    def list_of(v: Any) -> bool:
+        return type(v) is list and all(map(check, v))
+
+    return list_of
 
 
-def _statements(hint: Any, var: str, name: str, indent: str, depth: int = 0,
-                finite: bool = False) -> Optional[list[str]]:
-    """Lines that `return name` unless `var` matches `hint`: scalars inline, lists as plain
-    loops (a generator per list was a third of a cudagraph_record's decode), None if neither."""
-    inline = _inline(hint, var, finite)
-    if inline is not None:
-        return [f"{indent}if not {inline}: return {name!r}"]
-    args = typing.get_args(hint)
-    optional = typing.get_origin(hint) is Union and len(args) == 2 and type(None) in args
-    inner = next(a for a in args if a is not type(None)) if optional else hint
-    if typing.get_origin(inner) is not list:
-        return None
-    item = f"x{depth}"
-    if optional:
-        head, indent = [f"{indent}if {var} is not None:"], indent + "    "
-    else:
-        head = []
-    body = _statements(typing.get_args(inner)[0], item, name, indent + "    ", depth + 1,
-                       finite)
-    if body is None:
-        return None
-    return head + [f"{indent}if type({var}) is not list: return {name!r}",
-                   f"{indent}for {item} in {var}:"] + body
-
-
-def _check_lines(kind: str, indent: str = "    ", finite: bool = False) -> list[str]:
-    """The statements of `_validator`'s check: each returns the name of a bad field."""
-    lines = []
-    for name in _FIELDS[kind]:
-        lines.append(f"{indent}v = o[{name!r}]")
-        body = _statements(_HINTS[kind][name], "v", name, indent, finite=finite)
-        lines += body if body is not None else \
-            [f"{indent}if not _nested[{name!r}](v): return {name!r}"]
-    return lines
-
-
-def _namespace(kind: str) -> dict[str, Any]:
-    return {"_finite": math.isfinite,
-            "_nested": {name: _checker(_HINTS[kind][name]) for name in _FIELDS[kind]}}
-
-
-def _validator(kind: str) -> Callable[[dict[str, Any]], Optional[str]]:
-    """One generated function per kind: the name of the first bad field, or None; KeyError
-    for a missing one. Scalar checks are inlined (a call per field was half the decode time),
-    lists of scalars or lists are loops; dicts use `_checker`'s predicates."""
-    lines = ["def check(o):"] + _check_lines(kind) + ["    return None"]
-    namespace = _namespace(kind)
-    exec("\n".join(lines), namespace)  # noqa: S102 (our own field names, built at import)
-    namespace["check"].source = "\n".join(lines)
-    check: Callable[[dict[str, Any]], Optional[str]] = namespace["check"]
+def _check(check: Union[type, Callable[[Any], bool]]) -> Callable[[Any], bool]:
+    """_checker's check as a predicate (inside lists, dicts and unions)."""
+    if isinstance(check, type):
+        return lambda v: type(v) is check
     return check
 
 
-def _builder(kind: str, finite: bool = False) -> Callable[[dict[str, Any]], Optional[Event]]:
-    """One generated function per kind: the event of a dict holding every field of the kind,
-    each valid (`_validator`'s checks, inlined), else None (from_dict's checks then say why).
-    A dict of the kind's size with a field missing has an unknown one: None too. `finite`:
-    for a parser that never gives inf or nan (FINITE_BUILDERS)."""
-    checks = [line.rsplit(" return ", 1)[0] + " return None" if " return " in line else line
-              for line in _check_lines(kind, "        ", finite)]
-    lines = ["def build(o):",
-             f"    if len(o) != {len(_FIELDS[kind]) + 2}: return None",
-             "    v = o.get('v')",
-             f"    if type(v) is not int or v != {SCHEMA_VERSION}: return None",
-             "    try:"] + checks + [
-             "    except KeyError: return None",
-             "    if o['pid'] <= 0: return None",
-             "    event = _new(_cls)",
-             "    fields = event.__dict__",
-             "    fields.update(o)",
-             "    del fields['v'], fields['kind']",
-             "    return event"]
-    namespace = {**_namespace(kind), "_new": object.__new__, "_cls": KINDS[kind]}
-    exec("\n".join(lines), namespace)  # noqa: S102 (our own field names, built at import)
-    namespace["build"].source = "\n".join(lines)
-    build: Callable[[dict[str, Any]], Optional[Event]] = namespace["build"]
-    return build
+_MISSING: Any = object()  # a field with no default, not in the object
+_isfinite = math.isfinite
 
 
-_VALIDATORS = {kind: _validator(kind) for kind in KINDS}
-_BUILDERS = {kind: _builder(kind) for kind in KINDS}
-# kind -> the builder for a dict from orjson, which refuses NaN, Infinity and numbers past a
-# double's range (json's parser takes them): no isfinite() per float (the receiver's path)
-FINITE_BUILDERS = {kind: _builder(kind, finite=True) for kind in KINDS}
-# kind -> (class, fields + `v` + `kind`, validator): one lookup per event
-_SPECS = {kind: (cls, len(_FIELDS[kind]) + 2, _VALIDATORS[kind]) for kind, cls in KINDS.items()}
+class _Spec(typing.NamedTuple):
+    """What from_dict needs of a kind: its class, the names an event may have (its fields,
+    `v`, `kind`), and each field's name, default (or _MISSING) and check (_checker)."""
+    cls: type[Event]
+    names: frozenset[str]
+    fields: tuple[tuple[str, Any, Union[type, Callable[[Any], bool]]], ...]
+
+
+def _spec(cls: type[Event]) -> _Spec:
+    hints = typing.get_type_hints(cls)
+    fields = tuple((f.name, _MISSING if f.default is dataclasses.MISSING else f.default,
+                    _checker(hints[f.name])) for f in dataclasses.fields(cls))
+    return _Spec(cls, frozenset([name for name, _, _ in fields] + ["v", "kind"]), fields)
+
+
+_SPECS = {kind: _spec(cls) for kind, cls in KINDS.items()}
 # scan_once: the decoder's C scanner, (value, end) of the JSON value at an offset; a real
 # attribute (set in JSONDecoder.__init__) that the stubs do not declare
 _SCAN: Callable[[str, int], tuple[Any, int]]

@@ -241,7 +241,7 @@ def test_graph_budget_eager_mode_routes_novel_shapes(collector):
     finally:
         agent_mod.uninstall()
         torch._dynamo.reset()
-    assert settings.route_eager is False
+    assert settings.current.route_eager is False
 
 
 def test_install_is_idempotent_and_uninstall_removes_everything(collector):

@@ -39,7 +39,7 @@ class FakeServe(types.ModuleType):
 
 @pytest.fixture(autouse=True)
 def fresh_drain_state(monkeypatch):
-    monkeypatch.setattr(drain, "_ready", True)
+    monkeypatch.setattr(drain, "_state", drain._State())
     monkeypatch.setattr(drain, "handover", None)
     monkeypatch.setattr(serve, "_handover", serve._Handover())
     monkeypatch.delitem(sys.modules, "ray.serve", raising=False)
@@ -102,7 +102,7 @@ def test_alerts_of_a_replica_carry_its_deployment(server, deployment):
 def test_the_health_check_passes_until_a_drain_and_fails_from_then_on():
     serve.check_health()
     assert drain.handover is serve._handover  # Serve health-checks through the agent
-    drain._ready = False
+    drain._state.ready = False
     with pytest.raises(serve.ReplicaDraining):
         serve.check_health()
 

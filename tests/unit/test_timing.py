@@ -10,7 +10,7 @@ import torch
 
 from torch_watchdog import events
 from torch_watchdog.agent import crashes, inflight, settings, shapes, wrapper
-from torch_watchdog.agent.activity import tls
+from torch_watchdog.agent.wrapper import tls
 from torch_watchdog.agent.crashes import is_oom
 from torch_watchdog.agent.signature import as_shape, shape_signature
 from torch_watchdog.agent.wrapper import watch
@@ -163,7 +163,7 @@ def test_unwatched_runtime_emits_nothing():
     f = watch(lambda x: x, name="quiet")
     f(torch.ones(3))  # no agent installed: runs, records, sends nowhere
     assert f.calls == 1
-    assert settings.emit is settings._discard
+    assert settings.current.emit is settings._discard
 
 
 def test_remembered_shapes_are_nothing_for_the_gc_to_track(emitted):
@@ -285,17 +285,17 @@ def test_a_full_shape_memory_gives_young_collections_nothing_to_walk(emitted):
     import gc
 
     f = watch(lambda x: x, name="many")
-    xs = [torch.empty(0, n) for n in range(settings.max_shapes)]
+    xs = [torch.empty(0, n) for n in range(settings.current.max_shapes)]
     for x in xs:
         f(x)
     h = f._h
-    assert h.full and f.take_window()[4] == settings.max_shapes
+    assert h.full and f.take_window()[4] == settings.current.max_shapes
     assert len(h.seen) == shapes.HOT_SHAPES and len(h.cold) > 1
     assert not [d for d in h.cold if gc.is_tracked(d)]  # no full collection was needed
     settled = sum(len(d) for d in h.cold)
-    assert settled + len(h.fresh) + len(h.seen) == settings.max_shapes
+    assert settled + len(h.fresh) + len(h.seen) == settings.current.max_shapes
     assert len(h.fresh) < 2000  # what waits for its first collection, not the memory
-    assert settled > settings.max_shapes - shapes.HOT_SHAPES - 2000
+    assert settled > settings.current.max_shapes - shapes.HOT_SHAPES - 2000
     for x in xs[::97]:  # every shape is known, wherever it is kept
         assert not h.unseen(x.shape)
     assert h.unseen(torch.Size([1, 2, 3]))

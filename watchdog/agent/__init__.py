@@ -30,7 +30,7 @@ from torch_watchdog.agent import drain, identity, imports, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
 from torch_watchdog.agent.drain import Draining, on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
-from torch_watchdog.agent.registry import watched
+from torch_watchdog.agent.wrapper import watched
 from torch_watchdog.agent.wrapper import Watched, watch
 
 __all__ = ["install", "uninstall", "watch", "current", "ready", "on_drain", "Draining", "Agent",

@@ -19,9 +19,9 @@
  * Calls in progress, for inflight.current_shape() (hooks.py tags a CUDA-graph recording with
  * the shape of the call in progress on its thread) and inflight.calls_in_flight() (drain.py): a
  * per-thread stack of the signatures of the calls this object runs, where a call handed to
- * the Python path pushes a marker ("look at the frames"), so the innermost call is known
- * whichever path ran it; and a process-wide count of calls in progress with the signature of
- * the last one to start. The stack holds references of its own: greenlets that switch inside
+ * the Python path pushes a marker ("the Python path's own stack holds it", calls.py), so the
+ * innermost call is known whichever path ran it; and a process-wide count of calls in
+ * progress with the signature of the last one to start. The stack holds references of its own: greenlets that switch inside
  * a model call pop each other's entries (a wrong shape at worst, never a freed one).
  *
  * Linux only (clock_gettime(CLOCK_MONOTONIC) is perf_counter's clock there); not built for
@@ -41,8 +41,10 @@
 
 #define DEPTH 32
 
-static double stall_s = 0.05;  /* settings.stall_s, set by configure() */
-static int route_eager = 0;    /* settings.route_eager: every call takes the Python path */
+/* copies of settings.current.stall_s and .route_eager (every call reads them), kept by
+ * configure(), which settings.configure() calls through settings.COPIES */
+static double stall_s = 0.05;
+static int route_eager = 0;    /* every call takes the Python path */
 static PyObject *str_shape;    /* "shape", interned */
 
 /* this thread's watched calls in progress: a[i] (and b[i] for two keyword arguments) the
@@ -333,7 +335,7 @@ hot_vectorcall(Hot *self, PyObject *const *args, size_t nargsf, PyObject *kwname
                 && Py_IS_TYPE(args[1], self->tensor))
             return call_two(self, args, nargsf, kwnames);
     }
-    /* every other call: the Python path, marked here so that the frames are looked at */
+    /* every other call: the Python path, marked here so that its stack is looked at */
     push(NULL, NULL);
     PyObject *out = PyObject_Vectorcall(self->other, args, nargsf, kwnames);
     pop();
@@ -433,7 +435,7 @@ configure(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 /* (where, shape) of this thread's innermost watched call: where 0 none, 1 this path's (shape
- * its signature), 2 one on the Python path (its frame holds the signature) */
+ * its signature), 2 one on the Python path (calls.py's stack for this thread holds it) */
 static PyObject *
 current(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {

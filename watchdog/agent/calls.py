@@ -1,216 +1,149 @@
-"""The hot path of a watched callable: the call timed and its signature looked up."""
+"""The hot path of a watched callable: the call timed, its signature looked up in the shape
+memory, and the call on its thread's stack of calls in progress while it runs.
+
+Two implementations of one path. `_hotpath.c` (where it is built) takes the two calls a server
+makes on every request, `model(x)` and `model(a=, b=)` with exact tensors, and hands every
+other call to `PythonPath`, which serves every call where the C one is not built (or with
+TORCH_WATCHDOG_PURE_PYTHON=1). Both leave every decision to the same Python methods: a
+signature not in the hot set (`PythonPath.miss`), a stall (`slow`) and a failed call
+(`failed`). Wall time around the call is enough, with no GPU sync: the stalls of warm-up,
+recording and recompiles are visible on the CPU.
+"""
 from __future__ import annotations
 
-import keyword
-import time
+import threading
 import weakref
-from typing import Any, Callable, Optional
+from time import perf_counter
+from typing import Any, Callable
 
-from torch_watchdog.agent import native
+from torch_watchdog import pure_python
+from torch_watchdog.agent import settings
 from torch_watchdog.agent.shapes import _Hot, cold_unseen
-from torch_watchdog.agent.signature import entry, other_entry, shape_signature
+from torch_watchdog.agent.signature import call_signature
 
-# Wall time around the call is enough, with no GPU sync: the stalls of warm-up, recording and
-# recompiles are CPU-visible (FACTS #4).
-
-# settings.stall_s and settings.route_eager, as this path's own globals: it reads them on every
-# call, and a module global is the cheapest read there is. settings.configure() sets them (at
-# settings' import, and after), as it sets the C path's (_hotpath.configure).
-stall_s: float = 0.05
-route_eager: Any = False
-
-
-def configure(stall: float, eager: Any) -> None:
-    """This path's stall threshold in seconds and eager routing (settings.configure() calls it)."""
-    global stall_s, route_eager
-    stall_s, route_eager = stall, eager
+# The C path where it is built and not turned off, else None (the Python path serves every
+# call). Read at use, not imported by name, so that setting it to None here (the tests do)
+# takes every watch() made after it to the Python path.
+_hotpath: Any = None
+if not pure_python():
+    try:
+        from torch_watchdog.agent import _hotpath
+    except ImportError:  # not built here (no compiler at install, a free-threaded CPython)
+        _hotpath = None
 
 
-NO_ARG = object()  # "no first positional argument" for the hot path's signature
+def _copy_settings(s: settings.Settings) -> None:
+    """The C path's copy of what it reads on every call (see settings.COPIES)."""
+    if _hotpath is not None:
+        _hotpath.configure(s.stall_s, bool(s.route_eager))
 
 
-def make_call(h: _Hot, ref: "weakref.ref[Any]"
-              ) -> tuple[Callable, Callable[[], tuple[int, int]]]:
-    """The hot path of one watched callable (the function its Watched calls, see Watched), and
-    a reader of its running totals (calls, total ns): one exact-type check, `.shape`, two
-    clock reads, one comparison (or set lookup), two counters. `ref`: the Watched, for the
-    slow paths only (a strong reference would make a cycle: the Watched holds this function).
+settings.COPIES.append(_copy_settings)
+_copy_settings(settings.current)
 
-    Each choice is for the per-call cost (benchmarks/results/agent-internals.md): `model(x)`
-    binds x to a positional-only parameter on a branch of its own, with no tuple built; a
-    signature equal to the last known one skips the set lookup; state is in closure variables,
-    not attributes; the clock is perf_counter() (floats come from a free list); two keyword
-    arguments are read by their remembered names and passed on through `_caller`. Where
-    _hotpath.c is built, its `Hot` object takes `model(x)` and `model(a=, b=)` and hands every
-    other call to __call__ here.
-    """
-    fn, tensor, seen, clock = h.fn, h.tensor, h.seen, time.perf_counter
-    calls = 0
-    total = 0.0  # seconds
-    last: Any = NO_ARG  # the last signature found in `seen`, so it is known (see below)
-    # two keyword arguments: their names in the last such call (read by name: cheaper than
-    # unpacking kwargs.values()), and their last shapes found in `seen` (compared one by one:
-    # no tuple to build on a hit). The signature is in the remembered names' order.
-    ka = kb = ""
-    la = lb = NO_ARG
-    call2: Optional[Callable] = None  # _caller(ka, kb)
 
-    def totals() -> tuple[int, int]:
-        return calls, round(total * 1e9)
+# The Python path's calls in progress: one stack of signatures per thread (appended and popped
+# by that thread only), and every thread's by thread id, for inflight.py's readers.
+stacks: dict[int, list] = {}
 
-    def __call__(x: Any = NO_ARG, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal calls, total, last, ka, kb, la, lb, call2
-        if type(x) is tensor and not args and not kwargs:  # model(x): the common call
-            try:
-                sig = x.shape
-            except Exception:  # a torch function mode that hijacks `.shape`
-                sig = None
-            t0 = clock()
-            try:
-                out = ref()._route(sig)(x) if route_eager else fn(x)
-            except BaseException as e:
-                calls += 1
-                ref()._failed(e, sig, t0, (x,), {})
-                raise
-            dt = clock() - t0
-            calls += 1
-            total += dt
-            try:
-                if sig != last:
-                    if sig not in seen:  # not the last shape, not a hot one: look further
-                        if not h.full and (not h.spill or cold_unseen(h, sig)):
-                            ref()._slow(sig, dt, t0, True)
-                            return out
-                    else:
-                        last = sig
-            except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
-                pass
-            if dt >= stall_s:
-                ref()._slow(sig, dt, t0, False)
-            return out
 
-        if x is NO_ARG and not args and len(kwargs) == 2:  # model(input_ids=, attention_mask=)
-            for first in kwargs:
-                break
-            try:
-                if first != ka:
-                    raise KeyError(first)
-                a, b = kwargs[ka], kwargs[kb]
-            except KeyError:  # other names, or another order, than the last such call's
-                ka, kb = kwargs
-                a, b = kwargs[ka], kwargs[kb]
-                call2 = _caller(ka, kb)
-            try:
-                sa = a.shape if type(a) is tensor else other_entry(a, tensor)
-                sb = b.shape if type(b) is tensor else other_entry(b, tensor)
-            except Exception:  # a hostile argument: read each one on its own
-                sa, sb = entry(a, tensor), entry(b, tensor)
-            t0 = clock()
-            try:
-                target = ref()._route((sa, sb)) if route_eager else fn
-                out = target(**kwargs) if call2 is None else call2(target, a, b)
-            except BaseException as e:
-                calls += 1
-                ref()._failed(e, (sa, sb), t0, args, kwargs)
-                raise
-            dt = clock() - t0
-            calls += 1
-            total += dt
-            try:
-                if sa != la or sb != lb:
-                    sig = (sa, sb)
-                    if sig not in seen:
-                        if not h.full and (not h.spill or cold_unseen(h, sig)):
-                            ref()._slow(sig, dt, t0, True)
-                            return out
-                    else:
-                        la, lb = sa, sb
-            except Exception:
-                pass
-            if dt >= stall_s:
-                ref()._slow((sa, sb), dt, t0, False)
-            return out
+class _ThisThread(threading.local):
+    """`stack`: this thread's (made on the thread's first watched call; an ended thread's is
+    left, empty, until a thread with the same id replaces it)."""
 
-        # several arguments, other keywords, none, or not a tensor
+    def __init__(self) -> None:
+        self.stack: list = []
+        stacks[threading.get_ident()] = self.stack
+
+
+this_thread = _ThisThread()
+
+
+_NOTHING = object()  # no signature found yet
+
+
+class PythonPath:
+    """The hot path of one watched callable in Python, and the slow paths both hot paths
+    call. `ref`: the Watched, weakly (it holds this object: a strong reference would make a
+    cycle); `h`: its shape memory; `calls`, `total`: the calls this path ran, their seconds."""
+
+    __slots__ = ("h", "ref", "calls", "total", "last")
+
+    def __init__(self, h: _Hot, ref: weakref.ref[Any]):
+        self.h = h
+        self.ref = ref
+        self.calls = 0
+        self.total = 0.0
+        self.last: Any = _NOTHING  # the last signature found in the hot set
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's call, timed, with the model's result or exception unchanged."""
+        sig = call_signature(args, kwargs, self.h.tensor)
+        target = self.ref()._route(sig) if settings.current.route_eager else self.h.fn
+        stack = this_thread.stack
+        stack.append(sig)
+        t0 = perf_counter()
         try:
-            if x is not NO_ARG:
-                args = (x, *args)
-            sig = shape_signature(args, kwargs, tensor)
-        except Exception:  # a hostile argument: read each one on its own
-            sig = shape_signature(args, kwargs, tensor)
-        t0 = clock()
-        try:
-            out = (ref()._route(sig) if route_eager else fn)(*args, **kwargs)
+            out = target(*args, **kwargs)
         except BaseException as e:
-            calls += 1
-            ref()._failed(e, sig, t0, args, kwargs)
+            self.calls += 1
+            self.failed(e, sig, t0, args, kwargs)
             raise
-        dt = clock() - t0
-        calls += 1
-        total += dt
-        try:
-            if sig != last:
-                if sig not in seen:
-                    if not h.full and (not h.spill or cold_unseen(h, sig)):
-                        ref()._slow(sig, dt, t0, True)
-                        return out
-                else:
-                    last = sig
-        except Exception:
-            pass
-        if dt >= stall_s:
-            ref()._slow(sig, dt, t0, False)
+        finally:
+            if stack:  # greenlets switching inside a call pop each other's entries
+                stack.pop()
+        dt = perf_counter() - t0
+        self.calls += 1
+        self.total += dt
+        self.after(sig, dt, t0)
         return out
 
-    hotpath = native._hotpath
-    if hotpath is None:
-        return __call__, totals
+    def after(self, sig: Any, dt: float, t0: float) -> None:
+        """After a successful call: a signature not seen before goes to `miss`, a stall to
+        `slow`. The last signature found is compared first: a hit skips the set lookup."""
+        try:
+            if sig != self.last:
+                if sig in self.h.seen:
+                    self.last = sig
+                elif self.miss(sig, dt, t0):
+                    return
+        except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
+            pass
+        if dt >= settings.current.stall_s:
+            self.slow(sig, dt, t0, False)
 
-    # The C path (_hotpath.Hot) takes `model(x)` and `model(a=, b=)` with tensors and hands
-    # every other call to __call__ above; what it meets that is not the last shape nor a hot
-    # one, a stall and a failure come back here, as on the Python path.
-    def miss(sig: Any, dt: float, t0: float) -> bool:
+    def miss(self, sig: Any, dt: float, t0: float) -> bool:
+        """`sig` is not in the hot set: report it as new (its event says whether it was a
+        stall) if the memory has room and the cold memory does not hold it. True if reported.
+        May raise (an unhashable signature)."""
+        h = self.h
         if not h.full and (not h.spill or cold_unseen(h, sig)):
-            ref()._slow(sig, dt, t0, True)
+            self.slow(sig, dt, t0, True)
             return True
         return False
 
-    def slow(sig: Any, dt: float, t0: float, new: bool) -> None:
-        ref()._slow(sig, dt, t0, new)
+    def slow(self, sig: Any, dt: float, t0: float, new: bool) -> None:
+        self.ref()._slow(sig, dt, t0, new)
 
-    def failed(e: BaseException, sig: Any, t0: float, args: tuple, kwargs: dict) -> None:
-        ref()._failed(e, sig, t0, args, kwargs)
+    def failed(self, e: BaseException, sig: Any, t0: float, args: tuple, kwargs: dict) -> None:
+        self.ref()._failed(e, sig, t0, args, kwargs)
 
-    hot = hotpath.Hot(fn, tensor, seen, __call__, miss, slow, failed)
+    def totals(self) -> tuple[int, int]:
+        """(calls, total ns) of the calls this path ran."""
+        return self.calls, round(self.total * 1e9)
 
-    def both_totals() -> tuple[int, int]:
+
+def make_call(h: _Hot, ref: weakref.ref[Any]) -> tuple[Callable, Callable[[], tuple[int, int]]]:
+    """The hot path of one watched callable (what its Watched calls) and a reader of its
+    running totals (calls, total ns): the C path's `Hot` over a PythonPath where it is built,
+    else the PythonPath's `call` (a bound method: called faster than an instance)."""
+    path = PythonPath(h, ref)
+    if _hotpath is None:
+        return path.call, path.totals
+    hot = _hotpath.Hot(h.fn, h.tensor, h.seen, path.call, path.miss, path.slow, path.failed)
+
+    def totals() -> tuple[int, int]:
         c_calls, c_total = hot.totals()
-        return calls + c_calls, round((total + c_total) * 1e9)
+        return path.calls + c_calls, round((path.total + c_total) * 1e9)
 
-    return hot, both_totals
-
-
-_CALLERS: dict = {}
-
-
-def _caller(ka: str, kb: str) -> Optional[Callable]:
-    """`call(fn, a, b)` that returns `fn(<ka>=a, <kb>=b)`, compiled once per pair of names;
-    None if they are not plain identifiers (the call then goes through `fn(**kwargs)`). Why:
-    `fn(**kwargs)` copies the dict and unpacks it again for the callee's vectorcall."""
-    key = (ka, kb)
-    call = _CALLERS.get(key, NO_ARG)
-    if call is NO_ARG:
-        call = None
-        if all(k.isascii() and k.isidentifier() and not keyword.iskeyword(k) for k in key):
-            if len(_CALLERS) >= 256:  # a server cycling through names: stay bounded
-                _CALLERS.clear()
-            scope: dict = {}
-            exec(f"def call(fn, a, b):\n    return fn({ka}=a, {kb}=b)\n", scope)  # noqa: S102
-            call = scope["call"]
-        _CALLERS[key] = call
-    return call
-
-
-# The hot path's code object: inflight.current_shape() looks for frames running it.
-CALL_CODE = next(c for c in make_call.__code__.co_consts
-                 if getattr(c, "co_name", None) == "__call__")
+    return hot, totals

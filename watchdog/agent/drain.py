@@ -28,7 +28,7 @@ exit, with another status that no supervisor restarts. From the drain's start an
 and past the grace deadline exits with the drain code itself.
 
 A call in hand is seen through inflight.calls_in_flight(): the C path's count of calls in
-progress, or the frame of a watched call on the Python path, on any thread. The wait also
+progress, or a signature on a thread's stack of calls on the Python path. The wait also
 asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 
 from torch_watchdog import durable, events
 from torch_watchdog.procfs import start_ticks
-from torch_watchdog.agent import inflight, registry
+from torch_watchdog.agent import inflight, wrapper
 from torch_watchdog.agent.forks import _AFTER_FORK
 
 log = logging.getLogger("torch_watchdog.agent")
@@ -61,7 +61,18 @@ MAX_GRACE_S = 3600.0
 EXIT_MARGIN_S = 5.0     # past the grace deadline: the drain's own steps (save, flush) overran
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
-_ready = True
+class _State:
+    """This process's side of a drain: `ready` False once one began, `refused` the watched
+    calls refused since (Draining)."""
+
+    __slots__ = ("ready", "refused")
+
+    def __init__(self) -> None:
+        self.ready = True
+        self.refused = 0
+
+
+_state = _State()
 _callbacks: list[Callable[[], Any]] = []
 # A serving engine that replaces this process itself (agent/serve.py: Ray Serve, once its
 # health check reaches the agent), set by that integration: a drain then refuses no call and
@@ -77,19 +88,15 @@ class Draining(RuntimeError):
     request to another replica), a queue worker's nack or requeue."""
 
 
-_refused = 0  # watched calls refused since the drain began
-
-
 def _refuse(*args: Any, **kwargs: Any) -> Any:
-    global _refused
-    _refused += 1
+    _state.refused += 1
     raise Draining("torch-watchdog: this process is draining for a reload and exits once its "
                    "calls in hand finish; retry on another replica")
 
 
 def refuse_new_calls() -> None:
     """From now on every watched call raises Draining (Watched._refuse)."""
-    for w in list(registry.watched):
+    for w in list(wrapper.watched):
         try:
             w._refuse(_refuse)
         except Exception:
@@ -98,7 +105,7 @@ def refuse_new_calls() -> None:
 
 def ready() -> bool:
     """False once a drain began: the server's health/readiness endpoint should report it."""
-    return _ready
+    return _state.ready
 
 
 def on_drain(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -109,9 +116,8 @@ def on_drain(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _reset_after_fork() -> None:
-    global _ready, _refused
-    _ready = True  # a child forked by a draining master starts serving (its own agent)
-    _refused = 0
+    # a child forked by a draining master starts serving (its own agent)
+    _state.ready, _state.refused = True, 0
 
 
 _AFTER_FORK.append(_reset_after_fork)
@@ -264,7 +270,7 @@ def in_flight() -> int:
 
 def _total_calls() -> int:
     total = 0
-    for w in list(registry.watched):
+    for w in list(wrapper.watched):
         try:
             total += w.calls
         except Exception:
@@ -394,14 +400,13 @@ class Drainer:
         self.handed: Optional[Any] = None  # the engine this drain was handed over to
 
     def start(self, grace_s: float) -> bool:
-        global _ready
         if self.thread is not None:
             return False  # one drain per process; a repeated request changes nothing
         self.deadline = time.monotonic() + grace_s + EXIT_MARGIN_S
         self.thread = threading.Thread(target=self._run, args=(grace_s,),
                                        name="torch-watchdog-drain", daemon=True)
         atexit.register(self._hold_exit)  # before the first Draining can end the main thread
-        _ready = False
+        _state.ready = False
         self.handed = handover
         if self.handed is None:
             refuse_new_calls()
@@ -447,8 +452,8 @@ class Drainer:
             if self.handed is not None:
                 notes.append(self._hand_over(deadline))
             left = wait_idle(deadline)
-            if _refused:
-                notes.append(f"{_refused} call(s) begun during the drain refused (Draining)")
+            if _state.refused:
+                notes.append(f"{_state.refused} call(s) begun during the drain refused (Draining)")
             if agent.warm is not None:
                 note = agent.warm.save("drain")
                 if note:

@@ -33,9 +33,9 @@ from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
-from torch_watchdog.agent.activity import tls
 from torch_watchdog.agent.inflight import current_shape
 from torch_watchdog.agent.signature import as_shape
+from torch_watchdog.agent.wrapper import tls
 
 Emit = Callable[[events.Event], None]
 

@@ -1,38 +1,35 @@
-"""The watched calls in progress, on this thread or any other: for the hooks and the drain."""
+"""The watched calls in progress, on this thread or any other: for the hooks and the drain.
+
+Both hot paths keep them explicitly (calls.py): the C path a per-thread stack of its calls'
+signatures, where a call it hands to the Python path is marked, and a process-wide count; the
+Python path a per-thread stack of signatures. Readers are rare (hooks.py tags a cudagraph
+warm-up or recording, drain.py polls while draining)."""
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
-from torch_watchdog.agent import native
-from torch_watchdog.agent.calls import CALL_CODE, NO_ARG
+from torch_watchdog.agent import calls
 from torch_watchdog.agent.forks import _AFTER_FORK
+
+_C_PATH = 1  # _hotpath.current(): this thread's innermost call runs on the C path
 
 
 def current_shape() -> Any:
     """The signature of the watched call in progress on this thread (the innermost one), else
-    that of one in progress on another thread (best effort), else None. The C path keeps a
-    per-thread stack of its calls' signatures (a call it hands to the Python path is marked
-    there); the Python path's are read from the call's own frame (its `sig` local). Why: the
-    readers are rare (hooks.py tags a cudagraph warm-up or recording, drain.py polls while
-    draining), so they pay for the walk and the Python path writes nothing per call for them;
-    a walk is also exact per thread, where a shared slot would be the last writer's."""
+    that of one in progress on another thread (best effort), else None."""
     try:
-        hotpath = native._hotpath
-        if hotpath is not None:
-            where, shape = hotpath.current()
-            if where == 1:  # the innermost call on this thread is the C path's
-                return shape
-        shape = _shape_in(sys._getframe(1))
-        if shape is not NO_ARG:
+        hotpath = calls._hotpath
+        where, shape = hotpath.current() if hotpath is not None else (0, None)
+        if where == _C_PATH:
             return shape
-        me = threading.get_ident()
-        for ident, frame in list(sys._current_frames().items()):
-            if ident != me:
-                shape = _shape_in(frame)
-                if shape is not NO_ARG:
-                    return shape
+        # the innermost is on the Python path (2), or the C path has none on this thread
+        stack = calls.stacks.get(threading.get_ident())
+        if stack:
+            return stack[-1]
+        for stack in list(calls.stacks.values()):
+            if stack:
+                return stack[-1]
         if hotpath is not None:
             anywhere, here, shape = hotpath.everywhere()
             if anywhere > here:  # another thread's call on the C path: the last one begun
@@ -43,37 +40,24 @@ def current_shape() -> Any:
 
 
 def calls_in_flight() -> bool:
-    """Is a watched call in progress on any thread (drain.py's question)? Exact on the C path
-    (a count), whatever the signature; else a frame of the Python path."""
+    """Is a watched call in progress on any thread (drain.py's question)?"""
     try:
-        hotpath = native._hotpath
+        hotpath = calls._hotpath
         if hotpath is not None and hotpath.everywhere()[0] > 0:
             return True
+        return any(list(calls.stacks.values()))
     except Exception:
-        pass
-    return current_shape() is not None
-
-
-def _shape_in(frame: Any) -> Any:
-    """The `sig` of the innermost watched call on this stack (None before it is read), or
-    NO_ARG if there is none."""
-    while frame is not None:
-        if frame.f_code is CALL_CODE:
-            names = frame.f_locals
-            if "sig" in names:
-                return names["sig"]
-            if "sb" in names:  # two keyword arguments: the tuple is built only on a miss
-                return names["sa"], names["sb"]
-            return None
-        frame = frame.f_back
-    return NO_ARG
+        return False
 
 
 def _after_fork() -> None:
-    """In a forked child: the other threads' calls in progress on the C path are not this
-    process's (they would keep a drain waiting forever)."""
-    if native._hotpath is not None:
-        native._hotpath.after_fork()
+    """In a forked child only the forking thread exists: the other threads' calls in progress
+    are not this process's (they would keep a drain waiting forever)."""
+    me = threading.get_ident()
+    for ident in [i for i in list(calls.stacks) if i != me]:
+        del calls.stacks[ident]
+    if calls._hotpath is not None:
+        calls._hotpath.after_fork()
 
 
 _AFTER_FORK.append(_after_fork)

@@ -245,6 +245,14 @@ def _tag(v: Any) -> Any:
     return type(v).__name__
 
 
+def _lengths(got: Any) -> Optional[tuple[int, ...]]:
+    """A policy's length() (None, an int or a tuple of them) as a tuple of ints; None: the
+    call is not padded."""
+    if got is None:
+        return None
+    return tuple(map(int, got)) if isinstance(got, tuple) else (int(got),)
+
+
 def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {events.clip(str(e), 300)}"
 
@@ -329,8 +337,7 @@ class Padded:
             return model(*args, **kwargs)
         try:
             got = self.policy.length(args, kwargs)
-            ns = None if got is None else tuple(map(int, got)) if isinstance(got, tuple) \
-                else (int(got),)
+            ns = _lengths(got)
         except Exception as e:
             failed = e
         else:
@@ -340,13 +347,8 @@ class Padded:
                                   kwargs)
         if not ns or min(ns) < 1:
             return model(*args, **kwargs)
-        self._observe(ns)
-        plan = self.plan
-        if not plan or max(ns) > plan[-1]:  # above the largest bucket (or no plan yet)
-            return model(*args, **kwargs)
-        bs = tuple(plan[bisect.bisect_left(plan, n)] for n in ns)
-        self._served(ns, bs)
-        if bs == ns:
+        bs = self._bucket(ns)
+        if bs is None or bs == ns:
             return model(*args, **kwargs)
         # the policy's own terms: an int for a policy that gave one
         n, b = (ns, bs) if isinstance(got, tuple) else (ns[0], bs[0])
@@ -365,7 +367,25 @@ class Padded:
             failed = e
         if failed is not None:
             return self._unpadded(failed, "the padded call", key, args, kwargs)
-        pads = tuple(y - x for x, y in zip(ns, bs))
+        return self._padded_out(out, args, kwargs, key, (n, b, ns, bs))
+
+    def _bucket(self, ns: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+        """The buckets of a call of lengths `ns`, counted as served; None above the largest
+        bucket (or with no plan yet). The lengths are observed either way."""
+        self._observe(ns)
+        plan = self.plan
+        if not plan or max(ns) > plan[-1]:
+            return None
+        bs = tuple(plan[bisect.bisect_left(plan, n)] for n in ns)
+        self._served(ns, bs)
+        return bs
+
+    def _padded_out(self, out: Any, args: tuple, kwargs: dict, key: Any, sizes: tuple) -> Any:
+        """What the caller gets of a padded call's output `out`: checked against the unpadded
+        call (a signature not checked yet, more padding than checked, or a sample), else cut
+        back. `sizes`: (n, b) in the policy's terms, then the lengths and buckets as tuples."""
+        n, b, ns, bs = sizes
+        pads = tuple(y - x for x, y in zip(ns, bs, strict=True))
         checked = self.checked.get(key)
         if checked is None or not (all(map(int.__le__, pads, checked[0])) or
                                    self.policy.masked(kwargs)):
@@ -377,7 +397,7 @@ class Padded:
             return self._unpad(out, n, b, checked[1])
         except Exception as e:
             self._refuse(f"unpadding failed: {type(e).__name__}: {e}")
-            return model(*args, **kwargs)
+            return self.__wrapped__(*args, **kwargs)
 
     def _unpadded(self, failed: Exception, what: str, key: Any, args: tuple,
                   kwargs: dict) -> Any:
@@ -485,7 +505,7 @@ class Padded:
             return self.__wrapped__(*args, **kwargs)
         self._count(t0, errors, sampled)
         if not ok:
-            padded = "/".join(str(x + p) for x, p in zip(ns, pads))
+            padded = "/".join(str(x + p) for x, p in zip(ns, pads, strict=True))
             self._refuse(f"length {'/'.join(map(str, ns))} padded to {padded}: {problem}",
                          max(errors.values(), default=None))
             return reference  # the unpadded output: this caller still gets the right answer
@@ -596,7 +616,7 @@ class Padded:
         try:
             finite = error if error is not None and error == error and error != float("inf") \
                 else None
-            settings.emit(events.Mitigation(
+            settings.current.emit(events.Mitigation(
                 t=time.time(), pid=os.getpid(), name="padding", action=action,
                 detail=events.clip(detail, 500), model=self.name, error=finite,
                 buckets=list(self.plan)))

@@ -186,7 +186,7 @@ def compare(served: Any, reference: Any, tolerance: Optional[float] = None
     if [p for p, _ in a] != [p for p, _ in b]:
         return False, {}, f"outputs differ in structure ({len(a)} tensors, {len(b)} unpadded)"
     ok, errors, problem = True, {}, None
-    for (path, x), (_, y) in zip(a, b):
+    for (path, x), (_, y) in zip(a, b, strict=True):
         name = str(y.dtype).replace("torch.", "")
         if x.shape != y.shape:
             return False, errors, (f"output {list(path)} has shape {list(x.shape)} padded, "

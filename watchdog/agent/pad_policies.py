@@ -147,7 +147,7 @@ class Tokens(Policy):
         return torch.constant_pad_nd(t, (0, 0) * (t.dim() - 1 - dim) + (0, extra), value)
 
     def pad(self, args: tuple, kwargs: dict, length: Any, bucket: Any) -> tuple[tuple, dict]:
-        extra = [b - n for n, b in zip(length, bucket)]
+        extra = [b - n for n, b in zip(length, bucket, strict=True)]
         if args and isinstance(args[0], torch.Tensor) and extra[0]:
             args = (self._grow(args[0], extra[0], self.value), *args[1:])
         if kwargs:
@@ -173,12 +173,13 @@ class Tokens(Policy):
                    if i == 0 or any(isinstance(kwargs.get(k), torch.Tensor) for k in axis))
 
     def learn(self, padded: Any, reference: Any, length: Any, bucket: Any) -> outputs.Layout:
-        return outputs.learn(padded, reference, tuple(b - n for n, b in zip(length, bucket)))
+        pads = tuple(b - n for n, b in zip(length, bucket, strict=True))
+        return outputs.learn(padded, reference, pads)
 
     def unpad(self, out: Any, length: Any, bucket: Any, layout: Any = None) -> Any:
         if isinstance(length, int):
             length, bucket = (length,), (bucket,)
-        pads = tuple(b - n for n, b in zip(length, bucket))
+        pads = tuple(b - n for n, b in zip(length, bucket, strict=True))
         if layout is not None:
             return outputs.slice_back(out, layout, pads)
         dim, extra = self.dim, pads[0]  # not checked yet: the token dimension, where it is

@@ -6,6 +6,8 @@ import gc
 from time import perf_counter_ns
 from typing import Any, Callable
 
+from torch_watchdog.agent import settings
+
 # new_shape events are rationed per watched callable: a burst of NEW_SHAPE_BURST, then
 # NEW_SHAPE_PER_S a second. Why: queued events are tracked objects until the sender's next
 # tick, and a burst of them set off long collections inside watched calls. Shapes past the
@@ -22,16 +24,6 @@ COLD_SHARD_SHAPES = 1024
 # Fresh keys moved to the cold dicts per add. Why: a collection untracks a whole young
 # generation of them at once; a few per add keep `fresh` drained and each add's share small.
 SETTLE_PER_ADD = 4
-
-# settings.max_shapes: settings.configure() sets it (at settings' import, and after)
-max_shapes = 65_536
-
-
-def configure(cap: int) -> None:
-    """The cap on remembered shapes per callable (settings.configure() calls this)."""
-    global max_shapes
-    max_shapes = cap
-
 
 _MASK = (1 << 64) - 1
 
@@ -66,7 +58,8 @@ class _Hot:
     are resolved by probing (`_probe`): equal shapes are one key, distinct shapes two, as in a
     set. Two serving threads adding at once may move a still-tracked key: the dict is then
     tracked again (slower collections, never a wrong answer). With the GC disabled nothing is
-    untracked and `fresh` holds the keys past the hot set (bounded by max_shapes)."""
+    untracked and `fresh` holds the keys past the hot set (bounded by max_shapes).
+    max_shapes: settings.current.max_shapes, read as each shape is added."""
 
     __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full",
                  "stall_calls", "stall_ns", "ration", "ration_ns")
@@ -90,6 +83,7 @@ class _Hot:
         return sig not in self.seen and (not self.spill or cold_unseen(self, sig))
 
     def add(self, key: tuple) -> None:
+        max_shapes = settings.current.max_shapes
         if not self.spill:
             self.seen.add(key)
             if len(self.seen) >= HOT_SHAPES:

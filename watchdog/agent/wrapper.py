@@ -3,18 +3,26 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.agent import settings, shapes
-from torch_watchdog.agent.activity import tls
 from torch_watchdog.agent.calls import make_call
 from torch_watchdog.agent.crashes import crash_is_oom, crash_text, gpu_memory, is_gpu_crash, is_oom
-from torch_watchdog.agent.registry import watched
+from torch_watchdog.agent.forks import _AFTER_FORK
 from torch_watchdog.agent.shapes import _Hot
 from torch_watchdog.agent.signature import as_shape, memory_key, shape_text
+
+watched: weakref.WeakSet = weakref.WeakSet()  # every Watched of this process; watch() adds each
+
+# What the torch hooks last saw on each serving thread, written by hooks.py (rare):
+# `activity`/`activity_ns` of the last compile or cudagraph step, `oom_ns` of the last OOM
+# seen. Read by a watched call on its slow path only: a stall's cause, an OOM the allocator's
+# observer already reported.
+tls = threading.local()
 
 
 def _unset(*args: Any, **kwargs: Any) -> None:  # a Watched's callable until _start()
@@ -30,14 +38,15 @@ class Watched(functools.partial):
     of source "crash" (crashes.crash_is_oom).
 
     A functools.partial of the hot path (calls.make_call: the C path's `Hot` object where it
-    is built, else a closure over this callable's state), not a class with a `__call__`. Why:
+    is built, else the PythonPath's `call`), not a class with a `__call__`. Why:
     calling an instance of a Python class goes through `slot_tp_call` (a method lookup, an
     argument tuple, a second call), while a partial (a C type) is called through its
     vectorcall, which subclasses inherit from Python 3.12 on. The hot path reads nothing
     through `self`: Watched defines `__getattr__`, which turns off CPython's specialised
     attribute loads. partial's own attributes `func`, `args` and `keywords` are the wrapped
     object's here (properties below); the partial's state is set only through
-    `functools.partial.__setstate__` (at creation and in a forked child).
+    `functools.partial.__setstate__` (at creation, in a forked child, and by a drain, which
+    swaps the hot path for one that refuses calls).
     """
 
     __slots__ = ("__wrapped__", "name", "_h", "_totals", "_eager", "_taken")
@@ -78,12 +87,12 @@ class Watched(functools.partial):
     stall_calls = property(lambda self: self._h.stall_calls)
     stall_ns = property(lambda self: self._h.stall_ns)
     # partial's attribute names: the wrapped object's, as every other attribute
-    func = property(lambda self: getattr(self._h.fn, "func"))
-    args = property(lambda self: getattr(self._h.fn, "args"))
-    keywords = property(lambda self: getattr(self._h.fn, "keywords"))
+    func = property(lambda self: self._h.fn.func)
+    args = property(lambda self: self._h.fn.args)
+    keywords = property(lambda self: self._h.fn.keywords)
 
     # and so is `__dict__` (a partial has one; a Watched stores nothing there, see __setattr__)
-    __dict__ = property(lambda self: getattr(self._h.fn, "__dict__"))  # type: ignore[assignment]
+    __dict__ = property(lambda self: self._h.fn.__dict__)  # type: ignore[assignment]
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Only Watched's own slots: a partial's instance dict would otherwise take any name
@@ -94,7 +103,8 @@ class Watched(functools.partial):
 
     def __reduce__(self) -> Any:
         """copy, deepcopy and pickle: a new watch() of (the copy of) the wrapped callable,
-        with its own shape memory and totals (partial's would copy the hot path's closure)."""
+        with its own shape memory and totals (partial's would copy the hot path and its
+        state)."""
         return _rewatch, (self._h.fn, self.name)
 
     def _route(self, sig: Any) -> Callable:
@@ -107,8 +117,8 @@ class Watched(functools.partial):
         return self._h.fn
 
     def _forget(self) -> None:
-        """A fresh shape memory and running totals (in a forked child: registry._after_fork
-        keeps the old memory)."""
+        """A fresh shape memory and running totals (in a forked child: _after_fork keeps the
+        old memory)."""
         self._start(_Hot(self._h.fn, self._h.tensor))
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not found on Watched
@@ -132,25 +142,29 @@ class Watched(functools.partial):
             shape = None
             if new and self._rationed(t0 + dt):
                 shape = as_shape(sig) if key is not None else []
-                if settings.emit_later is not None:
-                    # queued as a tuple of untracked values: see signature.shape_text
-                    settings.emit_later(("new_shape", time.time(), os.getpid(), self.name,
-                                         shape_text(shape), dt / 1e9, h.count))
-                else:
-                    settings.emit(events.NewShape(t=time.time(), pid=os.getpid(), name=self.name,
-                                                  shape=shape, seconds=dt / 1e9,
-                                                  distinct=h.count))
-            if seconds >= settings.stall_s:
+                self._new_shape(shape, dt)
+            if seconds >= settings.current.stall_s:
                 h.stall_calls += 1
                 h.stall_ns += dt
                 if shape is None:
                     shape = as_shape(sig) if key is not None else []
                 cause = tls.activity if getattr(tls, "activity_ns", -1) >= t0 else None
-                settings.emit(events.Stall(t=time.time(), pid=os.getpid(), name=self.name,
-                                           shape=shape, seconds=dt / 1e9, new_shape=new,
-                                           cause=cause))
+                settings.current.emit(events.Stall(
+                    t=time.time(), pid=os.getpid(), name=self.name, shape=shape,
+                    seconds=dt / 1e9, new_shape=new, cause=cause))
         except Exception:  # never into the server; the event is lost, the call is not
             pass
+
+    def _new_shape(self, shape: events.Shape, dt: int) -> None:
+        emit_later = settings.current.emit_later
+        if emit_later is not None:
+            # queued as a tuple of untracked values: see signature.shape_text
+            emit_later(("new_shape", time.time(), os.getpid(), self.name, shape_text(shape),
+                        dt / 1e9, self._h.count))
+        else:
+            settings.current.emit(events.NewShape(
+                t=time.time(), pid=os.getpid(), name=self.name, shape=shape, seconds=dt / 1e9,
+                distinct=self._h.count))
 
     def _rationed(self, now_ns: int) -> bool:
         """Take one new_shape event from the ration, if one is left."""
@@ -168,9 +182,10 @@ class Watched(functools.partial):
             if getattr(tls, "oom_ns", -1) >= t0:
                 return  # the allocator's observer already reported this call's OOM
             if is_oom(exc):
-                settings.emit(events.Oom(t=time.time(), pid=os.getpid(), source="exception",
-                                         device=None, requested_bytes=None, limit_bytes=None,
-                                         free_bytes=None, message=events.clip(str(exc), 500)))
+                settings.current.emit(events.Oom(
+                    t=time.time(), pid=os.getpid(), source="exception", device=None,
+                    requested_bytes=None, limit_bytes=None, free_bytes=None,
+                    message=events.clip(str(exc), 500)))
                 return
             text = crash_text(exc)
             if not is_gpu_crash(text):
@@ -180,16 +195,17 @@ class Watched(functools.partial):
                 return  # CUDA not initialised: not a GPU this process filled
             device, free, total = memory
             if crash_is_oom(text, free, total):
-                settings.emit(events.Oom(t=time.time(), pid=os.getpid(), source="crash",
-                                         device=device, requested_bytes=None, limit_bytes=total,
-                                         free_bytes=free, message=events.clip(text, 500)))
+                settings.current.emit(events.Oom(
+                    t=time.time(), pid=os.getpid(), source="crash", device=device,
+                    requested_bytes=None, limit_bytes=total, free_bytes=free,
+                    message=events.clip(text, 500)))
         except Exception:
             pass
 
     def take_window(self) -> tuple[int, int, int, int, int]:
         """(calls, total_ns, stall_calls, stall_ns, distinct_shapes) since the last take."""
         now = (*self._totals(), self.stall_calls, self.stall_ns)
-        delta = tuple(a - b for a, b in zip(now, self._taken))
+        delta = tuple(a - b for a, b in zip(now, self._taken, strict=True))
         self._taken = now
         return (*delta, self._h.count)
 
@@ -217,3 +233,29 @@ def watch(fn: Callable, name: Optional[str] = None, pad: Any = None) -> Watched:
     w = Watched(fn, label, torch.Tensor)
     watched.add(w)
     return w
+
+
+# The shape memories a forked child inherited, kept and never touched. Why: a worker must
+# report the shapes *it* meets (a master's warm-up shapes are not in the worker's CUDA graphs),
+# so each wrapper starts a fresh memory after fork; freeing the master's would write to every
+# remembered key (its refcount) inside os.fork(), copying those pages into each worker, while
+# kept they stay shared with the master.
+_inherited: list = []
+
+
+def _after_fork() -> None:
+    """In a forked child (run inside os.fork()): every watched callable starts with no shapes,
+    no calls and a full new_shape ration, whether or not an agent is installed. Only the
+    forking thread exists here: plain assignments, no locks."""
+    failed = None
+    for w in list(watched):
+        try:
+            _inherited.append(w._h)
+            w._forget()
+        except Exception as e:  # the others still start fresh; the hook counts the error
+            failed = e
+    if failed is not None:
+        raise failed
+
+
+_AFTER_FORK.append(_after_fork)
