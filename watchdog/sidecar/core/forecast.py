@@ -52,9 +52,6 @@ class Forecast:
     # recordings explain the growth the trend read (most of it came with them, or a recording
     # for each rise)
     trend_explained: bool = False
-    # ... and the discovery model has too few recordings yet to say whether their shape space
-    # saturates under the budget: the policy alerts on such a trend only with a reload
-    awaiting_model: bool = False
 
     @property
     def seconds(self) -> float:
@@ -126,10 +123,9 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Foreca
         return Forecast(budget, level)
     slope, leak, request_rate = rates(state, cfg)
     model = _discovery(state, cfg, min_records, request_rate)
-    early = model is None and (state.memory.mb_per_graph is None or state.records < min_records)
     best: Optional[Forecast] = None
     for view in views:
-        fc = _forecast_view(state, view, slope, leak, model, early)
+        fc = _forecast_view(state, view, slope, leak, model)
         if best is None or fc.seconds < best.seconds:
             best = fc
     assert best is not None  # views is not empty
@@ -215,7 +211,7 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
 
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
-                   model: Optional[Discovery], early: bool = False) -> Forecast:
+                   model: Optional[Discovery]) -> Forecast:
     over = v.uuid is None and v.level >= v.budget
     # over a configured or host budget already: an OOM now, growing or not (flat at 1.55 GiB
     # over a 1.3 GiB budget said "no OOM forecast"). A GPU's budget keeps its rate: an
@@ -242,8 +238,7 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     common: dict[str, Any] = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak,
                                   gpu_uuid=v.uuid, seconds_unexplained=unexplained,
                                   trend_horizon_s=reading.horizon if reading else None,
-                                  trend_explained=explained,
-                                  awaiting_model=early and explained)
+                                  trend_explained=explained)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
     space = model.space

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from torch_watchdog.sidecar.config import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
-from torch_watchdog.sidecar.core.forecast import FOREVER, Forecast
+from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.results import ActionKind, Verdict
 
 
@@ -68,23 +68,19 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
             ps.alerted.add(finding.cause)
             actions.append(Verdict(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
     seconds = fc.seconds
-    lead = reload_lead(state, cfg)
-    # graph growth the discovery model cannot judge yet (too few recordings) may saturate
-    # under the budget: alerted with a reload, not half an hour ahead
-    alert_s = seconds if not fc.awaiting_model or seconds <= lead else FOREVER
-    if alert_s <= cfg.alert_lead_s and not ps.forecast_alerted:
+    if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
         actions.append(Verdict(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
-    elif alert_s > 2 * cfg.alert_lead_s:
+    elif seconds > 2 * cfg.alert_lead_s:
         # hysteresis: re-arm only once well clear, and for a while (a forecast that comes and
         # goes between polls is one alert)
         if ps.clear_since is None:
             ps.clear_since = now
         if now - ps.clear_since >= REARM_S:
             ps.forecast_alerted = False
-    if alert_s <= 2 * cfg.alert_lead_s:
+    if seconds <= 2 * cfg.alert_lead_s:
         ps.clear_since = None
-    ps.holding = ps.holding + 1 if seconds <= lead else 0
+    ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
     if ps.holding < cfg.hold_polls or not allow_reload or now < ps.not_before:
         return actions
     if ps.reloads and now - ps.reloads[-1] < cfg.cooldown_s:
