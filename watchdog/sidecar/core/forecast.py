@@ -99,8 +99,7 @@ class Forecast:
                 "budget_bytes": self.budget_bytes, "level_bytes": self.level_bytes,
                 "shape_space_estimate": num(self.shape_space),
                 "growth_bytes_per_s": num(self.growth_bytes_per_s),
-                "unexplained_bytes_per_s": num(self.unexplained_bytes_per_s),
-                "trend_horizon_s": self.trend_horizon_s, "cause": self.cause}
+                "unexplained_bytes_per_s": num(self.unexplained_bytes_per_s)}
 
 
 class _View(NamedTuple):

@@ -167,9 +167,6 @@ class ForecastView(TypedDict):
     shape_space_estimate: Optional[float]
     growth_bytes_per_s: Optional[float]
     unexplained_bytes_per_s: Optional[float]
-    trend_horizon_s: Optional[float]   # the horizon the trend's growth was read over
-    cause: Optional[str]               # what a reload for it names: cudagraph_per_shape or
-                                       # memory_growth_unexplained
 
 
 class ServerView(TypedDict):
