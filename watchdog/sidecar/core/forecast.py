@@ -225,6 +225,11 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
 
     linear, explained = _trend(state, v, over)
     reading = state.memory.reading
+    if reading is None and _young(state):
+        # no horizon covered yet (the first minute of the trend): the window's recent rate
+        # stands in, as growth that runs out of memory within a minute must still be read
+        linear = seconds_at(slope)
+        explained = _explained(state, -math.inf, horizons.MIN_RISES)
     if explained:
         # graph growth speeds up as larger shapes come: the window's recent rate reads that
         # sooner than a line through the horizon
@@ -251,6 +256,22 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
 
 
+def _explained(state: State, since: float, rises: int) -> bool:
+    """Recordings explain the growth from `since` on: most of it came while graphs were
+    recorded, or a recording came for each of its `rises` (a graph pool's segments land a few
+    polls after the recordings that fill them)."""
+    trend = state.memory.trend
+    outside = trend.outside_share(since)
+    return outside is not None and outside < 0.5 or (trend.records_since(since) or 0) >= rises
+
+
+def _young(state: State) -> bool:
+    """The history is too short for the shortest horizon to be read."""
+    h = state.memory.history
+    return h.first_t is None or h.last_t is None or \
+        h.last_t - h.first_t < horizons.COVER * horizons.HORIZONS[0]
+
+
 def _trend(state: State, v: _View, over: bool) -> tuple[float, bool]:
     """The trend's time to OOM on this view (core/horizons.py: the growth at the horizon that
     explains it best, to the first step that does not fit), and whether recordings explain
@@ -258,14 +279,8 @@ def _trend(state: State, v: _View, over: bool) -> tuple[float, bool]:
     mem, reading = state.memory, state.memory.reading
     if reading is None:
         return (0.0 if over else FOREVER), False
-    # recordings explain the growth when most of it came while graphs were recorded, or a
-    # recording came for each of its rises (a graph pool's segments land a few polls after
-    # the recordings that fill them)
-    since = state.now - reading.horizon
-    outside = mem.trend.outside_share(since)
-    records = mem.trend.records_since(since) or 0
-    explained = outside is not None and outside < 0.5 or \
-        records >= max(horizons.MIN_RISES, reading.rises)
+    explained = _explained(state, state.now - reading.horizon,
+                           max(horizons.MIN_RISES, reading.rises))
     if over:
         return 0.0, explained
     room = v.budget - v.level  # the level now: memory let go of is room again
