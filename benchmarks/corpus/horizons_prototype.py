@@ -1,6 +1,7 @@
-"""A prototype, not wired into the sidecar: growth read at every horizon from a minute to a day,
-and the time to the moment allocation fails. Scored offline against main's forecast on the
-corpus as recorded and stretched (benchmarks/corpus/stretch.py).
+"""A prototype, its estimator now the sidecar's (watchdog/sidecar/core/horizons.py): growth
+read at every horizon from a minute to a day, and the time to the moment allocation fails,
+scored offline (memory alone, no discovery model) on the corpus as recorded and stretched
+(benchmarks/corpus/stretch.py).
 
     python benchmarks/corpus/horizons_prototype.py [--scales 1 10 60 360] [--json]
 
@@ -43,10 +44,8 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
-from collections import deque
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Any, Iterable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -54,146 +53,15 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-HORIZONS = (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0,
-            86400.0)
-TIER_S = (1.0, 5.0, 15.0, 60.0, 240.0, 720.0)   # bucket widths
-TIER_BUCKETS = 130
-MIN_RISES = 3
-OUTLIER = 8.0
-MIN_R2 = 0.5
-NEAR_TIE = 0.02
-COVER = 0.9           # a horizon is read once the history spans this part of it
-LEVEL_S = 30.0
-ENVELOPE_S = 30.0
+from torch_watchdog.sidecar.core.horizons import (  # noqa: E402  the estimator, now the core's
+    EVAL_S, HORIZONS, TIER_BUCKETS, TIER_S, History, Reading, estimate, read_horizon)
+from torch_watchdog.sidecar.core.horizons import seconds_to_fail as _seconds_to_fail  # noqa: E402
+
+__all__ = ["HORIZONS", "TIER_BUCKETS", "TIER_S", "History", "Reading", "estimate",
+           "fail_level", "read_horizon", "seconds_to_fail"]
+
 FAIL_FREE_BYTES = 19 << 20
-RISE_BYTES = 1 << 20  # a rise of the envelope smaller than this is noise
-SPREAD_S = 20.0       # the rises a horizon is read from span at least this long
-PAUSE = 1.5           # a silence this many times the longest pause before: growth stopped
 WARMUP_S = 30.0       # from the first compile: no decision (as the policy's warm-up)
-
-
-class History:
-    """The memory's maximum per bucket, per tier (bounded)."""
-
-    def __init__(self) -> None:
-        self.tiers: list[deque[list[float]]] = [deque(maxlen=TIER_BUCKETS) for _ in TIER_S]
-        self.first_t: Optional[float] = None
-        self.last_t: Optional[float] = None
-        # the last poll that rose over the highest of the LEVEL_S before it: when the latest
-        # step came, to the poll (the tiers know it to a bucket, minutes at long horizons)
-        self.last_rise_t: Optional[float] = None
-        self._high: deque[tuple[float, float]] = deque()
-
-    def add(self, t: float, value: float) -> None:
-        if self.first_t is None:
-            self.first_t = t
-        self.last_t = t
-        high = self._high   # the highest of the last LEVEL_S: a monotonic deque
-        while high and high[0][0] < t - LEVEL_S:
-            high.popleft()
-        if high and value > high[0][1] + RISE_BYTES:
-            self.last_rise_t = t
-        while high and high[-1][1] <= value:
-            high.pop()
-        high.append((t, value))
-        for width, tier in zip(TIER_S, self.tiers):
-            b = math.floor(t / width)
-            if tier and tier[-1][0] == b:
-                if value > tier[-1][1]:
-                    tier[-1][1] = value
-            else:
-                tier.append([b, value])
-
-    def points(self, horizon: float) -> tuple[float, list[tuple[float, float]]]:
-        """(bucket width, [(bucket end time, max)]) over the last `horizon`."""
-        assert self.last_t is not None
-        i = next((i for i, w in enumerate(TIER_S) if horizon / w <= TIER_BUCKETS - 2),
-                 len(TIER_S) - 1)
-        width, since = TIER_S[i], self.last_t - horizon
-        return width, [(min((b + 1) * width, self.last_t), v) for b, v in self.tiers[i]
-                       if (b + 1) * width > since]
-
-    def level(self) -> Optional[float]:
-        """The highest of the last LEVEL_S."""
-        return self._high[0][1] if self._high else None
-
-
-class Reading(NamedTuple):
-    horizon: float
-    rate: float          # bytes/s
-    r2: float
-    rises: int
-    step: float          # the median rise: the size of the growth's allocations
-    last_rise_t: float
-    soon: float          # the lower quartile of the gaps between rises
-
-
-def read_horizon(history: History, horizon: float) -> Optional[Reading]:
-    if history.first_t is None or history.last_t is None \
-            or history.last_t - history.first_t < COVER * horizon:
-        return None
-    _, pts = history.points(horizon)
-    if len(pts) < 4:
-        return None
-    rises: list[tuple[float, float]] = []   # (t, rise)
-    # the envelope starts at the highest of the horizon's first ENVELOPE_S (or eighth): a
-    # sawtooth's peak, not the trough the horizon happened to begin in
-    head = pts[0][0] + max(ENVELOPE_S, horizon / 8)
-    top = max(v for t, v in pts if t <= head)
-    for t, v in pts:
-        if t <= head:
-            continue
-        if v > top + RISE_BYTES:
-            rises.append((t, v - top))
-            top = v
-        elif v > top:
-            top = v
-    if len(rises) < MIN_RISES:
-        return None
-    limit = OUTLIER * statistics.median(r for _, r in rises)
-    kept = [(t, r) for t, r in rises if r <= limit]
-    if len(kept) < MIN_RISES:
-        return None
-    times = [t for t, _ in kept]
-    if times[-1] - times[0] < SPREAD_S:
-        return None   # a burst (the first climb of a sawtooth), not yet a trend
-    pauses = [b - a for a, b in zip(times, times[1:])]
-    silence = history.last_t - times[-1]
-    if silence > PAUSE * max(pauses, default=0.0):
-        return None   # the growth stopped: longer than any pause it took before
-    # the envelope less its one-offs, at each point
-    env, level, j = [], 0.0, 0
-    for t, _ in pts:
-        if t < head:
-            continue
-        while j < len(kept) and kept[j][0] <= t:
-            level += kept[j][1]
-            j += 1
-        env.append((t, level))
-    n = len(env)
-    mt = sum(t for t, _ in env) / n
-    mv = sum(v for _, v in env) / n
-    sxx = sum((t - mt) ** 2 for t, _ in env)
-    sxy = sum((t - mt) * (v - mv) for t, v in env)
-    syy = sum((v - mv) ** 2 for _, v in env)
-    if sxx <= 0 or syy <= 0 or sxy <= 0:
-        return None
-    # the next step may come as soon as the shorter gaps between steps did
-    soon = sorted(pauses)[len(pauses) // 4] if pauses else math.inf
-    return Reading(horizon, sxy / sxx, sxy * sxy / (sxx * syy), len(kept),
-                   statistics.median(r for _, r in kept), times[-1], soon)
-
-
-def estimate(history: History) -> Optional[Reading]:
-    """The reading of the horizon that explains the recent growth best, or None."""
-    best: Optional[Reading] = None
-    for h in HORIZONS:
-        r = read_horizon(history, h)
-        if r is None or r.r2 < MIN_R2:
-            continue
-        if best is None or r.r2 >= best.r2 - NEAR_TIE:
-            best = r
-    return best
 
 
 def fail_level(budget: Optional[float] = None, device_total: Optional[float] = None,
@@ -210,22 +78,12 @@ def fail_level(budget: Optional[float] = None, device_total: Optional[float] = N
 
 def seconds_to_fail(history: History, fail_level: float) -> float:
     reading, level = estimate(history), history.level()
-    if reading is None or level is None:
+    if reading is None or level is None or history.last_t is None:
         return math.inf
-    # the allocation that fails is the first step that does not fit: the steps that still
-    # fit, one every step / rate, after the next one is due
-    every = reading.step / reading.rate
-    fit = max(0.0, math.ceil((fail_level - level) / reading.step) - 1)   # (reaching it fails)
-    assert history.last_t is not None
-    last = reading.last_rise_t
-    if history.last_rise_t is not None and history.last_rise_t > last - TIER_S[-1]:
-        last = history.last_rise_t
-    due = max(0.0, last + min(every, reading.soon) - history.last_t)
-    return due + fit * every
+    return _seconds_to_fail(reading, fail_level - level, history.last_t, history.last_rise_t)
 
 
 # -- offline scoring (I/O at the edge) --------------------------------------------------------
-EVAL_S = 1.0
 HOLD = 3
 LEAD_S, ALERT_LEAD_S = 60.0, 1800.0
 

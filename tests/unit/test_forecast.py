@@ -8,9 +8,19 @@ from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.correlate.calls import Calls, Window
 from torch_watchdog.sidecar.core.correlate.memory import Memory
 from torch_watchdog.sidecar.core.correlate.shapes import Shapes
-from torch_watchdog.sidecar.core.forecast import FOREVER, forecast, recorded, shape_space
+from torch_watchdog.sidecar.core import horizons
+from torch_watchdog.sidecar.core.forecast import (FAIL_FREE_BYTES, FOREVER, forecast, recorded,
+                                                  shape_space)
 
 MB = 1_000_000
+
+
+def grow(memory: Memory, t: float, level: float, records: int) -> None:
+    """One poll of the server's memory, as Memory.on_sample folds it: the window's trend, the
+    day's history, and the horizons' estimate."""
+    memory.trend.append(t, level, records)
+    memory.history.add(t, level)
+    memory.reading = horizons.estimate(memory.history)
 
 
 @pytest.mark.parametrize("space, n", [(50, 100), (200, 500), (2017, 3137), (10, 1000)])
@@ -75,19 +85,22 @@ def test_discovery_forecast_when_the_plateau_is_above_budget():
     assert fc.seconds_discovery < 60
 
 
-def test_linear_trend_ignores_one_poll_steps():
-    s = State(now=10.0, memory=Memory(device_used=0, device_total=10_000 * MB))
+def test_the_trend_ignores_one_poll_steps():
+    s = State(now=70.0, memory=Memory(device_used=0, device_total=10_000 * MB))
     level = 1000 * MB
-    for i in range(11):
-        level += 1 * MB + (3000 * MB if i == 5 else 0)
-        s.memory.trend.append(float(i), level, 0)
+    for i in range(71):
+        level += 1 * MB + (3000 * MB if i == 40 else 0)
+        grow(s.memory, float(i), level, 0)
     s.memory.device_used = level
-    fc = forecast(s, ForecastConfig(headroom_bytes=0))
-    # 10 polls of +1 MB, one of them inside the 3 GB step, which is left out whole: the
-    # recent quarter's rate, as every part grows
+    fc = forecast(s, ForecastConfig())
+    # 70 polls of +1 MB, one of them inside the 3 GB step, which is left out whole: the
+    # window's recent rate, and the horizon's line through the envelope less the step
     assert fc.growth_bytes_per_s == pytest.approx(1.0 * MB)
-    assert fc.seconds_linear == pytest.approx((10_000 - 4011) / 1.0, rel=1e-3)
+    room = 10_000 * MB - FAIL_FREE_BYTES - level
+    assert fc.seconds_linear == pytest.approx(room / MB, rel=0.05)
+    assert fc.trend_horizon_s == 60.0
     assert fc.seconds_discovery is None  # no recordings: the trend is what we have
+    assert fc.cause == "memory_growth_unexplained"
 
 
 def test_the_budget_leaves_out_what_the_driver_reserves():
@@ -103,7 +116,9 @@ def test_the_budget_leaves_out_what_the_driver_reserves():
                                                            total - reserved - used),))],
              CorrelateConfig())
     fc = forecast(s, ForecastConfig(headroom_bytes=128 << 20))
-    assert fc.budget_bytes == total - reserved - (128 << 20)
+    # the OOM is where allocation fails, FAIL_FREE_BYTES short of full (headroom_bytes is
+    # deprecated: the margin is the policy's lead in seconds)
+    assert fc.budget_bytes == total - reserved - FAIL_FREE_BYTES
     assert fc.level_bytes == used
 
 
@@ -111,14 +126,16 @@ def test_bucketed_warm_up_growth_is_not_projected_into_an_oom():
     """The GPU control run: 9 bucket sizes in hundreds of requests, 10 MB of growth while
     they were recorded, 106 MB of room. The trend alone said OOM in 208 s; every size is
     recorded, so no more growth comes from graphs: no forecast OOM."""
-    s = State(now=30.0, calls=Calls(requests=600), shapes=Shapes(distinct=9), records=9,
+    s = State(now=60.0, calls=Calls(requests=600), shapes=Shapes(distinct=9), records=9,
               memory=Memory(device_used=0, device_total=1000 * MB))
-    for i in range(31):
-        level = 894 * MB + i * MB / 3
-        s.memory.trend.append(float(i), level, 9)
+    s.calls.windows.extend(Window(float(t), 10, 1.0, 0, 0.0) for t in range(61))
+    for i in range(61):  # the growth came with the recordings, a recording every 6.7 s
+        level = 894 * MB + i * MB / 6
+        grow(s.memory, float(i), level, i * 9 // 60)
     s.memory.device_used = int(904 * MB)
-    fc = forecast(s, ForecastConfig(headroom_bytes=0))
+    fc = forecast(s, ForecastConfig())
     assert fc.seconds_linear < 1000  # the trend through the warm-up
+    assert fc.trend_explained  # by the recordings, and they are over
     assert fc.seconds == FOREVER and fc.will_oom is False and fc.plateau_bytes == fc.level_bytes
 
 
@@ -208,13 +225,16 @@ def test_a_saturated_model_refuted_by_new_recordings_leaves_the_forecast_to_the_
                   records=records_now, memory=Memory(device_used=0, device_total=1000 * MB))
         for i in range(61):
             level = 900 * MB + i * MB
-            s.memory.trend.append(float(i), level, 9 + (records_now - 9) * i // 60)
+            grow(s.memory, float(i), level, 9 + (records_now - 9) * i // 60)
         s.calls.windows.extend(Window(float(t), 20, 1.0, 0, 0.0) for t in range(0, 61, 2))
         s.memory.device_used = int(960 * MB)
         return s
 
-    refuted = forecast(state(30), ForecastConfig(headroom_bytes=0))
+    refuted = forecast(state(30), ForecastConfig())
     assert refuted.seconds_discovery is None and refuted.seconds == refuted.seconds_linear
-    assert refuted.seconds < 60
-    held = forecast(state(9), ForecastConfig(headroom_bytes=0))
-    assert held.seconds == FOREVER and held.plateau_bytes == held.level_bytes
+    assert refuted.seconds < 60 and refuted.cause == "cudagraph_per_shape"
+    held = forecast(state(9), ForecastConfig())
+    # the saturated model: no more growth from recordings; the growth with none is a leak
+    assert held.seconds_discovery == FOREVER and held.plateau_bytes == held.level_bytes
+    assert held.seconds == held.seconds_unexplained < 60
+    assert held.cause == "memory_growth_unexplained"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import typing
@@ -40,7 +41,22 @@ def _validate(data: Any) -> tuple[Config, list[str]]:
     """The Config (a bad value replaced by its default) and every problem with `data`."""
     problems: list[str] = []
     config = _build(Config, data, "", problems)
+    for warning in deprecated(data):
+        log.warning("%s", warning)
     return config, problems + semantic_problems(config)
+
+
+log = logging.getLogger(__name__)
+DEPRECATED = {("forecast", "headroom_bytes"): "ignored: the forecast is to where allocation "
+              "fails, and the margin is policy.reload_lead_s (seconds)"}
+
+
+def deprecated(data: Any) -> list[str]:
+    """The deprecated keys `data` sets, each with what became of it."""
+    if not isinstance(data, dict):
+        return []
+    return [f"{section}.{key}: deprecated, {why}" for (section, key), why in DEPRECATED.items()
+            if isinstance(data.get(section), dict) and key in data[section]]
 
 
 MAX_FILE_BYTES = 1 * MiB  # the shipped file, every key documented, is 7 KB

@@ -54,9 +54,12 @@ class CorrelateConfig:
 
 @dataclass(frozen=True)
 class ForecastConfig:
-    window_s: float = 60.0                # recent window for rates and the linear trend
-    headroom_bytes: int = 128 * MiB       # budget = device total - headroom (the H200 OOM
-                                          # run, h200-oom300: the crash came with 3 MB free)
+    window_s: float = 60.0                # recent window for the request rate, growth outside
+                                          # recordings and graph growth's recent rate
+    # deprecated and ignored: the forecast is to where allocation fails (core/forecast.py,
+    # FAIL_FREE_BYTES) and the margin is policy.reload_lead_s. Kept so that configs and
+    # sample logs that set it still load
+    headroom_bytes: int = 128 * MiB
     process_budget_bytes: Optional[int] = None  # or a fixed budget for the server's memory
     # or a budget for each of its processes (a worker is killed alone: a cgroup per worker, a
     # host-memory server whose workers each have a limit)

@@ -1,7 +1,10 @@
-"""Time to OOM, two ways, from the folded state (pure).
+"""Time to OOM, two ways, from the folded state (pure). The OOM is the moment allocation
+fails: on a GPU when its free memory is down to FAIL_FREE_BYTES, against a configured budget
+(`process_budget_bytes`, `per_process_budget_bytes`) or a cgroup limit at the budget itself.
+No margin is taken off: the policy acts `reload_lead_s` before it.
 
-- linear: the growth rate of the device's used memory over the last `window_s`, one-poll
-  steps (a model load, a ballast) left out;
+- trend: the server's memory growth at the horizon (a minute to a day) that explains it best
+  (core/horizons.py), the time to the first step that does not fit;
 - discovery: growth comes from CUDA graphs for *new* sizes, and new sizes dry up as the shape
   space is covered. With requests drawn from S sizes, after n requests the expected distinct
   sizes are D = S(1 - e^(-n/S)) and the sizes seen twice (so recorded: a size's first call is a
@@ -12,23 +15,30 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, cast
 
 from torch_watchdog.sidecar.config import ForecastConfig
+from torch_watchdog.sidecar.core import horizons
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.results import ForecastView
 
 FOREVER = math.inf
+# NVML free memory at which a device's allocations fail: PyTorch's allocator and cuDNN failed
+# with 9-19 MiB free on an H200 (graph growth, leaks with and without expandable segments):
+# the driver keeps that much for itself. Counting a larger headroom as the OOM forecast it
+# 20-60 s early at a few MiB/s, hours early at slow rates
+FAIL_FREE_BYTES = 19 << 20
 REFUTE_RECORDS = 3   # recordings in a window beyond twice the model's expectation: refuted
 
 
 @dataclass(frozen=True)
 class Forecast:
-    budget_bytes: Optional[int]
+    budget_bytes: Optional[int]                   # where allocation fails (the OOM)
     level_bytes: Optional[int]
-    seconds_linear: float = FOREVER
+    seconds_linear: float = FOREVER               # the trend's (core/horizons.py)
     seconds_discovery: Optional[float] = None   # None: the model does not apply (yet)
     plateau_bytes: Optional[float] = None
     shape_space: Optional[float] = None
@@ -38,6 +48,10 @@ class Forecast:
     seconds_unexplained: float = FOREVER
     unexplained_bytes_per_s: Optional[float] = None
     gpu_uuid: Optional[str] = None                 # the GPU this forecast is for (the nearest)
+    trend_horizon_s: Optional[float] = None        # the horizon the trend was read over
+    # recordings explain the growth the trend read (most of it came with them, or a recording
+    # for each rise)
+    trend_explained: bool = False
 
     @property
     def seconds(self) -> float:
@@ -56,6 +70,17 @@ class Forecast:
             return "trend"
         return "unexplained" if self.seconds_unexplained < self.seconds_discovery \
             else "recordings"
+
+    @property
+    def cause(self) -> Optional[str]:
+        """The cause a reload for this forecast names: growth of graphs recorded for new
+        shapes, or growth that recordings do not explain."""
+        driver = self.driver
+        if driver is None:
+            return None
+        if driver == "recordings" or driver == "trend" and self.trend_explained:
+            return "cudagraph_per_shape"
+        return "memory_growth_unexplained"
 
     @property
     def will_oom(self) -> Optional[bool]:
@@ -127,13 +152,13 @@ def _views(state: State, cfg: ForecastConfig) -> list[_View]:
             return []
         return [_View(None, state.memory.bytes, cfg.process_budget_bytes, 1.0)]
     if state.memory.gpus:
-        return _gpu_views(state, cfg.headroom_bytes)
+        return _gpu_views(state)
     level, budget = _level_and_budget(state, cfg)
     return [] if level is None or budget is None else [_View(None, level, budget, 1.0)]
 
 
-def _gpu_views(state: State, headroom: int) -> list[_View]:
-    """Each GPU against its own budget (usable - headroom). The server's growth is split over
+def _gpu_views(state: State) -> list[_View]:
+    """Each GPU against its own budget (usable - FAIL_FREE_BYTES). The server's growth is split over
     its GPUs by where its memory is (per-process NVML), else evenly; a GPU holding none of
     the server's memory is not its to run out of."""
     mine = {u: b for u, (_, _, b) in state.memory.gpus.items()}
@@ -146,7 +171,7 @@ def _gpu_views(state: State, headroom: int) -> list[_View]:
             1.0 / len(state.memory.gpus)
         if known and mine[uuid] == 0:
             continue
-        views.append(_View(uuid, used, usable - headroom, share))
+        views.append(_View(uuid, used, usable - FAIL_FREE_BYTES, share))
     return views
 
 
@@ -186,19 +211,38 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
 
 def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
                    model: Optional[Discovery]) -> Forecast:
+    over = v.uuid is None and v.level >= v.budget
+    # over a configured or host budget already: an OOM now, growing or not (flat at 1.55 GiB
+    # over a 1.3 GiB budget said "no OOM forecast"). A GPU's budget keeps its rate: an
+    # allocator may cache up to the last free MiB and run there for hours
+
     def seconds_at(rate: Optional[float]) -> float:
-        if v.uuid is None and v.level >= v.budget:
-            # over a configured or host budget already: an OOM now, growing or not (flat at
-            # 1.55 GiB over a 1.3 GiB budget said "no OOM forecast"). A GPU's budget keeps its
-            # rate: an allocator may cache up to the last free MiB and run there for hours
+        if over:
             return 0.0
         if rate is None or rate * v.share <= 0:
             return FOREVER
         return max(0.0, (v.budget - v.level) / (rate * v.share))
 
-    linear, unexplained = seconds_at(slope), seconds_at(leak)
+    linear, explained = _trend(state, v, over)
+    reading = state.memory.reading
+    if reading is None and _young(state):
+        # no horizon covered yet (the first minute of the trend): the window's recent rate
+        # stands in, as growth that runs out of memory within a minute must still be read
+        linear = seconds_at(slope)
+        explained = _explained(state, -math.inf, horizons.MIN_RISES)
+    if explained:
+        # graph growth speeds up as larger shapes come: the window's recent rate reads that
+        # sooner than a line through the horizon
+        linear = min(linear, seconds_at(slope))
+    # growth recordings do not explain: the trend's where it reads growth they do not
+    # explain; none before the trend reads growth (a first minute's climb is not yet a
+    # trend), nor while recordings explain it (the window's rate outside recordings read an
+    # allocator's steps between a saturating shape space's recordings as a leak)
+    unexplained = linear if reading is not None and not explained else FOREVER
     common: dict[str, Any] = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak,
-                                  gpu_uuid=v.uuid, seconds_unexplained=unexplained)
+                                  gpu_uuid=v.uuid, seconds_unexplained=unexplained,
+                                  trend_horizon_s=reading.horizon if reading else None,
+                                  trend_explained=explained)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
     space = model.space
@@ -212,21 +256,53 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
 
 
+def _explained(state: State, since: float, rises: int) -> bool:
+    """Recordings explain the growth from `since` on: most of it came while graphs were
+    recorded, or a recording came for each of its `rises` (a graph pool's segments land a few
+    polls after the recordings that fill them)."""
+    trend = state.memory.trend
+    outside = trend.outside_share(since)
+    return outside is not None and outside < 0.5 or (trend.records_since(since) or 0) >= rises
+
+
+def _young(state: State) -> bool:
+    """The history is too short for the shortest horizon to be read."""
+    h = state.memory.history
+    return h.first_t is None or h.last_t is None or \
+        h.last_t - h.first_t < horizons.COVER * horizons.HORIZONS[0]
+
+
+def _trend(state: State, v: _View, over: bool) -> tuple[float, bool]:
+    """The trend's time to OOM on this view (core/horizons.py: the growth at the horizon that
+    explains it best, to the first step that does not fit), and whether recordings explain
+    that growth (most of it came while graphs were being recorded)."""
+    mem, reading = state.memory, state.memory.reading
+    if reading is None:
+        return (0.0 if over else FOREVER), False
+    explained = _explained(state, state.now - reading.horizon,
+                           max(horizons.MIN_RISES, reading.rises))
+    if over:
+        return 0.0, explained
+    room = v.budget - v.level  # the level now: memory let go of is room again
+    return horizons.seconds_to_fail(reading, room, state.now, mem.history.last_rise_t,
+                                    v.share), explained
+
+
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:
     mem = state.memory
     if cfg.process_budget_bytes is not None:
         return mem.bytes, cfg.process_budget_bytes
     capacity = mem.device_usable if mem.device_usable is not None else mem.device_total
     if mem.device_used is not None and capacity is not None:
-        return mem.device_used, capacity - cfg.headroom_bytes
+        return mem.device_used, capacity - FAIL_FREE_BYTES
     if mem.source == "rss" and mem.bytes is not None:  # host-memory mode
-        # the server's own memory against what it may use: its cgroup's limit, else what the
-        # machine has available on top of what the server holds (the machine's other jobs
-        # are not the server's growth)
+        # the server's own memory against what it may use: its cgroup's limit (the OOM killer
+        # acts there), else what the machine has available on top of what the server holds
+        # (the machine's other jobs are not the server's growth)
         if mem.limit is not None:
-            return mem.bytes, mem.limit - cfg.headroom_bytes
+            return mem.bytes, mem.limit
         if mem.host_available is not None:
-            return mem.bytes, mem.bytes + mem.host_available - cfg.headroom_bytes
+            return mem.bytes, mem.bytes + mem.host_available
     return None, None
 
 
@@ -266,9 +342,11 @@ def refuted(state: State, window_s: float, space: Optional[float], scale: float)
     return seen > 2 * expected + REFUTE_RECORDS
 
 
+@functools.lru_cache(maxsize=256)
 def shape_space(requests: int, distinct: int) -> Optional[float]:
     """S with S(1 - e^(-n/S)) = D: the number of sizes that explains D distinct in n requests.
-    Infinite when every request was new; None without data."""
+    Infinite when every request was new; None without data. Cached: a pure function of two
+    counts that change only with an agent's `calls` report, asked for at every poll."""
     if requests <= 0 or distinct <= 0:
         return None
     if distinct >= requests:

@@ -35,12 +35,6 @@ from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Canc
                                                  ReloadNotDone, ReloadOk, Restart, ServerView,
                                                  StepResult)
 
-# driver -> cause (Forecast.driver: None when no OOM is forecast)
-CAUSE_OF: dict[Optional[str], str] = {
-    "recordings": "cudagraph_per_shape", "unexplained": "memory_growth_unexplained",
-    "trend": "oom_forecast"}
-
-
 Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory]
 __all__ = ["DEFAULT_SERVER", "Host", "Observation", "Server", "estimates", "server_view", "step"]
 
@@ -240,7 +234,7 @@ def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool,
             out.append(Alert(v.t, v.reason, v.detail, *_target(server)))
             continue
         decision = Reload(v.t, v.reason, v.detail, *_target(server),
-                          cause=CAUSE_OF.get(fc.driver, "oom_forecast"), dry_run=v.dry_run,
+                          cause=fc.cause or "oom_forecast", dry_run=v.dry_run,
                           not_done=_not_done(v.dry_run, cfg))
         host.history.append((decision.t, server.name))
         if decision.not_done is None:

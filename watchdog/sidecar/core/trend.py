@@ -138,6 +138,28 @@ class Trend:
         i = bisect.bisect_left(self._t, since)
         return None if i >= len(self._t) else self._records[-1] - self._records[i]
 
+    def outside_share(self, since: float) -> Optional[float]:
+        """The part of the envelope's growth from `since` on (its steps too, less one-offs: a
+        step over OUTLIER times the lower median step, or a lone one over OUTLIER times
+        `jump_bytes`: a model load, a ballast) that came outside recordings; None where it
+        did not grow."""
+        t, sums = self._t, self._sums
+        i = bisect.bisect_left(t, since)
+        if i >= len(t):
+            return None
+        si, sj = sums[i], sums[-1]
+        growth, outside = sj.growth - si.growth, sj.outside_growth - si.outside_growth
+        steps = self.steps[bisect.bisect_right(self.steps, t[i], key=_step_t):]
+        if steps:
+            sizes = sorted(s.size for s in steps)
+            limit = OUTLIER * (sizes[(len(sizes) - 1) // 2] if len(sizes) > 1
+                               else self.jump_bytes)
+            for s in steps:
+                if s.size <= limit:
+                    growth += s.size
+                    outside += s.size if s.outside else 0.0
+        return outside / growth if growth > 0 else None
+
     def rates(self, since: float) -> tuple[Optional[float], Optional[float]]:
         """The growth rate (bytes/s) over the samples from `since` on, and the growth outside
         recordings; None where there are fewer than 3 samples or MIN_SPAN of the window, or too

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, cast
 
 from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.core import horizons
 from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 from torch_watchdog.sidecar.core.trend import Trend
 
@@ -70,6 +71,12 @@ class Memory:
     gpus: dict[str, tuple[int, int, Optional[int]]] = field(default_factory=dict)
     gpu_down: bool = False                # NVML down or late at the last poll
     trend: Trend = field(default_factory=Trend)  # the memory of each poll, and its growth
+    # the same memory over a day, bounded, and its growth at the horizon that fits it best,
+    # estimated once every horizons.EVAL_S of the polls' time (replay and live alike)
+    history: horizons.History = field(default_factory=horizons.History)
+    reading: Optional[horizons.Reading] = None
+    readings: horizons.Readings = field(default_factory=dict)   # per horizon, until its next bucket
+    next_estimate_t: float = -math.inf
     regression: Regression = field(default_factory=Regression)  # memory on recordings
     records_at_last_sample: int = 0
     compile_jump_bytes: int = 0           # steps that were compiles'
@@ -157,6 +164,7 @@ class Memory:
         if source != self.source:  # a new meter: never regress across the change
             self.source, self.start, self.bytes = source, mem, mem
             self.trend = Trend(cfg.jump_bytes)
+            self._restart_history()
             self.records_at_last_sample = records
             return
         assert self.bytes is not None  # set with source, never None again: the same meter
@@ -165,8 +173,13 @@ class Memory:
         loading, settling = warm_up
         if loading:  # loading weights and the first compile are not growth to forecast:
             self.trend = Trend(cfg.jump_bytes)  # the trend starts after them
+            self._restart_history()
         self.trend.jump_bytes = cfg.jump_bytes
         self.trend.append(t, mem, records)
+        self.history.add(t, mem)
+        if t >= self.next_estimate_t:
+            self.reading = horizons.estimate(self.history, self.readings)
+            self.next_estimate_t = t + horizons.EVAL_S
         if settling and records == 0:
             self.start = mem
             self.compile_jump_bytes = 0
@@ -181,6 +194,13 @@ class Memory:
             return
         if records > 0:  # the regression starts with the first recording
             self.regression.add(recorded, delta)
+
+
+    def _restart_history(self) -> None:
+        if self.history.first_t is not None:
+            self.history = horizons.History()
+        self.reading, self.next_estimate_t = None, -math.inf
+        self.readings = {}
 
 
 def server_memory(sample: Sample, attribution: str) -> tuple[Optional[int], Optional[str]]:
