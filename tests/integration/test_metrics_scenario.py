@@ -34,6 +34,7 @@ from tests.conftest import with_root
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog.sidecar.config import (AgentSocketConfig, AlertsConfig, Config,
                                            CorrelateConfig)
+from torch_watchdog.sidecar.core.forecast import FAIL_FREE_BYTES
 from torch_watchdog.sidecar.core.correlate import CAUSES
 from torch_watchdog.sidecar.daemon import Daemon
 from torch_watchdog.sidecar.present import metrics
@@ -43,7 +44,6 @@ from torch_watchdog.sidecar.sources.receiver import DROP_REASONS
 
 MB = 1_000_000
 MiB = 1 << 20
-HEADROOM = 128 * MiB  # forecast.headroom_bytes' default
 GPU0, GPU1 = "GPU-scenario-0", "GPU-scenario-1"
 POLLS = 50  # llm's growing polls, 1 s apart: 2 recordings and 2 MB each, 10 calls
 
@@ -323,8 +323,8 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         # every MB of growth came with a recording
         "torch_watchdog_memory_unexplained_bytes": {A: 0, B: 0},
         # each server's own GPU: its used memory against its size less the headroom
-        "torch_watchdog_memory_budget_bytes": {A: 80_000 * MB - HEADROOM,
-                                               B: 40_000 * MB - HEADROOM},
+        "torch_watchdog_memory_budget_bytes": {A: 80_000 * MB - FAIL_FREE_BYTES,
+                                               B: 40_000 * MB - FAIL_FREE_BYTES},
         "torch_watchdog_memory_level_bytes": {A: (10_000 + 2 * POLLS) * MB, B: 5_200 * MB},
         # chat.py's memory is flat: no OOM in sight, +Inf
         # llm: 3 shapes, all recorded (a plateau); its linear trend still sees growth

@@ -168,7 +168,7 @@ def test_text_output_says_per_server_what_was_decided_when_and_why(capsys):
     a = servers["replica-a"]
     assert [what for _, what, _ in a if what != "alert"] == ["reload", "execute", "reload_ok"]
     reload_why = next(why for _, what, why in a if what == "reload")
-    assert reload_why.startswith("cause oom_forecast, OOM forecast in ")
+    assert reload_why.startswith("cause cudagraph_per_shape, OOM forecast in ")
     assert {why.split(":")[0] for _, what, why in a if what == "alert"} == {
         "oom_forecast", "cudagraph_per_shape"}
     assert servers["replica-b"] == []
