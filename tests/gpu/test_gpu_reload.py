@@ -242,8 +242,8 @@ def test_the_sidecar_restarts_the_server_before_it_runs_out_of_memory(short_tmp)
     assert "TorchCompileReload" in ev["alerts"] and "TorchCompileOomForecast" in ev["alerts"]
     # the reload names a growth cause, not oom_forecast. Decided at ~10 recordings (before 20
     # make cudagraph_per_shape a finding of its own), the share of growth the recordings
-    # explain is not settled yet: of two runs on 2026-12-03, one named cudagraph_per_shape,
-    # the other memory_growth_unexplained (the allocator's segments land polls after the
+    # explain is not settled yet: of three runs on 2026-12-03, two named cudagraph_per_shape,
+    # one memory_growth_unexplained (the allocator's segments land polls after the
     # recordings that fill them). An open item of the forecast's cause naming.
     assert entry["reason"] in ("cudagraph_per_shape", "memory_growth_unexplained")
     # what the reload cost: from SIGTERM to the restarted server's first answer
