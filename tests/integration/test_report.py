@@ -323,6 +323,11 @@ def test_two_replicas_are_two_servers_each_with_its_own_story(tmp_path_factory):
     text = page_text(page)
     assert "Server replica-a" in text and "Server replica-b" in text
     assert len(svgs(page)) >= 4   # a memory chart and a histogram per server
+    # the chart's line is where the server's own memory meets the budget: the GPU's budget
+    # less the other processes on it, a number of its own, not a second reading of the budget
+    assert a["chart"]["budget_label"] == "budget less other processes"
+    assert a["chart"]["budget_bytes"] < a["summary"]["forecast"]["budget_bytes"]
+    assert "budget less other processes" in text
 
 
 def test_budget_is_drawn_from_when_it_applied(tmp_path):

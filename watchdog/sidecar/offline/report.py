@@ -106,8 +106,10 @@ class _Steps:
     def __init__(self, limit: int = MAX_POINTS):
         self.thinned = Thinned(limit, lambda a, b: a)
         self.last: Optional[float] = None
+        self.less_others = False  # other processes' memory was taken off the budget
 
-    def add(self, t: float, v: float) -> None:
+    def add(self, t: float, v: float, others: float = 0.0) -> None:
+        self.less_others = self.less_others or others > 2 ** 20
         # the budget line moves with other processes' memory: a change under 0.2 % is noise
         if self.last is None or abs(v - self.last) > max(2 ** 20, 0.002 * abs(v)):
             self.thinned.add((t, v))
@@ -171,7 +173,8 @@ class _ServerLog:
             # where the server's memory meets the budget with everything else as it is now
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
             other = 0 if fc.level_bytes is None else fc.level_bytes - state.memory.bytes
-            self.budget.setdefault(state.memory.source, _Steps()).add(t, fc.budget_bytes - other)
+            self.budget.setdefault(state.memory.source, _Steps()).add(
+                t, fc.budget_bytes - other, other)
         # the nearest forecast the policy would have acted on: during a process's warm-up
         # only one due by its end plus the lead (a fresh process's start-up is not growth)
         if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
@@ -452,6 +455,10 @@ def _chart(series: Optional[_Series], marks: list[Any], col: _Collector,
             "marks": [list(m) for m in shown], "marks_outside": outside,
             "mark_counts": dict(Counter(k for _, k in shown)),
             "budget": line, "budget_off_scale": off,
+            # the line is where this server's memory meets the budget: the budget itself, or
+            # less what the other processes on its GPU hold (a number of its own)
+            "budget_label": "budget less other processes" if budget and budget.less_others
+            else "budget",
             "budget_bytes": line[-1][1] if line else None}
 
 

@@ -82,6 +82,7 @@ def _server_body(s: dict[str, Any], report: dict[str, Any], level: int, shapes: 
     summary, chart = s["summary"], s["chart"]
     memory = plot.memory_chart([tuple(p) for p in chart["points"]],
                                [tuple(m) for m in chart["marks"]], budget=_budget(chart),
+                               budget_label=chart.get("budget_label", "budget"),
                                breaks=chart.get("breaks", ()),
                                time_origin=0.0,  # the tables' times: from the trace's start
                                title=f"server memory ({_meter(summary['memory_source'])})")
@@ -142,6 +143,7 @@ def _zoom(chart: dict[str, Any]) -> str:
                              [tuple(m) for m in chart["marks"] if since <= m[0] <= until],
                              budget=[(since, before[0][1])] + budget if before else budget,
                              baseline=base, time_origin=0.0, breaks=chart.get("breaks", ()),
+                             budget_label=chart.get("budget_label", "budget"),
                              title=f"growth above {human_bytes(base)} (zoomed: "
                                    f"+{human_duration(since)} to +{human_duration(until)})")
 

@@ -32,7 +32,8 @@ Budget = Union[float, Sequence[tuple[float, float]], None]
 def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[float, str]] = (), *,
                  budget: Budget = None, width: int = 900, height: int = 300,
                  title: str = "", baseline: Optional[float] = None,
-                 time_origin: Optional[float] = None, breaks: Sequence[float] = ()) -> str:
+                 time_origin: Optional[float] = None, breaks: Sequence[float] = (),
+                 budget_label: str = "budget") -> str:
     """Memory (bytes) over time (seconds) as a line, event marks along the time axis, and the
     budget as a dashed line: one value for the whole chart, or (t, bytes) steps, each from
     when it applied (a SIGHUP's new budget, other processes' memory on the GPU). With
@@ -40,7 +41,8 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
     footprint (weights, a ballast). Time is labelled from `time_origin` (default: the first
     point or mark). `breaks`: times where the line stops and starts again (a reload's or a
     restart's new process: nothing was measured in between, and a line across the gap would
-    draw memory that no process had); a point at or after a break starts a new stretch."""
+    draw memory that no process had); a point at or after a break starts a new stretch.
+    `budget_label` names the dashed line (what it is when it is not the budget itself)."""
     title = title or "memory over time"
     if not points:
         return _empty(title, "no memory samples yet", width)
@@ -58,7 +60,7 @@ def memory_chart(points: Sequence[tuple[float, float]], marks: Sequence[tuple[fl
     parts = [_open(title, width, height), _time_axis(box, time_origin),
              _value_axis(box, y_unit, y_step, "" if baseline is None else "+")]
     if steps:
-        parts += _budget_line(box, steps, "" if baseline is None else "+")
+        parts += _budget_line(box, steps, "" if baseline is None else "+", budget_label)
     for stretch in _stretches(pts, breaks):
         line = " ".join(f"{box.x(t):.1f},{box.y(v):.1f}" for t, v in stretch)
         # 2 px: a flat stretch then always covers one pixel row fully, whatever its y (1.5 px
@@ -93,7 +95,7 @@ def _budget_steps(budget: Budget, start: float) -> list[tuple[float, float]]:
     return sorted((float(t), float(v)) for t, v in budget if v > 0)
 
 
-def _budget_line(box: "_Box", steps: list[Any], sign: str) -> list[str]:
+def _budget_line(box: "_Box", steps: list[Any], sign: str, label: str) -> list[str]:
     """The budget as a dashed step line from its first step (when it applied) to the right
     edge, labelled with its last value."""
     x0 = max(box.left, box.x(steps[0][0]))
@@ -104,8 +106,8 @@ def _budget_line(box: "_Box", steps: list[Any], sign: str) -> list[str]:
     path.append(f"H{box.right}")
     last = steps[-1][1]
     return [f'<path class="budget" fill="none" d="{"".join(path)}" stroke="#d55e00" '
-            f'stroke-dasharray="6 4"><title>budget {sign}{human_bytes(last)}</title></path>',
-            _text(box.right - 4, box.y(last) - 4, f"budget {sign}{human_bytes(last)}", "end",
+            f'stroke-dasharray="6 4"><title>{label} {sign}{human_bytes(last)}</title></path>',
+            _text(box.right - 4, box.y(last) - 4, f"{label} {sign}{human_bytes(last)}", "end",
                   "#d55e00")]
 
 
