@@ -141,7 +141,7 @@ def test_status_command_against_the_running_sidecar(sidecar):
     out = done.stdout
     assert out.startswith(f"sidecar  {url}, last poll ")
     assert "server   " in out and "(the server's own memory, PSS (host-memory mode))" in out
-    assert (f"graphs   {RECORDINGS} recorded, 0 distinct shapes, 1 compiles, 4 recompiles, "
+    assert (f"graphs   {RECORDINGS} recorded, 0 distinct shapes, 1 compile, 4 recompiles, "
             "memory per graph: not enough recordings yet") in out
     assert "recompile_storm: 4 recompiles within 5 min" in out
     assert f"recompile_limit_eager_fallback: recompile limit 8 reached in {FUNCTION}" in out

@@ -133,7 +133,7 @@ def test_terminal_summary_lines_are_aligned():
     assert "last poll 1 s ago" in lines[0]
     assert "5 GiB (server process GPU memory (NVML)), RSS 3 GiB, up" in text
     assert "GPU-a: 13 GiB used of 80 GiB" in text
-    assert "1,983 recorded, 1,990 distinct shapes, 1 compiles, 2 recompiles, 459 KiB/graph" in text
+    assert "1,983 recorded, 1,990 distinct shapes, 1 compile, 2 recompiles, 459 KiB/graph" in text
     assert "causes   cudagraph_per_shape: 1,983 CUDA graphs" in text
     assert ("forecast OOM in ~40 min (discovery model); plateau 90 GiB, above the budget: it "
             "will run out; budget 79 GiB") in text
@@ -179,6 +179,11 @@ def test_status_command_takes_the_port_from_the_config(tmp_path, capsys):
      "alert recompile_storm"),
     ({"action": "reload", "reason": "oom_forecast", "detail": {"seconds_to_oom": 42.0}},
      "reload decided (oom_forecast, OOM in ~42 s)"),
+    ({"action": "reload", "reason": "oom_forecast", "cause": "memory_growth_unexplained",
+      "detail": {"seconds_to_oom": 42.0}},
+     "reload decided (memory_growth_unexplained, OOM in ~42 s)"),
+    ({"action": "execute", "reason": "oom_forecast", "cause": "cudagraph_per_shape"},
+     "execute cudagraph_per_shape"),
     ({"action": "reload_ok", "reason": "oom_forecast",
       "detail": {"outcome": "SIGTERM sent; the server exited", "reload_seconds": 3.25}},
      "reload done: SIGTERM sent; the server exited (3.25 s)"),

@@ -10,8 +10,8 @@ import math
 from typing import Any, Optional
 
 from torch_watchdog.sidecar.present.history import SeriesView, StatusView
-from torch_watchdog.sidecar.present.units import (fmt_bytes, fmt_clock, fmt_duration, fmt_mb,
-                                                  fmt_share)
+from torch_watchdog.sidecar.present.units import (counted, fmt_bytes, fmt_clock, fmt_duration,
+                                                  fmt_mb, fmt_share)
 
 GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles", "recompiles",
               "recompile_limit_hits", "compile_seconds", "graph_breaks", "stalls",
@@ -137,14 +137,16 @@ def action_summary(a: dict[str, Any]) -> str:
     if action == "alert":
         forecast = reason in ("oom_forecast", "reload_suppressed")
         return f"alert {reason}{eta_text if forecast else ''}"
+    # a reload names its cause (cudagraph_per_shape, memory_growth_unexplained), where known
+    cause = a.get("cause") or d.get("cause") or reason
     if action == "reload":
-        return f"reload decided ({reason}{eta_text}){' — dry run' if d.get('dry_run') else ''}"
+        return f"reload decided ({cause}{eta_text}){' — dry run' if d.get('dry_run') else ''}"
     if action in ("reload_ok", "reload_not_done", "reload_failed"):
         took = d.get("reload_seconds")
         done = {"reload_ok": "reload done", "reload_failed": "reload failed"}.get(
             action, "reload not done")
         return f"{done}: {d.get('outcome', '')}" + (f" ({fmt_duration(took)})" if took else "")
-    return f"{action} {reason}"
+    return f"{action} {cause if action == 'execute' else reason}"
 
 
 # -- the dict ---------------------------------------------------------------------------------
@@ -434,8 +436,8 @@ def _graph_line(g: dict[str, Any]) -> str:
     per = f", {fmt_mb(mb)}/graph (confidence {g.get('mb_per_graph_confidence') or 0:.2f})" \
         if mb is not None else ", memory per graph: not enough recordings yet"
     return (f"graphs   {g.get('recordings', 0):,} recorded, {g.get('distinct_shapes', 0):,} "
-            f"distinct shapes, {g.get('compiles', 0)} compiles, {g.get('recompiles', 0)} "
-            f"recompiles{per}")
+            f"distinct shapes, {counted(g.get('compiles', 0), 'compile')}, "
+            f"{counted(g.get('recompiles', 0), 'recompile')}{per}")
 
 
 def memory_text(row: dict[str, Any]) -> str:

@@ -61,6 +61,11 @@ def fmt_clock(t: Optional[float]) -> str:
     return "--:--:--" if not t else time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def counted(n: int, word: str) -> str:
+    """"1 compile", "2 compiles", "1,990 compiles": a count and its noun."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def fmt_share(part: Optional[float], whole: Optional[float]) -> str:
     """`part` as a share of `whole`: "97 %"; "?" when either is unknown."""
     if part is None or not whole:
