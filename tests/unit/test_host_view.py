@@ -248,3 +248,22 @@ def test_a_server_whose_name_changes_with_each_start_shows_its_metrics_label():
     assert "growing (app.py/cuda:0)" in text and "idle (" not in text
     page = render_page(status, T + 10)
     assert "metrics: app.py/cuda:0" in page and "metrics: idle" not in page
+
+
+def test_once_every_server_has_stopped_the_views_wait_and_name_them():
+    """The README's path: the only server stops; its row stays, marked stopped, and `status`
+    says there is no server now and that it waits (not a table of stopped rows alone)."""
+    h = History()
+    for k in range(3):
+        v = server("idle", k)
+        h.update(Snapshot(t=T + k, devices=(), servers={"idle": v}, focus="idle",
+                          estimates=v["estimates"], forecast=v["forecast"],
+                          server_gpu_bytes={}, actions_total={}), [], [])
+    gone = Snapshot(t=T + 3, devices=(), servers={}, focus=None, estimates={}, forecast={},
+                    server_gpu_bytes={}, actions_total={}, stopped=("idle",))
+    h.update(gone, [], [])
+    status = build_status(h.view(gone, [], {"polls": 4, "reload_method": "signal"}, {}), T + 4)
+    assert [(r["server"], r["state"]) for r in status["servers"]] == [("idle", "stopped")]
+    text = format_terminal(status, "http://x", T + 4)
+    assert "waiting  no server now: idle stopped" in text, text
+    assert "no server now" in render_page(status, T + 4)

@@ -354,8 +354,10 @@ def waiting(status: dict[str, Any]) -> bool:
     """Polling, but no server: none yet (no agent said hello and no configured server was
     found), or every one known has stopped."""
     graphs = status.get("graphs") or {}
-    if status.get("t") is not None and status.get("stopped") and not status.get("servers"):
-        return True
+    rows = status.get("servers") or []
+    if status.get("t") is not None and status.get("stopped") and \
+            all(r.get("state") == "stopped" for r in rows):
+        return True  # every server it knew has stopped (their rows stay, marked stopped)
     return status.get("t") is not None and not status.get("servers") and \
         not (status.get("scope") or {}).get("pids") and \
         ((status.get("memory") or {}).get("server") or {}).get("alive") is None and \
