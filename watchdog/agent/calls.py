@@ -19,7 +19,7 @@ from typing import Any, Callable
 from torch_watchdog import pure_python
 from torch_watchdog.agent import settings
 from torch_watchdog.agent.shapes import _Hot, cold_unseen
-from torch_watchdog.agent.signature import call_signature
+from torch_watchdog.agent.signature import shape_signature
 
 # The C path where it is built and not turned off, else None (the Python path serves every
 # call). Read at use, not imported by name, so that setting it to None here (the tests do)
@@ -43,74 +43,100 @@ _copy_settings(settings.current)
 
 
 # The Python path's calls in progress: one stack of signatures per thread (appended and popped
-# by that thread only), and every thread's by thread id, for inflight.py's readers.
+# by that thread only), and every thread's by thread id, for inflight.py's readers. The stack
+# is an attribute of a plain threading.local, made on the thread's first watched call: read
+# through a subclass of it, it cost ~100 ns more a call (the subclass's attribute lookup).
 stacks: dict[int, list] = {}
+this_thread = threading.local()
 
 
-class _ThisThread(threading.local):
-    """`stack`: this thread's (made on the thread's first watched call; an ended thread's is
-    left, empty, until a thread with the same id replaces it)."""
-
-    def __init__(self) -> None:
-        self.stack: list = []
-        stacks[threading.get_ident()] = self.stack
-
-
-this_thread = _ThisThread()
+def new_stack() -> list:
+    """This thread's stack (on its first watched call; an ended thread's is left, empty,
+    until a thread with the same id replaces it)."""
+    this_thread.stack = stack = []
+    stacks[threading.get_ident()] = stack
+    return stack
 
 
 _NOTHING = object()  # no signature found yet
+_settings = settings.current  # the one record (configure() changes it in place)
 
 
 class PythonPath:
     """The hot path of one watched callable in Python, and the slow paths both hot paths
     call. `ref`: the Watched, weakly (it holds this object: a strong reference would make a
-    cycle); `h`: its shape memory; `calls`, `total`: the calls this path ran, their seconds."""
+    cycle); `h`: its shape memory, whose `fn`, `tensor` and `seen` are copied here (read on
+    every call: one attribute lookup instead of two); `calls`, `total`: the calls this path
+    ran, their seconds; `last`: the last signature found in the hot set."""
 
-    __slots__ = ("h", "ref", "calls", "total", "last")
+    __slots__ = ("fn", "tensor", "seen", "h", "ref", "calls", "total", "last")
 
     def __init__(self, h: _Hot, ref: weakref.ref[Any]):
+        self.fn, self.tensor, self.seen = h.fn, h.tensor, h.seen
         self.h = h
         self.ref = ref
         self.calls = 0
         self.total = 0.0
-        self.last: Any = _NOTHING  # the last signature found in the hot set
+        self.last: Any = _NOTHING
 
-    def call(self, *args: Any, **kwargs: Any) -> Any:
-        """The model's call, timed, with the model's result or exception unchanged."""
-        sig = call_signature(args, kwargs, self.h.tensor)
-        target = self.ref()._route(sig) if settings.current.route_eager else self.h.fn
-        stack = this_thread.stack
+    def call(self, x: Any = _NOTHING, /, *args: Any, **kwargs: Any) -> Any:
+        """The model's call, timed, with the model's result or exception unchanged.
+
+        Its signature: for `model(x)` with one exact tensor, its shape (None if reading it
+        raises, as under a torch function mode that hijacks `.shape`), as the C path reads it;
+        for every other call, signature.shape_signature()'s, read here without the call where
+        the arguments are two exact tensors by keyword (`model(a=, b=)`). After the call, a
+        signature that is not the last one found is looked up in the hot set; one in neither
+        goes to `miss`, a stall to `slow`.
+
+        Why this shape (benchmarks/results/agent-internals.md, "The plain hot path"): each
+        Python call here costs ~60-100 ns, so a hit calls no helper; the first argument is
+        a parameter of its own, so that `model(x)` builds no argument tuple and calls the
+        model as `target(x)`."""
+        tensor = self.tensor
+        one = type(x) is tensor and not args and not kwargs  # model(x)
+        args = args if one or x is _NOTHING else (x, *args)  # all of them but in model(x)
+        try:
+            if one:
+                sig = x.shape
+            elif args or len(kwargs) != 2:
+                sig = shape_signature(args, kwargs, tensor)
+            else:  # model(a=, b=)
+                a, b = kwargs.values()
+                sig = ((a.shape, b.shape) if type(a) is tensor and type(b) is tensor
+                       else shape_signature(args, kwargs, tensor))
+        except Exception:  # a hijacked `.shape`: shape_signature reads each one on its own
+            sig = None if one else shape_signature(args, kwargs, tensor)
+        target = self.ref()._route(sig) if _settings.route_eager else self.fn
+        try:
+            stack = this_thread.stack
+        except AttributeError:  # this thread's first watched call
+            stack = new_stack()
         stack.append(sig)
         t0 = perf_counter()
         try:
-            out = target(*args, **kwargs)
+            out = target(x) if one else target(*args, **kwargs)
         except BaseException as e:
             self.calls += 1
-            self.failed(e, sig, t0, args, kwargs)
+            self.failed(e, sig, t0, (x,) if one else args, kwargs)
             raise
         finally:
             if stack:  # greenlets switching inside a call pop each other's entries
-                stack.pop()
+                del stack[-1]
         dt = perf_counter() - t0
         self.calls += 1
         self.total += dt
-        self.after(sig, dt, t0)
-        return out
-
-    def after(self, sig: Any, dt: float, t0: float) -> None:
-        """After a successful call: a signature not seen before goes to `miss`, a stall to
-        `slow`. The last signature found is compared first: a hit skips the set lookup."""
         try:
-            if sig != self.last:
-                if sig in self.h.seen:
+            if sig != self.last:  # a hit on the last signature skips the set lookup
+                if sig in self.seen:
                     self.last = sig
                 elif self.miss(sig, dt, t0):
-                    return
+                    return out
         except Exception:  # unhashable (SymInt sizes, a hijacked `.shape`): not a shape
             pass
-        if dt >= settings.current.stall_s:
+        if dt >= _settings.stall_s:
             self.slow(sig, dt, t0, False)
+        return out
 
     def miss(self, sig: Any, dt: float, t0: float) -> bool:
         """`sig` is not in the hot set: report it as new (its event says whether it was a

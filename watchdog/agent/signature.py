@@ -11,29 +11,15 @@ from torch_watchdog import events
 MAX_NESTED = 64
 
 
-def call_signature(args: tuple, kwargs: dict, tensor_type: type) -> Any:
-    """The signature of a call: for `model(x)` with one exact tensor, its shape (None if reading
-    it raises, as under a torch function mode that hijacks `.shape`), as the C path reads it;
-    for every other call, shape_signature(). Never raises an Exception."""
-    if len(args) == 1 and not kwargs and type(args[0]) is tensor_type:
-        try:
-            return args[0].shape
-        except Exception:
-            return None
-    return shape_signature(args, kwargs, tensor_type)
-
-
 def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
     """One entry per argument, positional then keyword in call order: a tensor's shape, a tuple
     of shapes for a list/tuple/dict of tensors (e.g. a tokenizer's BatchEncoding), else None.
     Never raises: an argument that cannot be read is None."""
     try:
-        parts = [a.shape if type(a) is tensor_type else other_entry(a, tensor_type)
-                 for a in args]
-        if kwargs:
-            parts += [a.shape if type(a) is tensor_type else other_entry(a, tensor_type)
-                      for a in kwargs.values()]
-        return tuple(parts)
+        # one comprehension over all of them (a comprehension is a function call before 3.12)
+        values = (*args, *kwargs.values()) if kwargs else args
+        return tuple([a.shape if type(a) is tensor_type else other_entry(a, tensor_type)
+                      for a in values])
     except Exception:  # a hostile argument: read each one on its own
         return tuple([entry(a, tensor_type) for a in arguments(args, kwargs)])
 
