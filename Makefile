@@ -30,12 +30,16 @@ lint: install
 test: install lint typecheck
 	$(PY) -m pytest -q tests
 
-# mypy --strict on the whole sidecar and the event schema. mypy needs the source folder named
-# like the package (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/
-# (git-ignored)
+# mypy --strict on the whole sidecar, the event schema and the agent's modules below (the
+# package and those that never import torch; the agent's others, and torch itself, are not
+# checked: pyproject.toml, [tool.mypy]). mypy needs the source folder named like the package
+# (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/ (git-ignored)
+AGENT_TYPED := auto config crashes drain forks identity imports inflight serve shapes signature \
+               warm
 typecheck: install
 	mkdir -p .mypy-src && ln -sfn ../watchdog .mypy-src/torch_watchdog
-	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar -p torch_watchdog.events
+	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar -p torch_watchdog.events \
+	  -m torch_watchdog.agent $(addprefix -m torch_watchdog.agent.,$(AGENT_TYPED))
 
 # On a machine with a CUDA GPU and torch already installed (see docs/gpu-tests.md).
 test-gpu:

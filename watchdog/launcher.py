@@ -541,42 +541,54 @@ class Launcher:
             except InterruptedError:
                 continue
             code = os.waitstatus_to_exitcode(wstatus)
-            if self.standby is not None and pid == self.standby.popen.pid:
-                self.standby.popen.returncode = code
-                sb, self.standby = self.standby, None
-                self._judge_dead_standby(sb)
-                self._spawn_standby()
-                continue
-            if self._standby_to_reap is not None and pid == self._standby_to_reap.popen.pid:
-                self._standby_to_reap.close()
-                self._standby_to_reap = None
+            if self._reaped_standby(pid, code):
                 continue
             if self.serving is None or pid != self.serving.popen.pid:
                 continue  # a stray (re-parented) child
             g, self.serving = self.serving, None
-            g.popen.returncode = code
-            said = g.read_status()
-            g.close()
-            if g.standby and "running" not in said:  # released, but refused (CUDA, preload)
-                self._judge_dead_standby(g)
-                if not self.stopping:
-                    self.start_next()
-                    continue
-            if self.stopping:
+            if not self._serving_ended(g, pid, code):
                 break
-            if code == self.drain_code:
-                log(f"pid {pid} drained (exit {code}); next generation")
+        return self._finish(code)
+
+    def _reaped_standby(self, pid: int, code: int) -> bool:
+        """True if `pid` was the standby (judged, and a new one started) or the standby killed
+        on stopping (closed)."""
+        if self.standby is not None and pid == self.standby.popen.pid:
+            self.standby.popen.returncode = code
+            sb, self.standby = self.standby, None
+            self._judge_dead_standby(sb)
+            self._spawn_standby()
+            return True
+        if self._standby_to_reap is not None and pid == self._standby_to_reap.popen.pid:
+            self._standby_to_reap.close()
+            self._standby_to_reap = None
+            return True
+        return False
+
+    def _serving_ended(self, g: Gen, pid: int, code: int) -> bool:
+        """The serving generation `g` (pid) exited with `code`: True once the next one is
+        started (or is to be, after the backoff), False when the launcher ends with it."""
+        g.popen.returncode = code
+        said = g.read_status()
+        g.close()
+        if g.standby and "running" not in said:  # released, but refused (CUDA, preload)
+            self._judge_dead_standby(g)
+            if not self.stopping:
                 self.start_next()
-                if self.serving is None:  # stopped during the backoff
-                    break
-                continue
-            if self.restart == "always":
-                log(f"pid {pid} exited ({code}); --restart always")
-                self.start_next()
-                if self.serving is None:
-                    break
-                continue
-            break
+                return True
+        if self.stopping:
+            return False
+        if code == self.drain_code:
+            log(f"pid {pid} drained (exit {code}); next generation")
+        elif self.restart == "always":
+            log(f"pid {pid} exited ({code}); --restart always")
+        else:
+            return False
+        self.start_next()
+        return self.serving is not None  # None: stopped during the backoff
+
+    def _finish(self, code: int) -> int:
+        """Kill the standby, then end as the server did: its exit status, or its signal."""
         self._kill(self.standby)
         self.standby = None
         if self._standby_to_reap is not None:
@@ -586,7 +598,6 @@ class Launcher:
             os.kill(os.getpid(), -code)
             return 128 - code
         return code
-
 
 def build_parser() -> Any:
     import argparse

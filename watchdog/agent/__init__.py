@@ -299,8 +299,8 @@ def _after_fork_in_child() -> None:
         if agent is None:
             return
         agent.after_fork()
-        for e in failed:
-            agent.on_error(e)  # counted in the child's heartbeat; printed only with debug
+        for error in failed:
+            agent.on_error(error)  # counted in the child's heartbeat; printed only with debug
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:  # run after multiprocessing clears the child's finalizers
             mp_util.register_after_fork(agent, _flush_at_multiprocessing_exit)

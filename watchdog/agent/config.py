@@ -97,9 +97,9 @@ def parse_value(name: str, raw: Any) -> Any:
             return False
         raise ValueError(f"{name}: expected a boolean, got {raw!r}")
     if kind == "Optional[str]":
-        value = None if raw is None or raw == "" else str(raw)
-        named = name in ("server", "warm_name") and value is not None
-        return check_name(value) if named else value
+        given = None if raw is None or raw == "" else str(raw)
+        named = name in ("server", "warm_name")
+        return check_name(given) if named and given is not None else given
     if kind == "str":
         if raw not in BUDGET_MODES:
             raise ValueError(f"{name}: expected one of {BUDGET_MODES}, got {raw!r}")

@@ -52,7 +52,7 @@ def _cuda() -> Any:
     return getattr(sys.modules.get("torch"), "cuda", None)
 
 
-def gpu_memory(args: tuple, kwargs: dict, tensor_type: type
+def gpu_memory(args: tuple[Any, ...], kwargs: dict[str, Any], tensor_type: type[Any]
                ) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
     """(device, free, total) of the GPU a failed call used: the first CUDA tensor argument's,
     else the current device; free and total None if they cannot be read. None when CUDA is not

@@ -42,7 +42,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from torch_watchdog import durable, events
 from torch_watchdog.procfs import start_ticks
@@ -78,7 +78,16 @@ _callbacks: list[Callable[[], Any]] = []
 # health check reaches the agent), set by that integration: a drain then refuses no call and
 # does not exit, as the engine routes new calls elsewhere, lets those in hand finish and stops
 # the process. Its `wait_stopped(deadline)` is True once the engine is stopping it.
-handover: Optional[Any] = None
+
+
+class Handover(Protocol):
+    """What drain.handover is (serve._Handover); its optional `name` is told in the drain's
+    detail."""
+
+    def wait_stopped(self, deadline: float) -> bool: ...
+
+
+handover: Optional[Handover] = None
 
 
 class Draining(RuntimeError):
@@ -131,12 +140,13 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
     """The uid that bound the listening end (Linux SO_PEERCRED; None elsewhere)."""
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        return _PEERCRED.unpack(raw)[1]
+        uid: int = _PEERCRED.unpack(raw)[1]
+        return uid
     except (OSError, AttributeError):
         return None
 
 
-def dir_owner(path: str) -> frozenset:
+def dir_owner(path: str) -> frozenset[int]:
     """The owner of the socket's directory when no one else may create entries in it (no
     group or other write bit) and no one else could have made it (its parent has none
     either): only that uid, or root, can have bound a socket there. The packaged sidecar runs
@@ -238,7 +248,7 @@ class ControlClient:
         except Exception as e:  # a message we cannot read is ignored, never raised
             self._on_error(e)
 
-    def send(self, obj: dict) -> bool:
+    def send(self, obj: dict[str, Any]) -> bool:
         """Best effort, from any thread, never waiting: one line to the sidecar (~150 bytes
         into an idle connection's empty buffer; the sender thread may be in recv meanwhile)."""
         with self._lock:
@@ -397,7 +407,7 @@ class Drainer:
         self.deadline = 0.0
         self.left = False  # _leave ran (with os._exit: never seen)
         self._begun = threading.Event()  # the drain thread was started
-        self.handed: Optional[Any] = None  # the engine this drain was handed over to
+        self.handed: Optional[Handover] = None  # the engine this drain was handed over to
 
     def start(self, grace_s: float) -> bool:
         if self.thread is not None:
@@ -450,7 +460,7 @@ class Drainer:
             if failed:
                 notes.append(failed)
             if self.handed is not None:
-                notes.append(self._hand_over(deadline))
+                notes.append(self._hand_over(self.handed, deadline))
             left = wait_idle(deadline)
             if _state.refused:
                 notes.append(f"{_state.refused} call(s) begun during the drain refused (Draining)")
@@ -477,10 +487,10 @@ class Drainer:
         finally:
             self._leave(cfg.drain_exit_code)
 
-    def _hand_over(self, deadline: float) -> str:
+    def _hand_over(self, handed: Handover, deadline: float) -> str:
         """Wait for the engine to stop this process; past `deadline`, drain as usual."""
-        name = getattr(self.handed, "name", "the engine")
-        if self.handed.wait_stopped(deadline):
+        name = getattr(handed, "name", "the engine")
+        if handed.wait_stopped(deadline):
             return f"stopped by {name}"
         self.handed = None
         refuse_new_calls()
@@ -506,9 +516,9 @@ def _run_callbacks(deadline: float) -> Optional[str]:
     that hangs does not hold the exit. Returns what went wrong, or None."""
     problems = []
     for fn in list(_callbacks):
-        error: list = []
+        error: list[BaseException] = []
 
-        def call(fn: Callable[[], Any] = fn, error: list = error) -> None:
+        def call(fn: Callable[[], Any] = fn, error: list[BaseException] = error) -> None:
             try:
                 fn()
             except BaseException as e:  # the server's code: reported, never propagated

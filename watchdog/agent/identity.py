@@ -67,7 +67,8 @@ def unit_from_cgroup(text: str) -> Optional[str]:
     Lines are `id:controllers:path`. cgroup v1 and hybrid hosts have systemd's own tree on the
     `name=systemd` line (on hybrid hosts the `0::` line may be unused, every process at `/`);
     cgroup v2 has only `0::`."""
-    v1 = v2 = None
+    v1: Optional[str] = None
+    v2: Optional[str] = None
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3:
@@ -77,8 +78,8 @@ def unit_from_cgroup(text: str) -> Optional[str]:
             v1 = path
         elif hierarchy == "0" and controllers == "":
             v2 = path
-    path = v1 if v1 is not None else v2
-    return None if path is None else unit_from_path(path)
+    found = v1 if v1 is not None else v2
+    return None if found is None else unit_from_path(found)
 
 
 def _read_cgroup() -> str:

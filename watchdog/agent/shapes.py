@@ -64,13 +64,14 @@ class _Hot:
     __slots__ = ("fn", "tensor", "seen", "cold", "fresh", "arrival", "spill", "count", "full",
                  "stall_calls", "stall_ns", "ration", "ration_ns")
 
-    def __init__(self, fn: Callable, tensor_type: type):
+    def __init__(self, fn: Callable[..., Any], tensor_type: type[Any]):
         self.fn = fn
         self.tensor = tensor_type
-        self.seen: set = set()
-        self.cold: list[dict] = []  # made when `seen` is full; see HOT_SHAPES
-        self.fresh: set = set()
-        self.arrival: collections.deque = collections.deque()  # `fresh`, oldest first
+        self.seen: set[tuple[Any, ...]] = set()
+        self.cold: list[dict[int, tuple[Any, ...]]] = []  # made when `seen` is full; see HOT_SHAPES
+        self.fresh: set[tuple[Any, ...]] = set()
+        # `fresh`, oldest first
+        self.arrival: collections.deque[tuple[Any, ...]] = collections.deque()
         self.spill = False  # `seen` is full: look in the cold memory on a miss
         self.count = 0
         self.full = False
@@ -82,7 +83,7 @@ class _Hot:
     def unseen(self, sig: Any) -> bool:
         return sig not in self.seen and (not self.spill or cold_unseen(self, sig))
 
-    def add(self, key: tuple) -> None:
+    def add(self, key: tuple[Any, ...]) -> None:
         max_shapes = settings.current.max_shapes
         if not self.spill:
             self.seen.add(key)
@@ -112,5 +113,5 @@ class _Hot:
             cold[slot] = key
             fresh.discard(key)
 
-    def keys(self) -> list:
+    def keys(self) -> list[tuple[Any, ...]]:
         return [*self.seen, *(k for shard in self.cold for k in shard.values()), *self.arrival]

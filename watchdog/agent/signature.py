@@ -11,7 +11,8 @@ from torch_watchdog import events
 MAX_NESTED = 64
 
 
-def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
+def shape_signature(args: tuple[Any, ...], kwargs: dict[str, Any], tensor_type: type[Any]
+                    ) -> tuple[Any, ...]:
     """One entry per argument, positional then keyword in call order: a tensor's shape, a tuple
     of shapes for a list/tuple/dict of tensors (e.g. a tokenizer's BatchEncoding), else None.
     Never raises: an argument that cannot be read is None."""
@@ -24,7 +25,7 @@ def shape_signature(args: tuple, kwargs: dict, tensor_type: type) -> tuple:
         return tuple([entry(a, tensor_type) for a in arguments(args, kwargs)])
 
 
-def arguments(args: tuple, kwargs: dict) -> list:
+def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The call's arguments, positional then keyword values (the positional ones alone if the
     keywords cannot be read)."""
     try:
@@ -33,7 +34,7 @@ def arguments(args: tuple, kwargs: dict) -> list:
         return list(args)
 
 
-def entry(a: Any, tensor_type: type) -> Any:
+def entry(a: Any, tensor_type: type[Any]) -> Any:
     """One argument's entry of the signature; None if it cannot be read."""
     try:
         return a.shape if type(a) is tensor_type else other_entry(a, tensor_type)
@@ -41,7 +42,7 @@ def entry(a: Any, tensor_type: type) -> Any:
         return None
 
 
-def other_entry(a: Any, tensor_type: type) -> Any:
+def other_entry(a: Any, tensor_type: type[Any]) -> Any:
     """The entry of an argument that is not an exact tensor (may raise)."""
     if isinstance(a, tensor_type):
         return a.shape
@@ -54,7 +55,7 @@ def other_entry(a: Any, tensor_type: type) -> Any:
     return tuple([x.shape for x in a if isinstance(x, tensor_type)]) or None
 
 
-def _dims(shape: Any) -> Optional[tuple]:
+def _dims(shape: Any) -> Optional[tuple[int, ...]]:
     """A shape as an exact tuple of ints (GC-untracked), or None if it is not one."""
     if not isinstance(shape, tuple):
         return None
@@ -65,7 +66,7 @@ def _dims(shape: Any) -> Optional[tuple]:
     return dims
 
 
-def memory_key(sig: Any) -> Optional[tuple]:
+def memory_key(sig: Any) -> Optional[tuple[Any, ...]]:
     """The signature to remember: equal to `sig` and of the same hash, made of exact tuples,
     ints and None only; None if `sig` is not a signature. Why not the torch.Size objects the
     calls produce: a tuple subclass is never untracked by the GC, so a full memory would add
@@ -74,7 +75,7 @@ def memory_key(sig: Any) -> Optional[tuple]:
     torch.Size still finds it (same hash, equal)."""
     if type(sig) is not tuple:  # a torch.Size, from the one-tensor path
         return _dims(sig)
-    out = []
+    out: list[Optional[tuple[Any, ...]]] = []
     for item in sig:
         if item is None:
             out.append(None)

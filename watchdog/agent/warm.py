@@ -49,7 +49,8 @@ def slug(text: str, limit: int = 80) -> str:
 def gpu_kind(torch: Any) -> str:
     try:
         if torch.cuda.is_initialized():
-            return torch.cuda.get_device_name(torch.cuda.current_device())
+            name: str = torch.cuda.get_device_name(torch.cuda.current_device())
+            return name
     except Exception:
         pass
     models = set()
@@ -156,7 +157,7 @@ class Warm:
                         f" ({header.get('bytes')} bytes)")
         return payload
 
-    def _header(self, line: bytes) -> dict:
+    def _header(self, line: bytes) -> dict[str, Any]:
         try:
             header = json.loads(line)
             if not isinstance(header, dict) or header.get("format") != FORMAT:
