@@ -11,6 +11,7 @@ recording and recompiles are visible on the CPU.
 """
 from __future__ import annotations
 
+import importlib
 import threading
 import weakref
 from time import perf_counter
@@ -27,7 +28,7 @@ from torch_watchdog.agent.signature import shape_signature
 _hotpath: Any = None
 if not pure_python():
     try:
-        from torch_watchdog.agent import _hotpath
+        _hotpath = importlib.import_module("torch_watchdog.agent._hotpath")
     except ImportError:  # not built here (no compiler at install, a free-threaded CPython)
         _hotpath = None
 
@@ -46,14 +47,15 @@ _copy_settings(settings.current)
 # by that thread only), and every thread's by thread id, for inflight.py's readers. The stack
 # is an attribute of a plain threading.local, made on the thread's first watched call: read
 # through a subclass of it, the read took about twice as long (scratch timing, 2-core VM).
-stacks: dict[int, list] = {}
+stacks: dict[int, list[Any]] = {}
 this_thread = threading.local()
 
 
-def new_stack() -> list:
+def new_stack() -> list[Any]:
     """This thread's stack (on its first watched call; an ended thread's is left, empty,
     until a thread with the same id replaces it)."""
-    this_thread.stack = stack = []
+    stack: list[Any] = []
+    this_thread.stack = stack
     stacks[threading.get_ident()] = stack
     return stack
 
@@ -74,7 +76,8 @@ class PythonPath:
     def __init__(self, h: _Hot, ref: weakref.ref[Any]):
         self.fn, self.tensor, self.seen = h.fn, h.tensor, h.seen
         self.h = h
-        self.ref = ref
+        # Any, not Optional: a path is called only through its Watched, which is alive then
+        self.ref: Callable[[], Any] = ref
         self.calls = 0
         self.total = 0.0
         self.last: Any = _NOTHING
@@ -151,7 +154,8 @@ class PythonPath:
     def slow(self, sig: Any, dt: float, t0: float, new: bool) -> None:
         self.ref()._slow(sig, dt, t0, new)
 
-    def failed(self, e: BaseException, sig: Any, t0: float, args: tuple, kwargs: dict) -> None:
+    def failed(self, e: BaseException, sig: Any, t0: float, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
         self.ref()._failed(e, sig, t0, args, kwargs)
 
     def totals(self) -> tuple[int, int]:
@@ -159,7 +163,8 @@ class PythonPath:
         return self.calls, round(self.total * 1e9)
 
 
-def make_call(h: _Hot, ref: weakref.ref[Any]) -> tuple[Callable, Callable[[], tuple[int, int]]]:
+def make_call(h: _Hot, ref: weakref.ref[Any]
+              ) -> tuple[Callable[..., Any], Callable[[], tuple[int, int]]]:
     """The hot path of one watched callable (what its Watched calls) and a reader of its
     running totals (calls, total ns): the C path's `Hot` over a PythonPath where it is built,
     else the PythonPath's `call` (a bound method: called faster than an instance)."""

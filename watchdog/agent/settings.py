@@ -23,7 +23,7 @@ class Settings:
 
     def __init__(self) -> None:
         self.emit: Callable[[events.Event], None] = _discard
-        self.emit_later: Optional[Callable[[tuple], None]] = None
+        self.emit_later: Optional[Callable[[tuple[Any, ...]], None]] = None
         self.stall_ns: int = INERT["stall_ns"]
         self.stall_s: float = self.stall_ns / 1e9
         self.max_shapes: int = INERT["max_shapes"]
