@@ -134,3 +134,14 @@ def test_the_checker_sees_a_cycle_between_packages():
     edges = {"t.s.sources.discovery": {"t.s.actions.identity"},
              "t.s.actions.reloading": {"t.s.sources.discovery"}, "t.s.actions.identity": set()}
     assert cycles(rooms(edges)) == [["t.s.actions", "t.s.sources"]]
+
+
+
+def test_the_offline_tools_import_none_of_the_steps_state():
+    """replay and report once walked the host model (core/host.py) and the servers'
+    correlation and policy states; they read the step's views (core/views.py) now. The
+    reads themselves: tests/unit/test_offline_views.py."""
+    deep = tuple(f"torch_watchdog.sidecar.core.{m}" for m in ("host", "correlate", "policy"))
+    bad = {m: sorted(t for t in ts if t.startswith(deep)) for m, ts in graph().items()
+           if m.startswith("torch_watchdog.sidecar.offline")}
+    assert {m: t for m, t in bad.items() if t} == {}

@@ -240,3 +240,77 @@ class StepResult:
     decided once a poll)."""
     actions: list[Action] = field(default_factory=list)
     poll: Optional[PollResult] = None
+
+
+# -- what the offline tools (replay, report) follow of a run: views of the step's state, given
+# out by core/views.py (the state itself stays the step's)
+@dataclass(frozen=True)
+class FindingView:
+    """A server's finding (a cause it was found to have), `t` unrounded."""
+    t: float
+    cause: str
+    detail: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.detail, "t": round(self.t, 3), "cause": self.cause}
+
+
+@dataclass(frozen=True)
+class ServerMoment:
+    """A server after an observation. `key`: the server, the same over its renames; `process`:
+    its correlation state, a new one at each reload or restart (keys are the run's own)."""
+    key: int
+    name: str
+    process: int
+    pids: frozenset[int]
+    gpus: frozenset[str]       # its memory's GPUs, else the agents' and NVML's
+
+
+@dataclass(frozen=True)
+class ServerReading:
+    """A server after a sample: its memory, its forecast and whether the policy would act on
+    it during its warm-up (`reload_lead`: policy.reload_lead; None before its first
+    observation)."""
+    key: int
+    process: int
+    memory_source: Optional[str]
+    memory_bytes: Optional[int]
+    has_pids: bool
+    alive: bool                # one of its processes is not dead in the sample
+    seconds: float             # its forecast's seconds to OOM (forecast.FOREVER: none)
+    budget_bytes: Optional[int]
+    level_bytes: Optional[int]
+    forecast: ForecastView
+    warming_up: bool
+    reload_lead: Optional[float]
+
+
+@dataclass(frozen=True)
+class ProcessTotals:
+    """One process of a server (a correlation state: from its start to its reload or restart,
+    or the end), as its counts stood at its end."""
+    records: int
+    compiles: int
+    recompiles: int
+    limit_hits: int
+    limit: Optional[int]       # the recompile limit its agent's hello reported
+    distinct_shapes: int
+    requests: int
+    stalls: int
+    stall_seconds: float
+    ooms: int
+    memory_bytes: Optional[int]
+    findings: tuple[FindingView, ...]
+    estimates: Estimates
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """The host at the end of a replay: the focus server and its numbers (its estimates with
+    its forecast once a sample came), every server's numbers, every finding (with its server,
+    in time order) and the last time seen (the last sample's, else the focus state's)."""
+    server: str
+    estimates: dict[str, Any]
+    servers: dict[str, dict[str, Any]]
+    findings: list[dict[str, Any]]
+    last_t: Optional[float]

@@ -10,47 +10,34 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from torch_watchdog.sidecar.core import correlate, step
-from torch_watchdog.sidecar.core.host import Host
+from torch_watchdog.sidecar.core import step, views
 from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.observations import ConfigChange
+from torch_watchdog.sidecar.core.results import Action, HostOutcome
 from torch_watchdog.sidecar.offline.traces import Observation, Reader, read_all
-
-# called after each observation is stepped, with the focus server's state and what the step
-# decided on it (the report's hook)
-Observer = Callable[[Observation, correlate.State, list[Any]], None]
 
 
 @dataclass
 class Run:
-    host: Host = field(default_factory=Host)
-    actions: list[Any] = field(default_factory=list)
+    # the step's state, handed to it and read by no one here (what a replay shows of it:
+    # core/views.py)
+    host: step.Host = field(default_factory=step.Host)
+    actions: list[Action] = field(default_factory=list)
     observations: int = 0
     config: Optional[Config] = None   # the last one in force
 
-    @property
-    def state(self) -> correlate.State:
-        return self.host.focus().state
+    def end(self, config: Config) -> HostOutcome:
+        """The host at the end: the focus server, every server's numbers, the findings."""
+        return views.outcome(self.host, config)
 
-    @property
-    def forecast(self) -> Optional[Forecast]:
-        return None if self.host.now is None else self.host.focus().forecast
-
-    def outcome(self, config: Config) -> dict[str, Any]:
-        focus = self.host.focus()
-        estimates = (step.estimates(focus, config) if self.host.now is not None
-                     else focus.state.estimates(config.correlate))
-        findings = sorted(({**f.as_dict(), "server": s.name} for s in self.host.servers.values()
-                           for f in s.state.findings), key=lambda f: f["t"])
-        return {"findings": findings, "actions": [a.as_dict() for a in self.actions],
-                "estimates": estimates, "server": focus.name,
-                "servers": {name: step.estimates(s, config)
-                            for name, s in sorted(self.host.servers.items())}}
+    def outcome(self, config: Config, end: Optional[HostOutcome] = None) -> dict[str, Any]:
+        end = end or self.end(config)
+        return {"findings": end.findings, "actions": [a.as_dict() for a in self.actions],
+                "estimates": end.estimates, "server": end.server, "servers": end.servers}
 
 
 def run(observations: Iterable[Observation], config: Config,
-        observe: Optional[Observer] = None, follow_config: bool = True) -> Run:
+        follow_config: bool = True) -> Run:
     """Step over `observations` as the live sidecar did. With `follow_config`, a config the
     live sidecar recorded in its sample log replaces `config` from then on (as SIGHUP did)."""
     r = Run(config=config)
@@ -62,8 +49,6 @@ def run(observations: Iterable[Observation], config: Config,
             continue
         decided = step.step(r.host, obs, config).actions
         r.actions.extend(decided)
-        if observe is not None:
-            observe(obs, r.host.focus().state, decided)
     return r
 
 
@@ -94,11 +79,12 @@ def replay(paths: list[str], config: Config,
     wall = time.perf_counter() - started
     # the recording's length, from its first observation to its last (not the focus
     # server's state, which starts again at each reset: "17.4 s of recording" for 75 s)
-    last = r.host.now if r.host.now is not None else r.state.now  # an agent's log: no samples
+    end = r.end(r.config or config)
+    last = end.last_t  # an agent's log: no samples, the focus state's time
     start = None if last is None else first_t.get(time_base(last))
     span = last - start if last is not None and start is not None else 0.0
     return {
-        **r.outcome(r.config or config),
+        **r.outcome(r.config or config, end),
         "replay": {"files": paths, "observations": r.observations,
                    "bad_lines": sum(rd.bad_lines for rd in readers),
                    "used_lines": sum(rd.used_lines for rd in readers),

@@ -26,11 +26,11 @@ from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.present.history import Thinned, higher
 from torch_watchdog.sidecar.present.plot import human_duration
 from torch_watchdog.sidecar.present.status import padding_rows
-from torch_watchdog.sidecar.core import policy, step
+from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.forecast import FOREVER
-from torch_watchdog.sidecar.core.results import ActionKind
-from torch_watchdog.sidecar.core import host as host_mod
-from torch_watchdog.sidecar.core.host import Host
+from torch_watchdog.sidecar.core.results import (Action, ActionKind, ProcessTotals, ServerMoment,
+                                                 ServerReading)
+from torch_watchdog.sidecar.core.views import Follower
 from torch_watchdog.sidecar.offline.report_html import render_html
 from torch_watchdog.sidecar.core.observations import ConfigChange, Sample
 from torch_watchdog.sidecar.offline.traces import Reader, TraceAdapter, read_all
@@ -125,10 +125,10 @@ class _ServerLog:
     step a new correlation state: every state it had is kept, so counts cover the whole run
     (the live sidecar's counters start again at each new process)."""
 
-    def __init__(self, server: Any):
-        self.server = server                   # the step's Server (adoption may rename it)
-        self.states: list[Any] = []                 # (first seen t, correlate.State), in order
-        self.state_pids: dict[int, set[int]] = {}  # id(state) -> the pids the server had then
+    def __init__(self, key: int):
+        self.key = key                         # the server's (views.Follower's: over renames)
+        self.states: list[tuple[float, int]] = []  # (first seen t, its process's key), in order
+        self.state_pids: dict[int, set[int]] = {}  # a process's key -> the server's pids then
         self.series: dict[str, _Series] = {}   # meter -> the server's memory
         self.budget: dict[str, _Steps] = {}    # meter -> the budget on that meter's scale
         self.marks: list[tuple[float, str]] = []
@@ -139,56 +139,52 @@ class _ServerLog:
         self.pids: set[Any] = set()
         self.gpus: set[Any] = set()
         self.agent_limit = False
-        self.sampled: Any = None               # the state of the last point charted
+        self.sampled: Optional[int] = None     # the process of the last point charted
         self.gap = False                       # samples skipped since (no process of its own)
 
-    def track(self, t: float) -> None:
-        s = self.server
-        if not self.states or self.states[-1][1] is not s.state:
-            self.states.append((t, s.state))
-        self.state_pids.setdefault(id(s.state), set()).update(s.pids)
-        self.pids |= set(s.pids)
-        self.gpus |= set(s.state.memory.gpus or s.gpus)
+    def track(self, t: float, s: ServerMoment) -> None:
+        if not self.states or self.states[-1][1] != s.process:
+            self.states.append((t, s.process))
+        self.state_pids.setdefault(s.process, set()).update(s.pids)
+        self.pids |= s.pids
+        self.gpus |= s.gpus
 
     def saw(self, t: float) -> None:
         """A sample with a live process of the server's, or an event of its, at `t` seconds
         from the start of its time base."""
         self.seen = (self.seen or (t, t))[0], t
 
-    def sample(self, t: float, config: Config, alive: bool = True) -> None:
-        s = self.server
-        state, fc = s.state, s.forecast
-        if state.memory.source is None or state.memory.bytes is None or not s.pids or not alive:
+    def sample(self, t: float, r: ServerReading) -> None:
+        if r.memory_source is None or r.memory_bytes is None or not r.has_pids or not r.alive:
             # no process of its own (after a reload, before the new one is known): the step
             # then folds every process's memory, which is not this server's; none alive: its
             # last reading is no longer its memory (the chart stops where it died)
             self.gap = self.sampled is not None
             return
-        series = self.series.setdefault(state.memory.source, _Series())
-        if self.gap or (self.sampled is not None and state is not self.sampled):
+        series = self.series.setdefault(r.memory_source, _Series())
+        if self.gap or (self.sampled is not None and r.process != self.sampled):
             series.breaks.append(t)  # a new process (a reload, a restart): not one line
-        self.gap, self.sampled = False, state
-        series.add(t, state.memory.bytes)
-        if fc.budget_bytes is not None:
+        self.gap, self.sampled = False, r.process
+        series.add(t, r.memory_bytes)
+        if r.budget_bytes is not None:
             # where the server's memory meets the budget with everything else as it is now
             # (the forecast's level may be the whole GPU's; the chart plots the server's own)
-            other = 0 if fc.level_bytes is None else fc.level_bytes - state.memory.bytes
-            self.budget.setdefault(state.memory.source, _Steps()).add(
-                t, fc.budget_bytes - other, other)
+            other = 0 if r.level_bytes is None else r.level_bytes - r.memory_bytes
+            self.budget.setdefault(r.memory_source, _Steps()).add(
+                t, r.budget_bytes - other, other)
         # the nearest forecast the policy would have acted on: during a process's warm-up
         # only one due by its end plus the lead (a fresh process's start-up is not growth)
-        if fc.seconds != FOREVER and (self.nearest is None or fc.seconds < self.nearest[1][
-                "seconds_to_oom"]) and (not policy.warming_up(state, config.policy)
-                                        or fc.seconds <= policy.reload_lead(state,
-                                                                            config.policy)):
-            self.nearest = (t, fc.as_dict())
+        if r.seconds != FOREVER and (self.nearest is None or r.seconds < self.nearest[1][
+                "seconds_to_oom"]) and (not r.warming_up or (r.reload_lead is not None
+                                                             and r.seconds <= r.reload_lead)):
+            self.nearest = (t, dict(r.forecast))
 
 
 class _Collector:
     """What the report needs beyond the pipeline's outcome, gathered while it runs."""
 
     def __init__(self) -> None:
-        self.logs: dict[int, _ServerLog] = {}   # id(step.Server) -> its log
+        self.logs: dict[int, _ServerLog] = {}   # a server's key (views.Follower) -> its log
         self.requests: ShapeCounts = Counter()     # shape -> requests (recorded traces)
         self.spans: dict[bool, list[float]] = {}  # epoch time base? -> [first t, last t]
 
@@ -211,31 +207,31 @@ class _Collector:
             else:
                 yield obs
 
-    def log(self, server: Any) -> _ServerLog:
-        log = self.logs.get(id(server))
+    def log(self, key: int) -> _ServerLog:
+        log = self.logs.get(key)
         if log is None:
-            log = self.logs[id(server)] = _ServerLog(server)
+            log = self.logs[key] = _ServerLog(key)
         return log
 
-    def observe(self, host: Host, obs: Any, decided: list[Any], config: Config) -> None:
-        for server in host.servers.values():
-            self.log(server).track(obs.t)
+    def observe(self, fol: Follower, obs: Any, decided: list[Action], config: Config) -> None:
+        for moment in fol.servers():
+            self.log(moment.key).track(obs.t, moment)
         if isinstance(obs, Sample):
-            for server in host.servers.values():
-                log = self.log(server)
-                alive = any(host.alive.get(pid) is not False for pid in server.pids)
-                log.sample(obs.t, config, alive)
-                if alive:
+            for reading in fol.readings(config):
+                log = self.log(reading.key)
+                log.sample(obs.t, reading)
+                if reading.alive:
                     log.saw(self.rel(obs.t))
         elif isinstance(obs, events.Event):
             # the step's own routing: the server the event went to
-            owner = host.servers.get(host_mod.owner_of(host, obs))
+            owner = fol.owner(obs)
             if owner is not None:
                 self._event(self.log(owner), obs)
                 self.log(owner).saw(self.rel(obs.t))
         for a in decided:
-            if a.kind is ActionKind.RELOAD and a.server in host.servers:
-                self.log(host.servers[a.server]).marks.append((a.t, "reload"))
+            key = fol.key_of(a.server) if a.kind is ActionKind.RELOAD else None
+            if key is not None:
+                self.log(key).marks.append((a.t, "reload"))
 
     @staticmethod
     def _event(log: _ServerLog, obs: Any) -> None:
@@ -252,11 +248,12 @@ class _Collector:
 
 
 def _run(col: _Collector, observations: Iterable[Any], config: Config,
-         follow_config: bool) -> tuple[Host, list[Any], int, Config]:
+         follow_config: bool) -> tuple[Follower, list[Action], int, Config]:
     """replay.run's loop (the very step the daemon runs), with the whole host in view after
-    each observation: every server, every process of it. Returns the host, the actions, the
-    number of observations and the last config in force."""
-    host, actions, n = Host(), [], 0
+    each observation (core/views.py): every server, every process of it. Returns the views'
+    follower, the actions, the number of observations and the last config in force."""
+    host = step.Host()  # the step's state: what the report sees of it, the follower gives
+    fol, actions, n = Follower(host), [], 0
     for obs in col.pipeline_input(observations):
         n += 1
         if isinstance(obs, ConfigChange):
@@ -265,8 +262,8 @@ def _run(col: _Collector, observations: Iterable[Any], config: Config,
             continue
         decided = step.step(host, obs, config).actions
         actions.extend(decided)
-        col.observe(host, obs, decided, config)
-    return host, actions, n, config
+        col.observe(fol, obs, decided, config)
+    return fol, actions, n, config
 
 
 def build_report(observations: Iterable[Any], config: Config, files: Iterable[str] = (),
@@ -275,24 +272,25 @@ def build_report(observations: Iterable[Any], config: Config, files: Iterable[st
     return the report's numbers. Times in the result are seconds from the first observation.
     With `follow_config`, the configs the live sidecar recorded in its sample log apply."""
     col = _Collector()
-    host, actions, n, config = _run(col, observations, config, follow_config)
+    fol, actions, n, config = _run(col, observations, config, follow_config)
     if n == 0:
         raise ReportError("no events, samples or trace lines could be used")
     # a server that never had a process of its own (renamed by its restart: the new name
     # took its history) is not a server of the report
     logs = [log for log in col.logs.values() if log.states and log.pids]
     if not logs:  # samples of no server: nothing to attribute, still a page
-        logs = [_ServerLog(host_mod.Server(host_mod.DEFAULT_SERVER))]
-        logs[0].track(0.0)
+        empty = fol.placeholder()
+        logs = [_ServerLog(empty.key)]
+        logs[0].track(0.0, empty)
     acts = [_relative({**a.as_dict(), "t": col.rel(a.t)}, col.rel) for a in actions]
-    findings = sorted(((log.server.name, f) for log in logs for _, st in log.states
-                       for f in st.findings), key=lambda p: p[1].t)
+    findings = sorted(((fol.name(log.key), f) for log in logs for _, p in log.states
+                       for f in fol.totals(p, config).findings), key=lambda p: p[1].t)
     causes = [_relative({**f.as_dict(), "server": name, "t": col.rel(f.t),
                          "explanation": CAUSE_TEXT.get(f.cause, "")}, col.rel)
               for name, f in findings]
-    servers = [_server_report(log, [a for a in acts if a["server"] == log.server.name],
-                              [c for c in causes if c["server"] == log.server.name], col, config,
-                              requests=col.requests if len(logs) == 1 else Counter())
+    servers = [_server_report(log, [a for a in acts if a["server"] == fol.name(log.key)],
+                              [c for c in causes if c["server"] == fol.name(log.key)], col, fol,
+                              config, requests=col.requests if len(logs) == 1 else Counter())
                for log in logs]
     servers.sort(key=lambda s: s["name"])
     focus = min(servers, key=_nearness)
@@ -322,14 +320,14 @@ def _relative(d: dict[str, Any], rel: Callable[[float], float]) -> dict[str, Any
 
 
 def _server_report(log: _ServerLog, acts: list[Any], causes: list[Any], col: _Collector,
-                   config: Config, requests: ShapeCounts) -> dict[str, Any]:
+                   fol: Follower, config: Config, requests: ShapeCounts) -> dict[str, Any]:
     # its processes: a state that never had a pid of its own (the gap between a reload and
     # the new process) measured no process of this server
-    owned = [(t, st) for t, st in log.states if log.state_pids.get(id(st))] or log.states[:1]
-    states = [st for _, st in owned]
+    owned = [(t, p) for t, p in log.states if log.state_pids.get(p)] or log.states[:1]
+    states = [fol.totals(p, config) for _, p in owned]
     last = states[-1]
     limit_hit, limit = _limit(states, config)
-    per_graph = _best_per_graph(states, config)
+    per_graph = _best_per_graph(states)
     shapes = _shapes(requests, log, per_graph, limit if limit_hit else None)
     source = max(log.series, key=lambda k: log.series[k].thinned.added, default=None)
     series = log.series.get(source) if source else None
@@ -340,12 +338,12 @@ def _server_report(log: _ServerLog, acts: list[Any], causes: list[Any], col: _Co
             marks.append((f.detail.get("reached_at", f.t), "recompile_limit"))
     budget = log.budget.get(source) if source else None
     chart = _chart(series, marks, col, budget)
-    fc = _forecast_in_force(log, acts, config, col.rel)
+    fc = _forecast_in_force(log, acts, fol.estimates(log.key, config), col.rel)
     def total(attr: str) -> Any:
         return sum(attrgetter(attr)(st) for st in states)
 
-    shapes["now"] = now = compiled_now(total("records"), total("compiles.compiles")
-                                       + total("compiles.recompiles"))
+    shapes["now"] = now = compiled_now(total("records"), total("compiles")
+                                       + total("recompiles"))
     if now["what"] == "CUDA graphs" and per_graph is not None:
         for row in shapes["advisor"]:  # the graphs recorded, less one per bucket
             row["memory_saved_bytes"] = round(max(0, now["count"] - row["graphs_after"])
@@ -359,15 +357,15 @@ def _server_report(log: _ServerLog, acts: list[Any], causes: list[Any], col: _Co
         "memory_start_bytes": series.first if series else None,
         "memory_peak_bytes": series.peak if series else None,
         # the charted meter's last point (the last state may have switched meters)
-        "memory_end_bytes": series.points[-1][1] if series else last.memory.bytes,
+        "memory_end_bytes": series.points[-1][1] if series else last.memory_bytes,
         "memory_source": source,
-        "recordings": total("records"), "compiles": total("compiles.compiles"),
-        "recompiles": total("compiles.recompiles"),
-        "recompile_limit_hits": total("compiles.limit_hits"),
+        "recordings": total("records"), "compiles": total("compiles"),
+        "recompiles": total("recompiles"),
+        "recompile_limit_hits": total("limit_hits"),
         # one source for each number: the shapes the histogram counts
-        "distinct_shapes": shapes["distinct"] if counted else total("shapes.distinct"),
-        "requests": shapes["total"] if shapes["basis"] == "requests" else total("calls.requests"),
-        "stalls": total("calls.stalls"), "stall_seconds": round(total("calls.stall_seconds"), 3),
+        "distinct_shapes": shapes["distinct"] if counted else total("distinct_shapes"),
+        "requests": shapes["total"] if shapes["basis"] == "requests" else total("requests"),
+        "stalls": total("stalls"), "stall_seconds": round(total("stall_seconds"), 3),
         "ooms": total("ooms"), "processes": len(states),
         "first_oom_t": min((t for t, k in chart["marks"] if k == "oom"), default=None),
         "mb_per_graph": per_graph[0] if per_graph else None,
@@ -379,17 +377,16 @@ def _server_report(log: _ServerLog, acts: list[Any], causes: list[Any], col: _Co
     # the agent's padding per model, its latest word over the processes
     padding: dict[str, Any] = {}
     for st in states:
-        padding.update(st.estimates(config.correlate)["padding"])
-    return {"name": log.server.name, "pids": sorted(log.pids), "gpus": sorted(log.gpus),
+        padding.update(st.estimates["padding"])
+    return {"name": fol.name(log.key), "pids": sorted(log.pids), "gpus": sorted(log.gpus),
             "summary": summary, "chart": chart, "shapes": shapes,
             "padding": padding_rows(padding),
-            "estimates": step.estimates(log.server, config),
-            "processes": [{"from_t": col.rel(t), "pids": sorted(log.state_pids.get(id(st),
-                                                                                    ()))}
-                          for t, st in owned]}
+            "estimates": fol.estimates(log.key, config),
+            "processes": [{"from_t": col.rel(t), "pids": sorted(log.state_pids.get(p, ()))}
+                          for t, p in owned]}
 
 
-def _limit(states: list[Any], config: Config) -> tuple[Optional[str], Optional[int]]:
+def _limit(states: list[ProcessTotals], config: Config) -> tuple[Optional[str], Optional[int]]:
     """Whether the recompile limit was hit ("agent": it said so; "inferred"), and the limit
     the server ran with: the one torch hit (the finding's), else its agent's hello's, else
     torch's default."""
@@ -399,16 +396,17 @@ def _limit(states: list[Any], config: Config) -> tuple[Optional[str], Optional[i
             if f.cause == "recompile_limit_eager_fallback" and hit is None:
                 hit = "agent" if f.detail.get("source") == "agent" else "inferred"
                 hit_limit = f.detail.get("limit")
-        hello = hello or st.compiles.limit
+        hello = hello or st.limit
     limit = hit_limit or hello or config.correlate.default_recompile_limit
     return hit, limit
 
 
-def _best_per_graph(states: list[Any], config: Config) -> Optional[tuple[float, float]]:
+def _best_per_graph(states: list[ProcessTotals]) -> Optional[tuple[float, float]]:
     """MB per graph as measured in the run: of the server's processes, the most confident
     estimate (a reload's new process has too few recordings for its own)."""
-    found = [(e["mb_per_graph"], e["mb_per_graph_confidence"]) for e in
-             (st.estimates(config.correlate) for st in states) if e["mb_per_graph"] is not None]
+    found = [(mb, confidence) for mb, confidence in
+             ((st.estimates["mb_per_graph"], st.estimates["mb_per_graph_confidence"])
+              for st in states) if mb is not None and confidence is not None]
     return max(found, key=lambda p: p[1], default=None)
 
 
@@ -417,7 +415,7 @@ FORECAST_TEXT_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom
                       "level_bytes", "will_oom", "driver", "cause")
 
 
-def _forecast_in_force(log: _ServerLog, acts: list[Any], config: Config,
+def _forecast_in_force(log: _ServerLog, acts: list[Any], end: dict[str, Any],
                        rel: Callable[[float], float]) -> dict[str, Any]:
     """The forecast the sidecar acted on: at its reload decision, else at its oom_forecast
     alert, else the one at the end; with the nearest one seen during the run."""
@@ -432,7 +430,6 @@ def _forecast_in_force(log: _ServerLog, acts: list[Any], config: Config,
             if fc["will_oom"] is None and None not in (fc["plateau_bytes"], fc["budget_bytes"]):
                 fc["will_oom"] = fc["plateau_bytes"] >= fc["budget_bytes"]
             return {"basis": basis, "t": a["t"], **fc, "nearest": nearest}
-    end = step.estimates(log.server, config)
     return {"basis": "end", "t": None, **{k: end.get(k) for k in FORECAST_TEXT_KEYS},
             "nearest": nearest}
 
