@@ -12,6 +12,8 @@ No margin is taken off: the policy acts `reload_lead_s` before it.
   S(1 - e^(-x) - x e^(-x)), x = n/S. S is the value that explains the D distinct shapes seen in
   n requests; the future is x growing at the recent request rate, memory growing by MB/graph
   per recording. The plateau is every size recorded: will it ever run out?
+- where the model is refuted (the traffic's mix changed), the trend's graph growth is capped
+  by the shape space the horizon's own requests show (`graph_bound`).
 """
 from __future__ import annotations
 
