@@ -238,3 +238,29 @@ def test_a_saturated_model_refuted_by_new_recordings_leaves_the_forecast_to_the_
     assert held.seconds_discovery == FOREVER and held.plateau_bytes == held.level_bytes
     assert held.seconds == held.seconds_unexplained < 60
     assert held.cause == "memory_growth_unexplained"
+
+
+def test_the_window_space_counts_the_sizes_seen_before_it():
+    from torch_watchdog.sidecar.core.forecast import window_space
+    # 104 requests over 385 sizes (18 seen before): ~87 new ones; the space read back
+    s = window_space(104, 87, 18)
+    assert 330 < s < 460
+    assert window_space(500, 0, 40) == 40.0     # no new size in 500 requests: all seen
+    # uniform draws: the estimate is near the truth
+    rng = random.Random(3)
+    seen = {rng.randrange(200) for _ in range(50)}
+    before = len(seen)
+    new = len({rng.randrange(200) for _ in range(300)} - seen)
+    assert 150 < window_space(300, new, before) < 260
+
+
+def test_calls_marks_give_the_counts_at_a_moment_back():
+    from torch_watchdog import events
+    c = Calls()
+    for i, t in enumerate((10.0, 20.0, 30.0)):
+        c.on_calls(events.Calls(t=t, pid=1, name="m", calls=5, seconds=0.1, stall_calls=0,
+                                stall_seconds=0.0, distinct_shapes=0, window_s=10.0),
+                   distinct=i + 1)
+    assert c.at(5.0) is None
+    assert c.at(25.0) == (20.0, 10, 2)
+    assert c.at(30.0) == (30.0, 15, 3)

@@ -12,6 +12,8 @@ No margin is taken off: the policy acts `reload_lead_s` before it.
   S(1 - e^(-x) - x e^(-x)), x = n/S. S is the value that explains the D distinct shapes seen in
   n requests; the future is x growing at the recent request rate, memory growing by MB/graph
   per recording. The plateau is every size recorded: will it ever run out?
+- where the model is refuted (the traffic's mix changed), the trend's graph growth is capped
+  by the shape space the horizon's own requests show (`graph_bound`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ FOREVER = math.inf
 # the driver keeps that much for itself. Counting a larger headroom as the OOM forecast it
 # 20-60 s early at a few MiB/s, hours early at slow rates
 FAIL_FREE_BYTES = 19 << 20
+# the graph growth to come, as read from the last horizon's shape space, counted this many
+# times over before it is taken to stay below the budget (traffic that is not uniform over its
+# sizes shows fewer of them than it has)
+BOUND_MARGIN = 1.0
 REFUTE_RECORDS = 3   # recordings in a window beyond twice the model's expectation: refuted
 
 
@@ -234,6 +240,13 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
         # graph growth speeds up as larger shapes come: the window's recent rate reads that
         # sooner than a line through the horizon
         linear = min(linear, seconds_at(slope))
+    if model is None and explained and reading is not None and 0.0 < linear < FOREVER:
+        # graph growth with no discovery model (refuted: the traffic's mix changed): it can
+        # add no more than a graph for each size yet to be recorded, at what a graph cost
+        # over the horizon; a shape space that runs dry below the budget is no OOM
+        bound = graph_bound(state, reading.horizon, reading.rate)
+        if bound is not None and v.level + BOUND_MARGIN * bound * v.share < v.budget:
+            linear = FOREVER
     # growth recordings do not explain: the trend's where it reads growth they do not
     # explain; none before the trend reads growth (a first minute's climb is not yet a
     # trend), nor while recordings explain it (the window's rate outside recordings read an
@@ -254,6 +267,55 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     seconds = _seconds_to(v.level, v.budget, per_graph, state.records, n, space * scale, space,
                           model.rate)
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
+
+
+def graph_bound(state: State, span: float, rate: float) -> Optional[float]:
+    """The bytes recordings can still add, read from the last `span`: the shape space that
+    explains the new sizes its requests brought (on top of those seen before it), a graph per
+    size yet recorded (or as many as each size has had), each costing the growth over the span
+    per recording in it. None where the span says nothing (no requests or recordings in it, or
+    every request a new size)."""
+    calls, start = state.calls, state.now - span
+    if not calls.marks:
+        return None
+    # the counts at two `calls` windows: the requests a window reports came before it, the
+    # sizes they brought with them (a stretched or slow agent's windows lag the shapes)
+    then, last = calls.at(start) or (start, 0, 0), calls.marks[-1]
+    n, new = last[1] - then[1], last[2] - then[2]
+    records = state.memory.trend.records_since(start)
+    if n <= 0 or not records or new >= n:
+        return None
+    space = window_space(n, new, then[2])
+    if not math.isfinite(space):
+        return None
+    distinct = max(1, state.shapes.distinct)
+    per_size = max(1.0, state.records / distinct)
+    remaining = max(0.0, per_size * max(space, distinct) - state.records)
+    return remaining * rate * span / records
+
+
+@functools.lru_cache(maxsize=256)
+def window_space(n: int, new: int, before: int) -> float:
+    """S with (S - before)(1 - e^(-n/S)) = new: the sizes that explain `new` sizes not seen
+    before in `n` requests, `before` sizes seen already (a lower bound: those count in S)."""
+    if new <= 0:
+        return float(before)
+
+    def seen(space: float) -> float:
+        return (space - before) * -math.expm1(-n / space)
+
+    lo = hi = float(before + new)
+    while seen(hi) < new:
+        hi *= 2
+        if hi > 1e12:
+            return FOREVER
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if seen(mid) < new:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def _explained(state: State, since: float, rises: int) -> bool:

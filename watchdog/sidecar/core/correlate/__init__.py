@@ -193,7 +193,7 @@ _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
     "hello": _on_hello, "compile": _on_compile, "recompile": _on_compile,
     "recompile_limit": _on_limit, "cudagraph_record": _on_record, "new_shape": _on_new_shape,
     "stall": lambda state, e, cfg: state.calls.on_stall(e),
-    "calls": lambda state, e, cfg: state.calls.on_calls(e),
+    "calls": lambda state, e, cfg: state.calls.on_calls(e, state.shapes.distinct),
     "oom": _on_oom, "graph_break": _on_graph_break,
     "dropped": _on_dropped, "heartbeat": _on_heartbeat,
     "padding": lambda state, e, cfg: state.padding.on_padding(e),
