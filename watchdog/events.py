@@ -359,11 +359,8 @@ def from_dict(obj: Any) -> Event:
     # every field's check: its value's type among those of its annotation (all fields at once:
     # one lookup among the rows of types they may have), then what the type leaves open (a
     # float finite, a list's items)
-    if tuple(map(type, values)) not in spec.rows:
+    if tuple(map(type, values)) not in spec.rows or not spec.rest(values):
         raise _first_problem(kind, spec, values)
-    for i, rest in spec.deep:
-        if not rest(values[i]):
-            raise _first_problem(kind, spec, values)
     if values[1] <= 0:
         raise EventDecodeError(f"{kind}: bad pid")
     return spec.cls(*values)
@@ -487,7 +484,7 @@ class _Spec(typing.NamedTuple):
     `v`, `kind`) and their number, and per field in order: its name, its default (or
     _MISSING), the types its value may have; the fields' values of a dict that has them all
     (`get`), every row of types the fields may have (a few hundred at most), and
-    (index, rest) of the fields whose type does not settle it (_Check)."""
+    (index, rest) of the fields whose type does not settle it (_Check), and all those in one."""
     cls: type[Event]
     names: frozenset[str]
     size: int
@@ -497,6 +494,26 @@ class _Spec(typing.NamedTuple):
     get: Callable[[dict[str, Any]], tuple[Any, ...]]
     rows: frozenset[tuple[type, ...]]
     deep: tuple[tuple[int, Callable[[Any], bool]], ...]
+    rest: Callable[[tuple[Any, ...]], bool]  # every one of `deep`'s checks, on the values
+
+
+def _rest_of_fields(deep: tuple[tuple[int, Callable[[Any], bool]], ...],
+                    ) -> Callable[[tuple[Any, ...]], bool]:
+    """One call for every rest of a kind's fields, up to three inline (a loop over them was
+    half their time), more in a chain."""
+    if not deep:
+        return lambda values: True
+    (i, r), more = deep[0], deep[1:]
+    if not more:
+        return lambda values: r(values[i])
+    (j, q), more = more[0], more[1:]
+    if not more:
+        return lambda values: r(values[i]) and q(values[j])
+    (k, p), more = more[0], more[1:]
+    if not more:
+        return lambda values: r(values[i]) and q(values[j]) and p(values[k])
+    tail = _rest_of_fields(more)
+    return lambda values: r(values[i]) and q(values[j]) and p(values[k]) and tail(values)
 
 
 def _spec(cls: type[Event]) -> _Spec:
@@ -506,11 +523,11 @@ def _spec(cls: type[Event]) -> _Spec:
     names = tuple(f.name for f in fields)
     types = tuple(c.types for c in checks)
     get = operator.itemgetter(*names)  # two fields at least (t, pid): a tuple
+    deep = tuple((i, c.rest) for i, c in enumerate(checks) if c.rest is not None)
     return _Spec(cls, frozenset(names + ("v", "kind")), len(names) + 2, names,
                  tuple(_MISSING if f.default is dataclasses.MISSING else f.default
                        for f in fields),
-                 types, get, frozenset(itertools.product(*types)),
-                 tuple((i, c.rest) for i, c in enumerate(checks) if c.rest is not None))
+                 types, get, frozenset(itertools.product(*types)), deep, _rest_of_fields(deep))
 
 
 _SPECS = {kind: _spec(cls) for kind, cls in KINDS.items()}
