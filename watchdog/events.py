@@ -36,14 +36,14 @@ class EventDecodeError(ValueError):
     """A datagram or log line that is not a valid event of this schema version."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Event:
     t: float
     pid: int
     kind = "event"  # class attribute, overridden per kind; not a dataclass field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Hello(Event):
     """First event of an agent, re-sent periodically and when CUDA comes up."""
     torch: str
@@ -88,7 +88,7 @@ def per_start(server: str) -> Optional[tuple[str, str]]:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Heartbeat(Event):
     seq: int
     uptime_s: float
@@ -101,7 +101,7 @@ class Heartbeat(Event):
     kind = "heartbeat"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Compile(Event):
     """A Dynamo compile of a frame seen for the first time."""
     compile_id: Optional[str]
@@ -115,7 +115,7 @@ class Compile(Event):
     kind = "compile"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Recompile(Event):
     """A Dynamo compile of a frame that already had compiled code: a guard failed."""
     compile_id: Optional[str]
@@ -127,7 +127,7 @@ class Recompile(Event):
     kind = "recompile"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RecompileLimit(Event):
     """Dynamo gave up recompiling a frame: new inputs now run eager, silently."""
     function: Optional[str]
@@ -137,7 +137,7 @@ class RecompileLimit(Event):
     kind = "recompile_limit"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CudagraphRecord(Event):
     """phase "warmup": 1st call of a new size (no memory yet); "record": the graph is captured."""
     phase: str
@@ -148,7 +148,7 @@ class CudagraphRecord(Event):
     kind = "cudagraph_record"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CudagraphWarning(Event):
     """Inductor's "observed N distinct sizes" warning, or a cudagraph skip."""
     message: str
@@ -156,14 +156,14 @@ class CudagraphWarning(Event):
     kind = "cudagraph_warning"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GraphBreak(Event):
     reason: str
     location: Optional[str]
     kind = "graph_break"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NewShape(Event):
     name: str
     shape: Shape
@@ -172,7 +172,7 @@ class NewShape(Event):
     kind = "new_shape"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Stall(Event):
     name: str
     shape: Shape
@@ -182,7 +182,7 @@ class Stall(Event):
     kind = "stall"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Calls(Event):
     """Per watched callable, the calls since the previous Calls event."""
     name: str
@@ -195,7 +195,7 @@ class Calls(Event):
     kind = "calls"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Oom(Event):
     source: str                   # "allocator" (OOM observer), "exception" (an OOM error leaving
                                   # watch()) or "crash" (a CUDA/cuDNN/cuBLAS error on a nearly
@@ -208,7 +208,7 @@ class Oom(Event):
     kind = "oom"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Dropped(Event):
     reason: str                   # "queue_full", "socket", "log"
     count: int                    # since the previous Dropped event of this reason
@@ -216,7 +216,7 @@ class Dropped(Event):
     kind = "dropped"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Mitigation(Event):
     name: str                     # "graph_budget", "recompile_guard" or "padding"
     action: str                   # "engaged" or "unavailable"; padding: "engaged" (a first
@@ -234,7 +234,7 @@ class Mitigation(Event):
     kind = "mitigation"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Padding(Event):
     """Per padded model (`watch(..., pad=...)`), every heartbeat with calls: totals since the
     model was wrapped."""
@@ -258,7 +258,7 @@ class Padding(Event):
     kind = "padding"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Drain(Event):
     """A cooperative drain (reload method `agent`, agent/drain.py): "draining" when the sidecar
     asked (ready() is False from then on), "drained" right before the process exits."""
@@ -271,7 +271,7 @@ class Drain(Event):
     kind = "drain"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Warm(Event):
     """The compile-artifact bundle (agent/warm.py): loaded at install, saved after warm-up and
     before a planned exit, or skipped (mismatched, corrupt, unsupported) with the reason."""
