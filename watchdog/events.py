@@ -1,4 +1,5 @@
-"""The event schema shared by the agent and the sidecar: versioned, stdlib only, strict decode.
+"""The event schema shared by the agent and the sidecar: versioned, stdlib only (orjson used where
+installed), strict decode.
 
 Every event is one JSON object with `v` (schema version), `kind`, `t` (wall-clock seconds since
 the epoch, float) and `pid`, plus the fields of its kind. On the wire a datagram carries one or
@@ -12,8 +13,10 @@ by an older agent still decode); an older sidecar rejects them, so upgrade the s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import operator
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
@@ -288,7 +291,7 @@ KINDS: dict[str, type[Event]] = {
 }
 def to_dict(event: Event) -> dict[str, Any]:
     d = {"v": SCHEMA_VERSION, "kind": event.kind}
-    d.update((name, getattr(event, name)) for name, _, _ in _SPECS[event.kind].fields)
+    d.update((name, getattr(event, name)) for name in _SPECS[event.kind].names_in_order)
     return d
 
 
@@ -304,6 +307,14 @@ def decode(data: Union[bytes, str]) -> Event:
     """Parse and validate one event; any problem raises EventDecodeError."""
     if len(data) > MAX_EVENT_BYTES:
         raise EventDecodeError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+    if _fast_loads is not None and type(data) is bytes and _LONG_INT not in data.translate(
+            _DIGITS):
+        try:  # orjson, where installed: what it accepts, json reads alike (below)
+            obj = _fast_loads(data)
+        except Exception:  # noqa: BLE001 (its error, for what json may yet read: json decides)
+            pass
+        else:
+            return from_dict(obj)
     try:
         text = data.decode() if isinstance(data, (bytes, bytearray)) else data
         try:  # the C scanner alone: half the time of json.loads (no encoding sniffing)
@@ -324,87 +335,144 @@ def from_dict(obj: Any) -> Event:
     older than the field)."""
     if not isinstance(obj, dict):
         raise EventDecodeError("event is not a JSON object")
-    if "v" not in obj:
-        raise EventDecodeError("no schema version `v`: not an agent event")
-    v = obj["v"]
+    v = obj.get("v", _MISSING)
     if type(v) is not int or v != SCHEMA_VERSION:  # 1.0 == True == 1 in Python, not here
+        if v is _MISSING:
+            raise EventDecodeError("no schema version `v`: not an agent event")
         raise EventDecodeError(f"unsupported schema version {v!r}")
     kind = obj.get("kind")
     spec = _SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise EventDecodeError(f"unknown event kind {kind!r}")
-    if not spec.names.issuperset(obj):
-        extra = obj.keys() - spec.names
-        raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
-    values = []  # in the fields' order: t, pid (Event's), then the kind's
-    for name, default, check in spec.fields:
-        value = obj.get(name, default)
-        if value is _MISSING:
-            raise EventDecodeError(f"{kind}: missing field {name!r}")
-        if not (type(value) is check if type(check) is type else check(value)):
-            raise EventDecodeError(f"{kind}: field {name!r} has a bad value {value!r:.80}")
-        values.append(value)
+    # in the fields' order (t, pid: Event's, then the kind's), each value: all of them where the
+    # object has as many keys as the kind has names (then no key is unknown), else each one
+    # or its default (_MISSING where it has none), once every key is known
+    try:
+        values = spec.get(obj) if len(obj) == spec.size else None
+    except KeyError:  # as many keys, one of them unknown
+        values = None
+    if values is None:
+        if not obj.keys() <= spec.names:
+            extra = obj.keys() - spec.names
+            raise EventDecodeError(f"{kind}: unknown field(s) {sorted(extra)}")
+        values = tuple(map(obj.get, spec.names_in_order, spec.defaults))
+    # every field's check: its value's type among those of its annotation (all fields at once:
+    # one lookup among the rows of types they may have), then what the type leaves open (a
+    # float finite, a list's items)
+    if tuple(map(type, values)) not in spec.rows or not spec.rest(values):
+        raise _first_problem(kind, spec, values)
     if values[1] <= 0:
         raise EventDecodeError(f"{kind}: bad pid")
     return spec.cls(*values)
 
 
-def _checker(hint: Any) -> Union[type, Callable[[Any], bool]]:
-    """The check of a value against a field's annotation: bool is never an int, an int is a
-    float, floats must be finite. A class (str, int, bool) stands for "of exactly this type"
-    (from_dict compares it inline: a call per field was half its time)."""
+def _first_problem(kind: Any, spec: _Spec, values: tuple[Any, ...]) -> EventDecodeError:
+    """from_dict's error for the first field, in the kind's order, that is missing or fails
+    its check (the same checks: the types, then the rest)."""
+    rest = dict(spec.deep)
+    fields = zip(spec.names_in_order, values, spec.types, strict=True)
+    for i, (name, value, types) in enumerate(fields):
+        if value is _MISSING:
+            return EventDecodeError(f"{kind}: missing field {name!r}")
+        if type(value) not in types or (i in rest and not rest[i](value)):
+            return EventDecodeError(f"{kind}: field {name!r} has a bad value {value!r:.80}")
+    raise AssertionError(f"{kind}: no bad field")  # pragma: no cover - from_dict found one
+
+
+# A field's check, from its annotation: the types its value may have (exact: a bool is never
+# an int; an int is a float) and, where the type does not settle it, the rest: a predicate
+# true for a value of any other type, false for a float that is not finite or a list or dict
+# with a bad item (None where the type settles it). Small closures built once per annotation:
+# a call per field, or per item, was most of the decode time.
+class _Check(typing.NamedTuple):
+    types: frozenset[type]
+    rest: Optional[Callable[[Any], bool]]
+
+
+def _check_of(hint: Any) -> _Check:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union and len(args) == 2 and type(None) in args:  # Optional[X]
-        inner = _checker(next(a for a in args if a is not type(None)))
-        if isinstance(inner, type):
-            exact = inner
-            return lambda v: v is None or type(v) is exact
-        check = inner
-        return lambda v: v is None or check(v)
-    if origin is Union:
-        parts = [_check(_checker(arg)) for arg in args]
-        return lambda v: any(p(v) for p in parts)
+    if origin is Union:  # Optional[X], Scalar
+        parts = [_check_of(arg) for arg in args]
+        rests = [part.rest for part in parts if part.rest is not None]
+        types = frozenset().union(*(part.types for part in parts))
+        if len(rests) <= 1:  # each rest passes the other parts' types
+            return _Check(types, rests[0] if rests else None)
+        return _Check(types, lambda v: all(rest(v) for rest in rests))
     if origin is list:
-        return _list_of(_checker(args[0]))
+        return _Check(frozenset([list]), _list_of(args[0]))
     if origin is dict:
-        key, item = _check(_checker(args[0])), _check(_checker(args[1]))
-        return lambda v: type(v) is dict and all(key(k) and item(x) for k, x in v.items())
-    if hint is type(None):
-        return lambda v: v is None
+        keys, items = _check_of(args[0]), _check_of(args[1])
+        if keys.rest is not None:
+            raise TypeError(f"dict keys of {hint}: only types that settle it")
+        return _Check(frozenset([dict]), _dict_of(keys.types, items))
     if hint is float:
-        return lambda v: (type(v) is float and _isfinite(v)) or type(v) is int
-    assert isinstance(hint, type)
-    return hint
+        return _Check(frozenset([float, int]), _finite)
+    if not isinstance(hint, type):
+        raise TypeError(f"no check for the annotation {hint!r}")
+    return _Check(frozenset([hint]), None)
 
 
-def _list_of(item: Union[type, Callable[[Any], bool]]) -> Callable[[Any], bool]:
-    """The check of a list of `item`s, as a plain loop (a shape is a list of lists of ints:
-    a call per int was most of a new_shape's decode)."""
-    if isinstance(item, type):
-        exact = item
+def _finite(v: Any) -> bool:
+    return type(v) is not float or _isfinite(v)
 
-        def list_of_type(v: Any) -> bool:
-            if type(v) is not list:
-                return False
-            for x in v:  # noqa: SIM110 (a loop: all() over a generator is twice the time)
-                if type(x) is not exact:
-                    return False
-            return True
 
-        return list_of_type
-    check = item
+def _list_of(hint: Any) -> Callable[[Any], bool]:
+    """The rest of the check of a list of `hint`s: each item's, as a plain loop (a shape, a
+    list of lists of ints, in two nested loops: no call per item)."""
+    types, rest = _check_of(hint)
+    if rest is None and len(types) == 1:
+        return _list_of_type(next(iter(types)))
+    inner = _check_of(typing.get_args(hint)[0]) if typing.get_origin(hint) is list else None
+    if inner is not None and inner.rest is None and len(inner.types) == 1:
+        return _lists_of_type(next(iter(inner.types)))
 
     def list_of(v: Any) -> bool:
-        return type(v) is list and all(map(check, v))
+        if type(v) is list:
+            for x in v:
+                if type(x) not in types or (rest is not None and not rest(x)):
+                    return False
+        return True
 
     return list_of
 
 
-def _check(check: Union[type, Callable[[Any], bool]]) -> Callable[[Any], bool]:
-    """_checker's check as a predicate (inside lists, dicts and unions)."""
-    if isinstance(check, type):
-        return lambda v: type(v) is check
-    return check
+def _list_of_type(exact: type) -> Callable[[Any], bool]:
+    def list_of_type(v: Any) -> bool:
+        if type(v) is list:
+            for x in v:
+                if type(x) is not exact:
+                    return False
+        return True
+
+    return list_of_type
+
+
+def _lists_of_type(exact: type) -> Callable[[Any], bool]:
+    def lists_of_type(v: Any) -> bool:
+        if type(v) is list:
+            for x in v:
+                if type(x) is not list:
+                    return False
+                for y in x:
+                    if type(y) is not exact:
+                        return False
+        return True
+
+    return lists_of_type
+
+
+def _dict_of(keys: frozenset[type], item: _Check) -> Callable[[Any], bool]:
+    types, rest = item.types, item.rest
+
+    def dict_of(v: Any) -> bool:
+        if type(v) is dict:
+            for k, x in v.items():
+                if type(k) not in keys or type(x) not in types or \
+                        (rest is not None and not rest(x)):
+                    return False
+        return True
+
+    return dict_of
 
 
 _MISSING: Any = object()  # a field with no default, not in the object
@@ -413,17 +481,53 @@ _isfinite = math.isfinite
 
 class _Spec(typing.NamedTuple):
     """What from_dict needs of a kind: its class, the names an event may have (its fields,
-    `v`, `kind`), and each field's name, default (or _MISSING) and check (_checker)."""
+    `v`, `kind`) and their number, and per field in order: its name, its default (or
+    _MISSING), the types its value may have; the fields' values of a dict that has them all
+    (`get`), every row of types the fields may have (a few hundred at most), and
+    (index, rest) of the fields whose type does not settle it (_Check), and all those in one."""
     cls: type[Event]
     names: frozenset[str]
-    fields: tuple[tuple[str, Any, Union[type, Callable[[Any], bool]]], ...]
+    size: int
+    names_in_order: tuple[str, ...]
+    defaults: tuple[Any, ...]
+    types: tuple[frozenset[type], ...]
+    get: Callable[[dict[str, Any]], tuple[Any, ...]]
+    rows: frozenset[tuple[type, ...]]
+    deep: tuple[tuple[int, Callable[[Any], bool]], ...]
+    rest: Callable[[tuple[Any, ...]], bool]  # every one of `deep`'s checks, on the values
+
+
+def _rest_of_fields(deep: tuple[tuple[int, Callable[[Any], bool]], ...],
+                    ) -> Callable[[tuple[Any, ...]], bool]:
+    """One call for every rest of a kind's fields, up to three inline (a loop over them was
+    half their time), more in a chain."""
+    if not deep:
+        return lambda values: True
+    (i, r), more = deep[0], deep[1:]
+    if not more:
+        return lambda values: r(values[i])
+    (j, q), more = more[0], more[1:]
+    if not more:
+        return lambda values: r(values[i]) and q(values[j])
+    (k, p), more = more[0], more[1:]
+    if not more:
+        return lambda values: r(values[i]) and q(values[j]) and p(values[k])
+    tail = _rest_of_fields(more)
+    return lambda values: r(values[i]) and q(values[j]) and p(values[k]) and tail(values)
 
 
 def _spec(cls: type[Event]) -> _Spec:
     hints = typing.get_type_hints(cls)
-    fields = tuple((f.name, _MISSING if f.default is dataclasses.MISSING else f.default,
-                    _checker(hints[f.name])) for f in dataclasses.fields(cls))
-    return _Spec(cls, frozenset([name for name, _, _ in fields] + ["v", "kind"]), fields)
+    fields = dataclasses.fields(cls)
+    checks = [_check_of(hints[f.name]) for f in fields]
+    names = tuple(f.name for f in fields)
+    types = tuple(c.types for c in checks)
+    get = operator.itemgetter(*names)  # two fields at least (t, pid): a tuple
+    deep = tuple((i, c.rest) for i, c in enumerate(checks) if c.rest is not None)
+    return _Spec(cls, frozenset(names + ("v", "kind")), len(names) + 2, names,
+                 tuple(_MISSING if f.default is dataclasses.MISSING else f.default
+                       for f in fields),
+                 types, get, frozenset(itertools.product(*types)), deep, _rest_of_fields(deep))
 
 
 _SPECS = {kind: _spec(cls) for kind, cls in KINDS.items()}
@@ -431,6 +535,19 @@ _SPECS = {kind: _spec(cls) for kind, cls in KINDS.items()}
 # attribute (set in JSONDecoder.__init__) that the stubs do not declare
 _SCAN: Callable[[str, int], tuple[Any, int]]
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# orjson, where installed (the sidecar's dependency; an agent may lack it), parses an event
+# several times faster than json and reads whatever it accepts as json does, except integers
+# past 64 bits (as floats: from 19 digits on, for negative ones): data with a number of 19
+# digits or more is json's alone (an event's numbers have at most 17 significant digits).
+# What orjson refuses and json reads (a lone surrogate, NaN, 1e400) is json's too.
+_fast_loads: Optional[Callable[[bytes], Any]]
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - where orjson is not installed: json alone
+    _fast_loads = None
+# every digit as "0", everything else as " ": a run of 19 zeros is a number that long
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_INT = b"0" * 19
 
 
 def clip(text: Optional[str], limit: int = MAX_TEXT_CHARS) -> Optional[str]:

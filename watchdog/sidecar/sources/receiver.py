@@ -89,7 +89,7 @@ class Receiver:
         or time.monotonic() passes `deadline` (a datagram is taken whole: at most 64 KB);
         return the good events with sender pids."""
         good: list[tuple[events.Event, int]] = []
-        ready = self._ready.poll
+        ready, hello = self._ready.poll, events.Hello
         for _ in range(self.max_batch):
             if (max_events is not None and len(good) >= max_events) or \
                     (deadline is not None and time.monotonic() >= deadline) or not ready(0):
@@ -127,17 +127,18 @@ class Receiver:
                     except Exception:  # the schema promises EventDecodeError only; a bug
                         self.dropped["malformed"] += 1  # there must not stop us
             for sent in batch:
-                event: Optional[events.Event] = sent
                 if sent.pid != sender:
                     event = self._attribute(sent, sender)
                     if event is None:
                         self.dropped["spoofed"] += 1
                         continue
-                elif isinstance(sent, events.Hello):
+                elif isinstance(sent, hello):
                     event = replace(sent, ppid=_parent_of(sender, sent.ppid))
-                if isinstance(event, events.Hello):  # who may join a server: the kernel's word
+                else:  # the common case: the sender's own event, not a hello
+                    good.append((sent, sender))
+                    continue
+                if isinstance(event, hello):  # who may join a server: the kernel's word
                     event = replace(event, uid=cred[1])
-                assert event is not None
                 good.append((event, sender))
         self.received += len(good)
         return good
@@ -227,13 +228,10 @@ def _decode_packed(data: bytes) -> Optional[list[events.Event]]:
     if len(data) > events.MAX_EVENT_BYTES and \
             max(map(len, lines)) > events.MAX_EVENT_BYTES:
         return None  # an oversized line: counted as such by the line path
-    loads, out = _fast_loads, []
-    try:
-        for line in lines:
-            out.append(events.from_dict(loads(line)))
+    try:  # one loop in C over the lines
+        return list(map(events.from_dict, map(_fast_loads, lines)))
     except Exception:  # orjson's error, a bad event, or a bug: the line path decides
         return None
-    return out
 
 
 def _rejection(data: bytes) -> str:
