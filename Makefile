@@ -28,7 +28,7 @@ lint: install
 	$(PY) -m ruff check watchdog tests benchmarks examples
 
 test: install lint typecheck
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # mypy --strict on the whole sidecar, the event schema and the agent's modules below (the
 # package and those that never import torch; the agent's others, and torch itself, are not
