@@ -539,7 +539,8 @@ _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 # several times faster than json and reads whatever it accepts as json does, except integers
 # past 64 bits (as floats: from 19 digits on, for negative ones): data with a number of 19
 # digits or more is json's alone (an event's numbers have at most 17 significant digits).
-# What orjson refuses and json reads (a lone surrogate, NaN, 1e400) is json's too.
+# What orjson refuses and json reads (a lone surrogate, NaN, 1e400) is json's too. The
+# receiver reads the same three names for its datagrams.
 _fast_loads: Optional[Callable[[bytes], Any]]
 try:
     from orjson import loads as _fast_loads

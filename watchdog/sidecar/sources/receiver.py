@@ -19,19 +19,8 @@ RCVBUF_BYTES = 4 << 20
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid (Linux)
 # a plain int: `flags & socket.MSG_TRUNC` would build an enum.IntFlag object per datagram
 _MSG_TRUNC = int(socket.MSG_TRUNC)
-# orjson, where installed, parses an event several times faster than json; it reads whatever
-# it accepts as json does, except integers past 64 bits (as floats: from
-# 19 digits on, for negative ones): a datagram with a number of 19 digits or more is json's
-# alone (an event's numbers have at most 17 significant digits)
-_fast_loads: Optional[Callable[[bytes], Any]]
-try:
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - where orjson is not installed: json alone
-    _fast_loads = None
-# every digit as "0", everything else as " ": a run of 19 zeros is a number that long (a
-# regular expression took longer than the parse it guards)
-_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
-_LONG_INT = b"0" * 19
+# orjson where installed, and the guard for what json alone reads: events.py's (see there)
+_fast_loads, _DIGITS, _LONG_INT = events._fast_loads, events._DIGITS, events._LONG_INT
 
 
 class Receiver:
