@@ -34,8 +34,8 @@ test: install lint typecheck
 # package and those that never import torch; the agent's others, and torch itself, are not
 # checked: pyproject.toml, [tool.mypy]). mypy needs the source folder named like the package
 # (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/ (git-ignored)
-AGENT_TYPED := auto calls config crashes drain forks identity imports inflight serve settings \
-               shapes signature warm
+AGENT_TYPED := auto calls config crashes drain emitter forks identity imports inflight serve \
+               settings shapes signature warm
 typecheck: install
 	mkdir -p .mypy-src && ln -sfn ../watchdog .mypy-src/torch_watchdog
 	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar -p torch_watchdog.events \

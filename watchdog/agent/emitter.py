@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.jsonl import JsonLines
@@ -60,7 +60,7 @@ class Emitter:
         # every argument, first thing (nothing else is local yet): after_fork() builds the
         # child's emitter from them, whatever state __init__ comes to hold
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque[Any] = collections.deque()
         self._cap = queue_size
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -96,7 +96,7 @@ class Emitter:
         if event.kind in URGENT:  # the process may be about to die: send now, not next tick
             self._wake.set()
 
-    def emit_later(self, item: tuple) -> None:
+    def emit_later(self, item: tuple[Any, ...]) -> None:
         """Queue an event as `(kind, *fields)` made of values the GC does not track (str,
         numbers, None), built into its Event by LATER[kind] on the sender
         thread. Why: the queue holds events until the next tick, and a burst of new_shape
@@ -219,7 +219,8 @@ class Emitter:
         Producers never wait for any of this."""
         if self._parked is not None and not self._retry_parked():
             return
-        queue, batch, size, n = self._queue, [], 0, 0
+        batch: list[bytes] = []
+        queue, size, n = self._queue, 0, 0
         while queue:
             n += 1
             if n % YIELD_EVERY == 0:
@@ -273,6 +274,8 @@ class Emitter:
         return True
 
     def _retry_parked(self) -> bool:
+        if self._socket is None or self._parked is None:  # parked only by a socket's send
+            return True
         result = self._socket.send(self._parked)
         if result == FULL and time.monotonic() - self._parked_at < FULL_RETRY_S:
             return False
