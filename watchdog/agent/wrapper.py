@@ -41,17 +41,12 @@ class Watched(functools.partial):
     is built, else the PythonPath's `call`), not a class with a `__call__`. Why:
     calling an instance of a Python class goes through `slot_tp_call` (a method lookup, an
     argument tuple, a second call), while a partial (a C type) is called through its
-    vectorcall, which subclasses inherit from Python 3.12 on. Measured against the plainest
-    alternative (issue 38), a class with `__slots__` whose `__call__` is a slot holding the
-    same hot path (slot_tp_call, no Python frame added; pickling and attributes unchanged),
-    2026-12-03 on the 2-core VM, C path, same batches: CPython 3.12.1
-    (benchmarks/watch_stand_in.py, two invocations) 1.10x / 1.10x of this class's added time
-    for `model(x)` and 1.47x / 1.49x for `model(a=, b=)` (slot_tp_call builds an argument
-    tuple and a keyword dict that vectorcall does not); CPython 3.11.7, where a partial
-    subclass has no vectorcall either (agent_overhead.py --quick --runs 3 --baseline), 1.03x
-    and 1.01x. The H200 host runs 3.12, under a 300 ns target: the partial stays. The hot
-    path reads nothing
-    through `self`: Watched defines `__getattr__`, which turns off CPython's specialised
+    vectorcall, which subclasses inherit from Python 3.12 on. A class with `__slots__` whose
+    `__call__` is a slot holding the same hot path (no Python frame added) still pays
+    slot_tp_call's argument tuple and keyword dict on every call: it added 1.10x this class's
+    time for `model(x)` and ~1.5x for `model(a=, b=)` on CPython 3.12
+    (benchmarks/results/agent_overhead.md, "Why `Watched` is a partial"). The hot path reads
+    nothing through `self`: Watched defines `__getattr__`, which turns off CPython's specialised
     attribute loads. partial's own attributes `func`, `args` and `keywords` are the wrapped
     object's here (properties below); the partial's state is set only through
     `functools.partial.__setstate__` (at creation, in a forked child, and by a drain, which
