@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import re
@@ -178,6 +179,12 @@ def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> in
         lines = dev.write_env(setup, cfg.agent.socket_path)
         print(dev.banner(setup, lines, local_url(cfg.metrics_address, cfg.metrics_port),
                          previous_log), flush=True)
+    # what start-up built (modules, config, sources: ~37,000 objects) lives as long as the
+    # process: frozen out of the cycle collector's sight, a collection walks only what the loop
+    # allocated since (at 1,000 events/s the decode's allocations set off collections of the
+    # old generation that walked it all: benchmarks/results/sidecar_cost.md)
+    gc.collect()
+    gc.freeze()
     return daemon.run()
 
 

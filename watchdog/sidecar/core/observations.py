@@ -60,6 +60,7 @@ class Sample:
     # device uuid -> why NVML did not read it at this poll (lost, vanished, late, ...): such a
     # device is absent from `devices`, and its last numbers are not carried over
     nvml_down: dict[str, str] = field(default_factory=dict)
+    kind = "sample"  # class attribute, as every observation has: not a field
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from torch_watchdog.sidecar.present.snapshot import Snapshot
 MAX_POINTS = 2000
 MAX_MARKS_PER_KIND = 1000
 MAX_ACTIONS = 20
-# agent event kind -> mark kind (cudagraph_record only for phase "record": warm-ups cost nothing)
+# observation kind -> mark kind (cudagraph_record only for phase "record": warm-ups cost nothing)
 EVENT_MARKS = {"compile": "compile", "recompile": "recompile",
-               "recompile_limit": "recompile_limit", "oom": "oom"}
+               "recompile_limit": "recompile_limit", "oom": "oom", "cudagraph_record": "record"}
 
 
 class Thinned:
@@ -190,16 +190,12 @@ class History:
     def observe(self, observations: Iterable[Any]) -> None:
         """Marks from the agent's events (other observations, the samples, are skipped), on
         the host's chart and on the chart of the server the sending process belongs to."""
-        for obs in observations:
-            kind = getattr(obs, "kind", None)
-            if kind == "cudagraph_record":
-                kind = "record" if obs.phase == "record" else None
-            else:
-                kind = EVENT_MARKS.get(kind) if isinstance(kind, str) else None
-            if kind is None:
+        for obs in observations:  # every observation has a kind: one lookup each
+            kind = EVENT_MARKS.get(obs.kind)
+            if kind is None or (kind == "record" and obs.phase != "record"):
                 continue
             self.mark(obs.t, kind)
-            server = self.owner.get(getattr(obs, "pid", None))  # type: ignore[arg-type]
+            server = self.owner.get(obs.pid)
             if server is not None:
                 self._series(server).mark(obs.t, kind)
 
