@@ -81,9 +81,12 @@ class History:
     def points(self, horizon: float) -> list[tuple[float, float]]:
         """[(bucket end time, max)] over the last `horizon`, from the finest tier holding it."""
         assert self.last_t is not None
-        width = tier_width(horizon)
+        tier = _TIER_OF.get(horizon)
+        if tier is None:
+            tier = TIER_S.index(tier_width(horizon))
+        width = TIER_S[tier]
         since, last = self.last_t - horizon, self.last_t
-        return [(min((b + 1) * width, last), v) for b, v in self.tiers[TIER_S.index(width)]
+        return [(min((b + 1) * width, last), v) for b, v in self.tiers[tier]
                 if (b + 1) * width > since]
 
     def level(self) -> Optional[float]:
@@ -175,6 +178,10 @@ def tier_width(horizon: float) -> float:
     return next((w for w in TIER_S if horizon / w <= TIER_BUCKETS - 2), TIER_S[-1])
 
 
+# each horizon's tier (its index in TIER_S), worked out once: an estimate asks for every one
+_TIER_OF = {h: TIER_S.index(tier_width(h)) for h in HORIZONS}
+_HORIZON_WIDTHS = tuple((h, TIER_S[_TIER_OF[h]]) for h in HORIZONS)
+
 Readings = dict[float, tuple[int, Optional[Reading]]]   # horizon -> (its bucket, its reading)
 
 
@@ -183,11 +190,11 @@ def estimate(history: History, readings: Optional[Readings] = None) -> Optional[
     `readings`, a horizon is read again only once its tier has a new bucket (a day's horizon
     every 12 min): a longer horizon's line moves with its buckets, and it costs the most."""
     best: Optional[Reading] = None
-    for h in HORIZONS:
+    for h, width in _HORIZON_WIDTHS:
         if readings is None or history.last_t is None:
             r = read_horizon(history, h)
         else:
-            bucket = math.floor(history.last_t / tier_width(h))
+            bucket = math.floor(history.last_t / width)
             kept = readings.get(h)
             if kept is None or kept[0] != bucket:
                 kept = (bucket, read_horizon(history, h))
