@@ -199,7 +199,8 @@ class Calls(Event):
 class Oom(Event):
     source: str                   # "allocator" (OOM observer), "exception" (an OOM error leaving
                                   # watch()) or "crash" (a CUDA/cuDNN/cuBLAS error on a nearly
-                                  # full GPU: FACTS #17 saw cuDNN's mha_graph fail, not an OOM)
+                                  # full GPU: cuDNN attention's `mha_graph.execute` fails
+                                  # there without an OOM error)
     device: Optional[int]
     requested_bytes: Optional[int]
     limit_bytes: Optional[int]

@@ -8,7 +8,9 @@ from torch_watchdog.agent.signature import MAX_NESTED, arguments
 
 
 def is_oom(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError, or the CUDA error that bypasses the allocator (FACTS #9)."""
+    """torch.OutOfMemoryError, or the CUDA error that bypasses the allocator: a nearly full
+    GPU can fail with `cudaErrorMemoryAllocation`, which is no OutOfMemoryError and which the
+    allocator's OOM observer never sees (docs/agent.md)."""
     if type(exc).__name__ == "OutOfMemoryError":
         return True
     if isinstance(exc, RuntimeError):

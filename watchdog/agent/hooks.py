@@ -376,7 +376,7 @@ class TorchHooks:
             return
         m = args[0]
         if type(m).__name__ != "CompilationMetrics" or getattr(m, "is_runtime", False):
-            return  # signposts, and the 2 runtime entries per cudagraph size (FACTS #5)
+            return  # signposts, and the runtime entries (2 per recorded size): no compile
         compile_id = getattr(m, "compile_id", None)
         compile_id = None if compile_id is None else str(compile_id)
         fail = getattr(m, "fail_reason", None) or ""
