@@ -264,3 +264,71 @@ def test_calls_marks_give_the_counts_at_a_moment_back():
     assert c.at(5.0) is None
     assert c.at(25.0) == (20.0, 10, 2)
     assert c.at(30.0) == (30.0, 15, 3)
+
+
+def test_a_graphs_cost_is_read_from_the_spans_recordings_not_the_warm_up_before_them():
+    """GPT-2 sweeping new lengths: in the last minute 104 requests brought 87 new sizes (18 seen
+    before). For its first 20 s new sizes were warmed up, growing 6 MB with no recording; then
+    20 graphs were recorded at 0.5 MB each. What the sizes still to come can add is counted at
+    0.5 MB a graph (about 185 MB: a server with 250 MB of room is not forecast to run out),
+    not at the minute's growth over its recordings (0.76 MB a graph, 280 MB)."""
+    from torch_watchdog import events
+    from torch_watchdog.sidecar.core.forecast import graph_bound, window_space
+
+    s = State(now=60.0, calls=Calls(), shapes=Shapes(distinct=105), records=21,
+              memory=Memory(device_used=0, device_total=100_000 * MB))
+    level = 1000 * MB
+    for i in range(61):
+        level += 0.3 * MB if i < 20 else 0.25 * MB
+        s.memory.trend.append(float(i), level, 0 if i < 20 else 1 + (i - 20) // 2)
+    for t, calls, distinct in ((0.0, 1000, 18), (60.0, 104, 105)):
+        s.calls.on_calls(events.Calls(t=t, pid=1, name="m", calls=calls, seconds=1.0,
+                                      stall_calls=0, stall_seconds=0.0, distinct_shapes=0,
+                                      window_s=1.0), distinct=distinct)
+    rate = 16 * MB / 60   # the horizon's rate: the warm-up and the recordings together
+    bound = graph_bound(s, 60.0, rate)
+    to_come = window_space(104, 87, 18) - 21
+    assert bound is not None
+    assert bound / to_come == pytest.approx(0.5 * MB, rel=0.1)
+    assert bound < 250 * MB
+    # every recording in one poll: the span's growth per recording, as before
+    burst = State(now=60.0, calls=s.calls, shapes=Shapes(distinct=105), records=20,
+                  memory=Memory(device_used=0, device_total=100_000 * MB))
+    for i in range(61):
+        burst.memory.trend.append(float(i), 1000 * MB + i * MB, 0 if i < 59 else 20)
+    assert graph_bound(burst, 60.0, MB) == pytest.approx(
+        (window_space(104, 87, 18) - 20) * MB * 60 / 20)
+
+
+def test_the_shape_space_is_read_from_where_new_sizes_began():
+    """ResNet served one image size for the first 40 s of the minute (6,000 requests), then 80
+    requests brought 80 new sizes with 20 recordings. The 6,000 repeats say how often the old
+    size came, not how many new ones follow: read over the whole minute the space looked
+    saturated (about 81 sizes: 60 graphs to come, 30 MB at 0.5 MB, under 40 MB of room, no
+    OOM forecast). Read from the mark where new sizes began, it has no end in sight (80 new
+    sizes in 80 requests): the cap does not hold the OOM forecast back."""
+    from torch_watchdog import events
+    from torch_watchdog.sidecar.core.forecast import graph_bound
+
+    s = State(now=60.0, calls=Calls(), shapes=Shapes(distinct=81), records=20,
+              memory=Memory(device_used=0, device_total=100_000 * MB))
+    for i in range(61):
+        s.memory.trend.append(float(i), 1000 * MB + max(0, i - 40) * 0.5 * MB,
+                              0 if i <= 40 else i - 40)
+    marks = [(t, 150, 1) for t in range(0, 41)] + [(t, 4, 5) for t in range(41, 61)]
+    for t, calls, distinct in marks:
+        s.calls.on_calls(events.Calls(t=float(t), pid=1, name="m", calls=calls, seconds=1.0,
+                                      stall_calls=0, stall_seconds=0.0, distinct_shapes=0,
+                                      window_s=1.0), distinct=(distinct if t <= 40
+                                                               else 1 + 4 * (t - 40)))
+    assert graph_bound(s, 60.0, 0.5 * MB) is None   # every request since a new size: no end
+    # a minute of steady traffic that brings its new sizes spread out is read whole
+    steady = State(now=60.0, calls=Calls(), shapes=Shapes(distinct=45), records=20,
+                   memory=s.memory)
+    for t in range(61):
+        steady.calls.on_calls(events.Calls(t=float(t), pid=1, name="m", calls=10, seconds=1.0,
+                                           stall_calls=0, stall_seconds=0.0,
+                                           distinct_shapes=0, window_s=1.0),
+                              distinct=5 + (40 * t) // 60)
+    bound = graph_bound(steady, 60.0, 0.5 * MB)
+    assert bound is not None and bound > 0

@@ -211,3 +211,13 @@ def test_the_rates_asked_poll_after_poll_are_their_definitions_too(seed):
                 assert (g is None) == (w is None)
                 if w is not None:
                     assert g == pytest.approx(w, rel=1e-6, abs=1e-3)
+
+
+def test_the_first_recording_of_a_span_is_found():
+    trend = Trend()
+    for i in range(30):
+        trend.append(float(i), 1000 * MB + i * MB, 0 if i < 12 else 1 + (i - 12) // 3)
+    assert trend.first_record_since(0.0) == 12.0
+    assert trend.first_record_since(12.0) == 15.0    # counts from the recordings at 12 s
+    assert trend.first_record_since(28.0) is None    # none came after
+    assert trend.first_record_since(40.0) is None    # no sample then

@@ -138,6 +138,15 @@ class Trend:
         i = bisect.bisect_left(self._t, since)
         return None if i >= len(self._t) else self._records[-1] - self._records[i]
 
+    def first_record_since(self, since: float) -> Optional[float]:
+        """The time of the first sample from `since` on whose recordings count has grown past
+        the count at `since` (the span's first recording); None where none came."""
+        i = bisect.bisect_left(self._t, since)
+        if i >= len(self._t):
+            return None
+        k = bisect.bisect_right(self._records, self._records[i], lo=i)
+        return self._t[k] if k < len(self._t) else None
+
     def outside_share(self, since: float) -> Optional[float]:
         """The part of the envelope's growth from `since` on (its steps too, less one-offs: a
         step over OUTLIER times the lower median step, or a lone one over OUTLIER times
