@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, cast
 
@@ -303,26 +304,17 @@ def _discovery_start(marks: list[tuple[float, int, int]], then: tuple[float, int
     """The last mark from `then` on before new sizes came: requests of the old sizes before
     the span's first new one tell how often those repeat, not how many new sizes follow.
     Two bisections (the marks' sizes never fall: a count of distinct shapes)."""
-    i = bisect.bisect_right(marks, then[0], key=_mark_t)
-    j = bisect.bisect_right(marks, then[2], lo=i, key=_mark_sizes)
+    i = bisect.bisect_right(marks, then[0], key=itemgetter(0))
+    j = bisect.bisect_right(marks, then[2], lo=i, key=itemgetter(2))
     return marks[j - 1] if j > i else then
-
-
-def _mark_t(mark: tuple[float, int, int]) -> float:
-    return mark[0]
-
-
-def _mark_sizes(mark: tuple[float, int, int]) -> int:
-    return mark[2]
 
 
 def per_recording(trend: Trend, start: float, now: float, rate: float, records: int) -> float:
     """The bytes a recording costs, read from the span since `start` growing at `rate`: the
     growth from the span's first recording on per recording after it. Growth before the
     first recording (a new size's warm-up, the pool's last segment of an earlier burst) is
-    not the recordings' cost; counted in, GPT-2's first 21 graphs read 1.15 MiB each (0.85
-    without it; the run's 386 cost 0.52 MiB on average). The whole span per recording where
-    one poll brought them all."""
+    not the recordings' cost: counted in, it makes early graphs read dearer than the graphs
+    that follow. The whole span per recording where one poll brought them all."""
     first = trend.first_record_since(start)
     after = trend.records_since(first) if first is not None else None
     if first is None or not after:
