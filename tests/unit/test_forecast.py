@@ -332,3 +332,43 @@ def test_the_shape_space_is_read_from_where_new_sizes_began():
                               distinct=5 + (40 * t) // 60)
     bound = graph_bound(steady, 60.0, 0.5 * MB)
     assert bound is not None and bound > 0
+
+
+def test_each_recent_part_lasts_as_long_again_then_the_rate_after_it():
+    from torch_watchdog.sidecar.core.forecast import lasting
+
+    parts = [(60.0, 1 * MB), (30.0, 2 * MB), (15.0, 4 * MB), (7.5, 8 * MB)]
+    assert lasting(45 * MB, parts, 0.5 * MB) == pytest.approx(45 / 8)   # within the eighth
+    # 60 + 30 + 30 + 30 MB over the next minute, the 50 MB left at 0.5 MB/s
+    assert lasting(200 * MB, parts, 0.5 * MB) == pytest.approx(60 + 50 / 0.5)
+    assert lasting(200 * MB, parts, 0.0) == FOREVER
+    assert lasting(-1 * MB, parts, 0.5 * MB) == 0.0   # past the fail level already
+    assert lasting(100 * MB, parts, 0.5 * MB, share=0.5) == pytest.approx(60 + 25 / 0.25)
+
+
+def _burst_after(history_s: int, room: float) -> State:
+    """Graph growth at 0.05 MB/s for `history_s`, a recording every poll, then 15 s of a
+    burst of recordings at 0.5 MB/s; `room` left under the fail level."""
+    s = State(now=float(history_s + 15), memory=Memory(device_used=0, device_total=0))
+    level = 1000 * MB
+    for i in range(history_s + 16):
+        level += 0.5 * MB if i > history_s else 0.05 * MB
+        grow(s.memory, float(i), level, i)
+    s.memory.device_used = int(level)
+    s.memory.device_total = int(level + room + FAIL_FREE_BYTES)
+    return s
+
+
+def test_a_burst_of_recordings_is_not_the_rate_of_growth_read_over_an_hour():
+    """Graph growth read over an hour at 0.05 MB/s, then a 15 s burst of recordings at 0.5
+    MB/s with 25 MB of room: the burst's rate says an OOM in 50 s (a reload now), but it has
+    lasted 15 s. Each part of the window taken to go on for as long again, then the window's
+    own rate (0.16 MB/s, above the hour's), the OOM is about 2 minutes away: no reload while
+    the burst may end. Over two minutes of history the recent rate is the growth's."""
+    slow = forecast(_burst_after(3600, 25 * MB), ForecastConfig())
+    assert slow.trend_explained and slow.trend_horizon_s >= 1800
+    assert slow.growth_bytes_per_s == pytest.approx(0.5 * MB, rel=0.1)  # the burst's
+    assert 100 < slow.seconds < 130
+    fast = forecast(_burst_after(100, 25 * MB), ForecastConfig())
+    assert fast.trend_explained and fast.trend_horizon_s == 120.0
+    assert fast.seconds == pytest.approx(50, rel=0.15)

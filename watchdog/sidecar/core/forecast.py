@@ -40,6 +40,9 @@ FAIL_FREE_BYTES = 19 << 20
 # times over before it is taken to stay below the budget (traffic that is not uniform over its
 # sizes shows fewer of them than it has)
 BOUND_MARGIN = 1.0
+# the longest horizon at which the window's recent rate is the growth's: over longer ones the
+# growth is slow, and a burst of recordings lasts only as long as it has
+BURST_HORIZON_S = 120.0
 REFUTE_RECORDS = 3   # recordings in a window beyond twice the model's expectation: refuted
 
 
@@ -130,10 +133,11 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Foreca
         level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
     slope, leak, request_rate = rates(state, cfg)
+    recent = state.memory.trend.recent(state.now - cfg.window_s)
     model = _discovery(state, cfg, min_records, request_rate)
     best: Optional[Forecast] = None
     for view in views:
-        fc = _forecast_view(state, view, slope, leak, model)
+        fc = _forecast_view(state, view, slope, recent, leak, model)
         if best is None or fc.seconds < best.seconds:
             best = fc
     assert best is not None  # views is not empty
@@ -218,7 +222,8 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     return Discovery(space, scale=scale, per_graph=b * 1e6, rate=request_rate)
 
 
-def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
+def _forecast_view(state: State, v: _View, slope: Optional[float],
+                   recent: Optional[list[tuple[float, float]]], leak: Optional[float],
                    model: Optional[Discovery]) -> Forecast:
     over = v.uuid is None and v.level >= v.budget
     # over a configured or host budget already: an OOM now, growing or not (flat at 1.55 GiB
@@ -241,8 +246,15 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
         explained = _explained(state, -math.inf, horizons.MIN_RISES)
     if explained:
         # graph growth speeds up as larger shapes come: the window's recent rate reads that
-        # sooner than a line through the horizon
-        linear = min(linear, seconds_at(slope))
+        # sooner than a line through the horizon. Against growth read over minutes, a burst
+        # of recordings a few seconds long is not the next ten minutes' rate: there each part
+        # of the window goes on for as long again as it has lasted, then the window's own
+        # rate or the horizon's, the faster (a line through the horizon lags growth that
+        # speeds up)
+        linear = min(linear, seconds_at(slope) if reading is None or recent is None
+                     or reading.horizon <= BURST_HORIZON_S else
+                     lasting(v.budget - v.level, recent, max(reading.rate, recent[0][1]),
+                             v.share))
     if model is None and explained and reading is not None and 0.0 < linear < FOREVER:
         # graph growth with no discovery model (refuted: the traffic's mix changed): it can
         # add no more than a graph for each size yet to be recorded, at what a graph cost
@@ -270,6 +282,24 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     seconds = _seconds_to(v.level, v.budget, per_graph, state.records, n, space * scale, space,
                           model.rate)
     return Forecast(v.budget, v.level, linear, seconds, plateau, space, **common)
+
+
+def lasting(room: float, parts: list[tuple[float, float]], after: float,
+            share: float = 1.0) -> float:
+    """Seconds until growth takes `room`, where each recent part of the window ((seconds,
+    bytes/s), the window first) goes on for as long again as it has lasted, the newest first,
+    and the growth goes on at `after` bytes/s beyond the window (`share` of it lands here).
+    No room left is an OOM now."""
+    if room <= 0:
+        return 0.0
+    elapsed = 0.0
+    for span, rate in reversed(parts):
+        grows = rate * share * (span - elapsed)
+        if grows >= room:
+            return elapsed + room / (rate * share)
+        room -= grows
+        elapsed = span
+    return elapsed + room / (after * share) if after * share > 0 else FOREVER
 
 
 def graph_bound(state: State, span: float, rate: float) -> Optional[float]:

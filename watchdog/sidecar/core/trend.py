@@ -173,17 +173,42 @@ class Trend:
         """The growth rate (bytes/s) over the samples from `since` on, and the growth outside
         recordings; None where there are fewer than 3 samples or MIN_SPAN of the window, or too
         few intervals outside recordings to tell."""
+        parts = self._parts(since)
+        if parts is None:
+            return None, None
+        growth, leak, rises = parts
+        rates = [rate for _, rate in growth]
+        return _rate(rates, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
+
+    def recent(self, since: float) -> Optional[list[tuple[float, float]]]:
+        """(seconds, bytes/s) of the window and each recent part of it, the window first, where
+        every part grows and the envelope rose MIN_RISES times (the parts `rates` reads the
+        latest of); None otherwise."""
+        parts = self._parts(since)
+        if parts is None:
+            return None
+        growth, _, rises = parts
+        if not growth or min(rate for _, rate in growth) <= 0 or rises < MIN_RISES:
+            return None
+        return growth
+
+    def _parts(self, since: float,
+               ) -> Optional[tuple[list[tuple[float, float]], list[float], int]]:
+        """Per part of the window from `since` (the whole, its recent half, quarter, eighth):
+        (its seconds, its growth rate), and the rates outside recordings of the parts with
+        enough intervals outside them; and the envelope's rises. None where the window has
+        too few samples."""
         t, sums = self._t, self._sums
         j = len(t) - 1
         i = bisect.bisect_left(t, since)
         if j - i < 2 or t[j] - t[i] < MIN_SPAN * (t[j] - since):
-            return None, None
+            return None
         last, first = t[j], t[i]
         steps = self.counted_steps(since)
         tails = _tails(steps)
         sj = sums[j]
         rises = sj.rises - sums[i].rises
-        growth: list[float] = []
+        growth: list[tuple[float, float]] = []
         leak: list[float] = []
         for part in PARTS:
             k = bisect.bisect_left(t, last - part * (last - first))
@@ -196,13 +221,13 @@ class Trend:
                 stepped, outside = tails[first_in]
                 if part == 1.0:
                     rises += len(steps) - first_in
-            growth.append((sj.growth - sk.growth + stepped) / (last - tk))
+            growth.append((last - tk, (sj.growth - sk.growth + stepped) / (last - tk)))
             span = sj.outside_seconds - sk.outside_seconds
             used = sj.outside_intervals - sk.outside_intervals
             if used < LEAK_MIN_POINTS or span <= 0 or span < LEAK_MIN_FRACTION * (last - tk):
                 continue
             leak.append((sj.outside_growth - sk.outside_growth + outside) / span)
-        return _rate(growth, rises), (_rate(leak, rises) if len(leak) == len(PARTS) else None)
+        return growth, leak, rises
 
 
 def _step_t(step: Step) -> float:
