@@ -133,11 +133,10 @@ def forecast(state: State, cfg: ForecastConfig, min_records: int = 20) -> Foreca
         level, budget = _level_and_budget(state, cfg)
         return Forecast(budget, level)
     slope, leak, request_rate = rates(state, cfg)
-    recent = state.memory.trend.recent(state.now - cfg.window_s)
     model = _discovery(state, cfg, min_records, request_rate)
     best: Optional[Forecast] = None
     for view in views:
-        fc = _forecast_view(state, view, slope, recent, leak, model)
+        fc = _forecast_view(state, view, slope, leak, model, cfg.window_s)
         if best is None or fc.seconds < best.seconds:
             best = fc
     assert best is not None  # views is not empty
@@ -222,9 +221,8 @@ def _discovery(state: State, cfg: ForecastConfig, min_records: int,
     return Discovery(space, scale=scale, per_graph=b * 1e6, rate=request_rate)
 
 
-def _forecast_view(state: State, v: _View, slope: Optional[float],
-                   recent: Optional[list[tuple[float, float]]], leak: Optional[float],
-                   model: Optional[Discovery]) -> Forecast:
+def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optional[float],
+                   model: Optional[Discovery], window_s: float) -> Forecast:
     over = v.uuid is None and v.level >= v.budget
     # over a configured or host budget already: an OOM now, growing or not (flat at 1.55 GiB
     # over a 1.3 GiB budget said "no OOM forecast"). A GPU's budget keeps its rate: an
@@ -251,8 +249,9 @@ def _forecast_view(state: State, v: _View, slope: Optional[float],
         # of the window goes on for as long again as it has lasted, then the window's own
         # rate or the horizon's, the faster (a line through the horizon lags growth that
         # speeds up)
-        linear = min(linear, seconds_at(slope) if reading is None or recent is None
-                     or reading.horizon <= BURST_HORIZON_S else
+        recent = None if reading is None or reading.horizon <= BURST_HORIZON_S else \
+            state.memory.trend.recent(state.now - window_s)
+        linear = min(linear, seconds_at(slope) if reading is None or recent is None else
                      lasting(v.budget - v.level, recent, max(reading.rate, recent[0][1]),
                              v.share))
     if model is None and explained and reading is not None and 0.0 < linear < FOREVER:
