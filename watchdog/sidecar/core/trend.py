@@ -188,9 +188,7 @@ class Trend:
         if parts is None:
             return None
         growth, _, rises = parts
-        if not growth or min(rate for _, rate in growth) <= 0 or rises < MIN_RISES:
-            return None
-        return growth
+        return growth if _growing([rate for _, rate in growth], rises) else None
 
     def _parts(self, since: float,
                ) -> Optional[tuple[list[tuple[float, float]], list[float], int]]:
@@ -251,6 +249,11 @@ def _rate(rates: list[float], rises: int) -> Optional[float]:
     times: one allocator step near full is no trend), else the lowest, at most 0."""
     if not rates:
         return None
-    if min(rates) > 0 and rises >= MIN_RISES:
+    if _growing(rates, rises):
         return rates[-1]
     return min(0.0, min(rates))
+
+
+def _growing(rates: list[float], rises: int) -> bool:
+    """Every part grows, and the window rose MIN_RISES times."""
+    return bool(rates) and min(rates) > 0 and rises >= MIN_RISES
