@@ -10,9 +10,9 @@ the sidecar forecasts an OOM against a budget set just above the server's memory
 sidecar reloads it with the scenario's `reload.method`. The app loads its weights for 3 s
 after the agent's hello (a stand-in for a real model) and warms up before it accepts
 requests: a reload that stopped the next worker at its replacement's hello timed out 15 of 77
-requests here. Asserted: at most 1 % of the requests made during the reload
-failed, every worker was replaced, its replacement said hello to the sidecar and served, and
-the master kept running. The figures (failed requests, time until every worker was back) are
+requests here. Asserted: at most 1 % of the requests made during the reload failed (besides
+one reset, uvicorn's own race at a worker's exit), every worker was replaced, its replacement
+said hello to the sidecar and served, and the master kept running. The figures (failed requests, time until every worker was back) are
 printed (`pytest -s`) and appended to `$WATCHDOG_REAL_SERVERS_RESULTS` when set;
 `REAL_SERVERS_DEBUG=1` also prints the failed requests and the server's and sidecar's logs.
 """
@@ -268,7 +268,13 @@ def test_a_reload_keeps_a_multi_worker_server_serving(short_tmp, kind, method):
             with open(os.environ["WATCHDOG_REAL_SERVERS_RESULTS"], "a") as fh:
                 fh.write(json.dumps(line) + "\n")
         assert len(during) >= 20, line  # enough requests for 1 % to mean something
-        assert len(failed) <= 0.01 * len(during), (line, failed[:5])
+        # uvicorn's graceful shutdown closes a connection it has accepted but not yet read:
+        # that client sees a reset or a broken pipe. One such request is the server's own race
+        # at an old worker's exit (benchmarks/server_exit_race.py: 3 of 5,910 requests in 30
+        # bare HUPs, 0 without); a reload that stops a worker before its replacement serves
+        # fails many (15 of 77 here).
+        resets = [r for r in failed if r[2].startswith(("ConnectionResetError", "BrokenPipe"))]
+        assert len(failed) - min(len(resets), 1) <= 0.01 * len(during), (line, failed[:5])
     finally:
         if os.environ.get("REAL_SERVERS_DEBUG") and server is not None:
             try:
