@@ -322,7 +322,7 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         "torch_watchdog_memory_explained_by_recordings_bytes": {A: 2 * POLLS * MB, B: 0},
         # every MB of growth came with a recording
         "torch_watchdog_memory_unexplained_bytes": {A: 0, B: 0},
-        # each server's own GPU: its used memory against its size less the headroom
+        # each server's own GPU: its used memory against its size less where allocation fails
         "torch_watchdog_memory_budget_bytes": {A: 80_000 * MB - FAIL_FREE_BYTES,
                                                B: 40_000 * MB - FAIL_FREE_BYTES},
         "torch_watchdog_memory_level_bytes": {A: (10_000 + 2 * POLLS) * MB, B: 5_200 * MB},
@@ -330,6 +330,8 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         # llm: 3 shapes, all recorded (a plateau); its linear trend still sees growth
         "torch_watchdog_oom_forecast_seconds": {A: inf(fc["llm"]["seconds_to_oom"]),
                                                 B: math.inf},
+        "torch_watchdog_oom_forecast_earliest_seconds": {
+            A: inf(fc["llm"]["seconds_to_oom_earliest"]), B: math.inf},
         "torch_watchdog_oom_forecast_linear_seconds": {
             A: inf(fc["llm"]["seconds_to_oom_linear"]), B: math.inf},
         "torch_watchdog_memory_plateau_bytes": {

@@ -12,8 +12,9 @@ after the agent's hello (a stand-in for a real model) and warms up before it acc
 requests: a reload that stopped the next worker at its replacement's hello timed out 15 of 77
 requests here. Asserted: at most 1 % of the requests made during the reload failed (besides
 one reset, uvicorn's own race at a worker's exit), every worker was replaced, its replacement
-said hello to the sidecar and served, and the master kept running. The figures (failed requests, time until every worker was back) are
-printed (`pytest -s`) and appended to `$WATCHDOG_REAL_SERVERS_RESULTS` when set;
+said hello to the sidecar and served, and the master kept running. The figures (failed
+requests, time until every worker was back) are printed (`pytest -s`) and appended to
+`$WATCHDOG_REAL_SERVERS_RESULTS` when set;
 `REAL_SERVERS_DEBUG=1` also prints the failed requests and the server's and sidecar's logs.
 """
 from __future__ import annotations

@@ -50,6 +50,33 @@ def test_the_time_to_oom_is_to_the_step_that_does_not_fit():
     assert to_fail(h, fail) == pytest.approx(5 * spacing, rel=0.05)
 
 
+def test_a_staircase_of_uneven_steps_is_expected_at_its_pace_and_acted_on_at_the_quartile():
+    # 20 MiB steps 16 or 20 min apart (18.7 min on average; whole 4 min buckets of the 8 h
+    # horizon's tier), the last one just now, room for one more: the expected OOM is a step's
+    # time at the growth's pace (the median gap is longer), the earliest the gaps' lower
+    # quartile. Read at the quartile, the forecast said 0 s for the last 4 min of a 20 min gap
+    gaps, step_bytes = [960.0, 1200.0, 1200.0] * 8, 20 * MiB
+    steps = [sum(gaps[:i + 1]) for i in range(len(gaps))]
+    h = feed(lambda t: BASE + step_bytes * sum(1 for x in steps if x <= t), steps[-1], poll=5.0)
+    reading, level = horizons.estimate(h), h.level()
+    assert reading is not None and level is not None and h.last_t is not None
+    args = (reading, step_bytes, h.last_t, h.last_rise_t)
+    assert horizons.seconds_to_fail(*args, expected=True) == pytest.approx(1120.0, rel=0.05)
+    assert horizons.seconds_to_fail(*args) == pytest.approx(960.0, rel=0.05)
+
+
+def test_the_policy_acts_on_the_earliest_and_the_forecast_says_the_expected():
+    from torch_watchdog.sidecar.core.forecast import Forecast
+    trend = Forecast(GiB, GiB // 2, seconds_linear=300.0, trend_early_s=100.0)
+    assert (trend.seconds, trend.seconds_earliest) == (300.0, 200.0)
+    # with the discovery model, the unexplained growth's trend is the one moved
+    both = Forecast(GiB, GiB // 2, 300.0, seconds_discovery=500.0, seconds_unexplained=300.0,
+                    trend_early_s=100.0)
+    assert (both.seconds, both.seconds_earliest) == (300.0, 200.0)
+    d = both.as_dict()
+    assert (d["seconds_to_oom"], d["seconds_to_oom_earliest"]) == (300.0, 200.0)
+
+
 def test_growth_in_increments_under_a_mib_adds_up():
     rate = 0.25 * MiB   # a quarter MiB a poll: no single rise counts, their sum does
     h = feed(lambda t: BASE + t * rate, 600.0)

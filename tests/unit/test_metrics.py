@@ -32,7 +32,8 @@ ESTIMATES = {
                         "checks": 3, "check_seconds": 0.25, "max_error": {"float16": 0.002}}},
 }
 FORECAST = {
-    "seconds_to_oom": 1234.5, "seconds_to_oom_linear": 5000.0, "seconds_to_oom_discovery": 1234.5,
+    "seconds_to_oom": 1234.5, "seconds_to_oom_earliest": 1000.0, "seconds_to_oom_linear": 5000.0,
+    "seconds_to_oom_discovery": 1234.5,
     "plateau_bytes": 90e9, "will_oom": True, "budget_bytes": 76 * GIB, "level_bytes": 30 * GIB,
     "shape_space_estimate": 120.0, "growth_bytes_per_s": 1e6,
     "seconds_to_oom_unexplained": None, "unexplained_bytes_per_s": 0.0, "driver": "recordings",
@@ -137,6 +138,7 @@ def test_server_up_is_absent_when_unknown(alive, expected):
     ("torch_watchdog_memory_unexplained_bytes", 1_000_000),
     ("torch_watchdog_memory_explained_by_recordings_bytes", 500_000_000),
     ("torch_watchdog_oom_forecast_seconds", 1234.5),
+    ("torch_watchdog_oom_forecast_earliest_seconds", 1000.0),
     ("torch_watchdog_oom_forecast_linear_seconds", 5000.0),
     ("torch_watchdog_memory_plateau_bytes", 90e9),
     ("torch_watchdog_memory_budget_bytes", 76 * GIB),
@@ -190,12 +192,14 @@ def test_every_cause_exported_active_one_others_zero():
 
 
 def test_no_forecast_is_plus_inf_and_unknown_estimates_are_absent():
-    fc = dict(FORECAST, seconds_to_oom=None, seconds_to_oom_linear=None, plateau_bytes=None,
-              budget_bytes=None, shape_space_estimate=None)
+    fc = dict(FORECAST, seconds_to_oom=None, seconds_to_oom_earliest=None,
+              seconds_to_oom_linear=None, plateau_bytes=None, budget_bytes=None,
+              shape_space_estimate=None)
     est = dict(ESTIMATES, mb_per_graph=None, mb_per_graph_confidence=None)
     s = scrape(snapshot(forecast=fc, estimates=est))
     assert value(s, "torch_watchdog_oom_forecast_seconds") == math.inf
     assert value(s, "torch_watchdog_oom_forecast_linear_seconds") == math.inf
+    assert value(s, "torch_watchdog_oom_forecast_earliest_seconds") == math.inf
     for name in ("torch_watchdog_memory_plateau_bytes", "torch_watchdog_memory_budget_bytes",
                  "torch_watchdog_shape_space_estimate",
                  "torch_watchdog_cudagraph_memory_per_graph_bytes",

@@ -64,6 +64,9 @@ class Forecast:
     # recordings explain the growth the trend read (most of it came with them, or a recording
     # for each rise)
     trend_explained: bool = False
+    # how much sooner than expected the trend's next step may come: its steps' gaps, the lower
+    # quartile against the median
+    trend_early_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -72,6 +75,20 @@ class Forecast:
         if self.seconds_discovery is None:
             return self.seconds_linear
         return min(self.seconds_discovery, self.seconds_unexplained)
+
+    @property
+    def seconds_earliest(self) -> float:
+        """The forecast the policy acts on: `seconds` with the trend's next step as soon as
+        steps have come before (the lower quartile of their gaps, not the median). A margin
+        the decision takes, not the forecast: a leak of steps some 18 min apart read 0 s
+        by the quartile from 2 min before its OOM on."""
+        if self.trend_early_s <= 0:
+            return self.seconds
+        linear = max(0.0, self.seconds_linear - self.trend_early_s)
+        if self.seconds_discovery is None:
+            return linear
+        return min(self.seconds_discovery,
+                   max(0.0, self.seconds_unexplained - self.trend_early_s))
 
     @property
     def driver(self) -> Optional[str]:
@@ -103,7 +120,8 @@ class Forecast:
     def as_dict(self) -> ForecastView:
         def num(v: Optional[float]) -> Optional[float]:
             return None if v is None or v == FOREVER else round(v, 3)
-        return {"seconds_to_oom": num(self.seconds), "seconds_to_oom_linear":
+        return {"seconds_to_oom": num(self.seconds),
+                "seconds_to_oom_earliest": num(self.seconds_earliest), "seconds_to_oom_linear":
                 num(self.seconds_linear), "seconds_to_oom_discovery": num(self.seconds_discovery),
                 "seconds_to_oom_unexplained": num(self.seconds_unexplained),
                 "driver": self.driver, "gpu_uuid": self.gpu_uuid,
@@ -235,12 +253,12 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
             return FOREVER
         return max(0.0, (v.budget - v.level) / (rate * v.share))
 
-    linear, explained = _trend(state, v, over)
+    linear, earliest, explained = _trend(state, v, over)
     reading = state.memory.reading
     if reading is None and _young(state):
         # no horizon covered yet (the first minute of the trend): the window's recent rate
         # stands in, as growth that runs out of memory within a minute must still be read
-        linear = seconds_at(slope)
+        linear = earliest = seconds_at(slope)
         explained = _explained(state, -math.inf, horizons.MIN_RISES)
     if explained:
         # graph growth speeds up as larger shapes come: the window's recent rate reads that
@@ -251,16 +269,16 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
         # speeds up)
         recent = None if reading is None or reading.horizon <= BURST_HORIZON_S else \
             state.memory.trend.recent(state.now - window_s)
-        linear = min(linear, seconds_at(slope) if reading is None or recent is None else
-                     lasting(v.budget - v.level, recent, max(reading.rate, recent[0][1]),
-                             v.share))
-    if model is None and explained and reading is not None and 0.0 < linear < FOREVER:
+        window = seconds_at(slope) if reading is None or recent is None else \
+            lasting(v.budget - v.level, recent, max(reading.rate, recent[0][1]), v.share)
+        linear, earliest = min(linear, window), min(earliest, window)
+    if model is None and explained and reading is not None and 0.0 < earliest < FOREVER:
         # graph growth with no discovery model (refuted: the traffic's mix changed): it can
         # add no more than a graph for each size yet to be recorded, at what a graph cost
         # over the horizon; a shape space that runs dry below the budget is no OOM
         bound = graph_bound(state, reading.horizon, reading.rate)
         if bound is not None and v.level + BOUND_MARGIN * bound * v.share < v.budget:
-            linear = FOREVER
+            linear = earliest = FOREVER
     # growth recordings do not explain: the trend's where it reads growth they do not
     # explain; none before the trend reads growth (a first minute's climb is not yet a
     # trend), nor while recordings explain it (the window's rate outside recordings read an
@@ -269,7 +287,8 @@ def _forecast_view(state: State, v: _View, slope: Optional[float], leak: Optiona
     common: dict[str, Any] = dict(growth_bytes_per_s=slope, unexplained_bytes_per_s=leak,
                                   gpu_uuid=v.uuid, seconds_unexplained=unexplained,
                                   trend_horizon_s=reading.horizon if reading else None,
-                                  trend_explained=explained)
+                                  trend_explained=explained, trend_early_s=linear - earliest
+                                  if earliest < linear < FOREVER else 0.0)
     if model is None:
         return Forecast(v.budget, v.level, linear, **common)
     space = model.space
@@ -391,20 +410,20 @@ def _young(state: State) -> bool:
         h.last_t - h.first_t < horizons.COVER * horizons.HORIZONS[0]
 
 
-def _trend(state: State, v: _View, over: bool) -> tuple[float, bool]:
+def _trend(state: State, v: _View, over: bool) -> tuple[float, float, bool]:
     """The trend's time to OOM on this view (core/horizons.py: the growth at the horizon that
-    explains it best, to the first step that does not fit), and whether recordings explain
-    that growth (most of it came while graphs were being recorded)."""
+    explains it best, to the first step that does not fit), expected and earliest, and
+    whether recordings explain that growth (most of it came while graphs were recorded)."""
     mem, reading = state.memory, state.memory.reading
     if reading is None:
-        return (0.0 if over else FOREVER), False
+        return (0.0, 0.0, False) if over else (FOREVER, FOREVER, False)
     explained = _explained(state, state.now - reading.horizon,
                            max(horizons.MIN_RISES, reading.rises))
     if over:
-        return 0.0, explained
-    room = v.budget - v.level  # the level now: memory let go of is room again
-    return horizons.seconds_to_fail(reading, room, state.now, mem.history.last_rise_t,
-                                    v.share), explained
+        return 0.0, 0.0, explained
+    room, last = v.budget - v.level, mem.history.last_rise_t  # memory let go of is room again
+    return (horizons.seconds_to_fail(reading, room, state.now, last, v.share, expected=True),
+            horizons.seconds_to_fail(reading, room, state.now, last, v.share), explained)
 
 
 def _level_and_budget(state: State, cfg: ForecastConfig) -> tuple[Optional[int], Optional[int]]:

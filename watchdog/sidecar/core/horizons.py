@@ -18,8 +18,9 @@ fails (pure).
   began an hour ago over the part since it began, growth that slows over its recent part. The
   rate is that line's slope, the step the median rise.
 - `seconds_to_fail`: to the first step that does not fit under the level where allocation
-  fails (reaching it fails): the next step due by the lower quartile of the gaps between
-  steps, then one step every step / rate.
+  fails (reaching it fails): the next step due after the median gap between steps (the
+  expected time), or after their lower quartile (the earliest, which the policy acts on),
+  then one step every step / rate.
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ class Reading(NamedTuple):
     step: float          # the median rise: the size of the growth's allocations
     last_rise_t: float
     soon: float          # the lower quartile of the gaps between rises
+    typical: float       # their median
 
 
 def read_horizon(history: History, horizon: float) -> Optional[Reading]:
@@ -125,9 +127,11 @@ def read_horizon(history: History, horizon: float) -> Optional[Reading]:
     line = _line(pts, head, kept)
     if line is None:
         return None
-    soon = sorted(pauses)[len(pauses) // 4] if pauses else math.inf
+    gaps = sorted(pauses)
     return Reading(horizon, line[0], line[1], len(kept),
-                   statistics.median(r for _, r in kept), times[-1], soon)
+                   statistics.median(r for _, r in kept), times[-1],
+                   gaps[len(gaps) // 4] if gaps else math.inf,
+                   statistics.median(gaps) if gaps else math.inf)
 
 
 def _rises(pts: list[tuple[float, float]], head: float) -> list[tuple[float, float]]:
@@ -208,10 +212,13 @@ def estimate(history: History, readings: Optional[Readings] = None) -> Optional[
 
 
 def seconds_to_fail(reading: Reading, room: float, now: float,
-                    last_rise_t: Optional[float] = None, share: float = 1.0) -> float:
+                    last_rise_t: Optional[float] = None, share: float = 1.0,
+                    expected: bool = False) -> float:
     """Seconds until the growth of `reading` (`share` of it lands here) takes the `room` left
     under the level where allocation fails: the steps that still fit, one every step / rate,
-    after the next one is due. `last_rise_t`: the latest step, to the poll (History)."""
+    after the next one is due: as soon as the lower quartile of the gaps between steps (the
+    earliest), or `expected`, after their median. `last_rise_t`: the latest step, to the
+    poll (History)."""
     rate, step = reading.rate * share, reading.step * share
     if rate <= 0 or step <= 0:
         return math.inf
@@ -220,5 +227,5 @@ def seconds_to_fail(reading: Reading, room: float, now: float,
     last = reading.last_rise_t
     if last_rise_t is not None and last_rise_t > last - TIER_S[-1]:
         last = last_rise_t
-    due = max(0.0, last + min(every, reading.soon) - now)
+    due = max(0.0, last + min(every, reading.typical if expected else reading.soon) - now)
     return due + fit * every

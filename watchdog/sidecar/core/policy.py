@@ -73,7 +73,7 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         if finding.cause not in ps.alerted:
             ps.alerted.add(finding.cause)
             actions.append(Verdict(now, ActionKind.ALERT, finding.cause, dict(finding.detail)))
-    seconds = fc.seconds
+    seconds = fc.seconds_earliest  # the trend's next step as soon as steps have come
     if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
         actions.append(Verdict(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
@@ -158,6 +158,6 @@ def forget_reload(ps: PolicyState, t: float) -> None:
 
 def _why(fc: Forecast) -> dict[str, Any]:
     d = fc.as_dict()
-    return {k: d[k] for k in ("seconds_to_oom", "seconds_to_oom_linear",
+    return {k: d[k] for k in ("seconds_to_oom", "seconds_to_oom_earliest", "seconds_to_oom_linear",
                               "seconds_to_oom_discovery", "plateau_bytes", "budget_bytes",
                               "level_bytes")}

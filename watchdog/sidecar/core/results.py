@@ -176,6 +176,7 @@ class Estimates(TypedDict):
 class ForecastView(TypedDict):
     """A server's forecast (forecast.Forecast.as_dict): seconds None where no OOM is in sight."""
     seconds_to_oom: Optional[float]
+    seconds_to_oom_earliest: Optional[float]   # the policy's: the trend's next step at its soonest
     seconds_to_oom_linear: Optional[float]
     seconds_to_oom_discovery: Optional[float]
     seconds_to_oom_unexplained: Optional[float]

@@ -200,7 +200,7 @@ def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
         return []
     fc, before = server.forecast, decision.detail.get("level_bytes")
     fell = fc.level_bytes is None or before is None or fc.level_bytes < before
-    if fc.seconds > 2 * cfg.policy.reload_lead_s and fell:
+    if fc.seconds_earliest > 2 * cfg.policy.reload_lead_s and fell:
         policy.forget_reload(server.policy, decision.t)
         return [Cancel(t, decision.reason, decision.detail, decision.server, decision.pids,
                        decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]

@@ -410,9 +410,9 @@ def _best_per_graph(states: list[ProcessTotals]) -> Optional[tuple[float, float]
     return max(found, key=lambda p: p[1], default=None)
 
 
-FORECAST_TEXT_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_discovery",
-                      "seconds_to_oom_unexplained", "plateau_bytes", "budget_bytes",
-                      "level_bytes", "will_oom", "driver", "cause")
+FORECAST_TEXT_KEYS = ("seconds_to_oom", "seconds_to_oom_earliest", "seconds_to_oom_linear",
+                      "seconds_to_oom_discovery", "seconds_to_oom_unexplained", "plateau_bytes",
+                      "budget_bytes", "level_bytes", "will_oom", "driver", "cause")
 
 
 def _forecast_in_force(log: _ServerLog, acts: list[Any], end: dict[str, Any],

@@ -313,7 +313,8 @@ def human_value(key: str, value: Any) -> str:
     return f"{value:,}"
 
 
-LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_linear": "linear trend: OOM in",
+LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_earliest": "at the earliest: OOM in",
+          "seconds_to_oom_linear": "linear trend: OOM in",
           "seconds_to_oom_discovery": "discovery model: OOM in",
           "seconds_to_oom_unexplained": "unexplained growth: OOM in", "decided_t": "decided at",
           "reached_at": "reached at", "mb_per_graph": "memory per graph", "dry_run": "dry run",

@@ -243,6 +243,11 @@ SPECS: tuple[Spec, ...] = (
          "Forecast time until the server's memory level reaches its budget (on a GPU its "
          "GPU's, in host-memory mode its memory limit), from the shape-discovery model, "
          "else the trend; +Inf means no OOM forecast.", _fc_seconds("seconds_to_oom")),
+    Spec("torch_watchdog_oom_forecast_earliest_seconds", GAUGE, _S,
+         "The forecast the policy acts on: torch_watchdog_oom_forecast_seconds with the "
+         "trend's next step as soon as its steps have come before (the lower quartile of "
+         "their gaps, not the median); +Inf means no OOM forecast.",
+         _fc_seconds("seconds_to_oom_earliest")),
     Spec("torch_watchdog_oom_forecast_linear_seconds", GAUGE, _S,
          "Forecast time until the server's memory level reaches its budget from the linear "
          "trend alone; +Inf means no OOM forecast.", _fc_seconds("seconds_to_oom_linear")),
@@ -250,10 +255,10 @@ SPECS: tuple[Spec, ...] = (
          "Forecast memory level once every input shape is recorded (absent when unknown).",
          _fc("plateau_bytes")),
     Spec("torch_watchdog_memory_budget_bytes", GAUGE, _S,
-         "The budget the forecast measures against: on a GPU its usable memory less "
-         "forecast.headroom_bytes; in host-memory mode the server's memory limit (its cgroup's, "
-         "else what it holds plus what the host has available) less the headroom; or "
-         "forecast.process_budget_bytes.", _fc("budget_bytes")),
+         "Where the forecast's OOM is, the level at which allocation fails: on a GPU its "
+         "usable memory less the 19 MiB the driver keeps; in host-memory mode the server's "
+         "memory limit (its cgroup's, else what it holds plus what the host has available); "
+         "or forecast.process_budget_bytes.", _fc("budget_bytes")),
     Spec("torch_watchdog_memory_level_bytes", GAUGE, _S,
          "The memory the forecast measures against the budget now: on a GPU the GPU's used "
          "memory (every process's); in host-memory mode, or with forecast."

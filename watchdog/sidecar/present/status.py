@@ -17,10 +17,10 @@ GRAPH_KEYS = ("recordings", "warmups", "distinct_shapes", "requests", "compiles"
               "recompile_limit_hits", "compile_seconds", "graph_breaks", "stalls",
               "stall_seconds", "ooms", "mb_per_graph", "mb_per_graph_confidence",
               "fx_cache_hits", "fx_cache_misses")
-FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_linear", "seconds_to_oom_discovery",
-                 "plateau_bytes", "budget_bytes", "level_bytes", "will_oom",
-                 "shape_space_estimate", "growth_bytes_per_s", "seconds_to_oom_unexplained",
-                 "unexplained_bytes_per_s", "driver", "gpu_uuid")
+FORECAST_KEYS = ("seconds_to_oom", "seconds_to_oom_earliest", "seconds_to_oom_linear",
+                 "seconds_to_oom_discovery", "plateau_bytes", "budget_bytes", "level_bytes",
+                 "will_oom", "shape_space_estimate", "growth_bytes_per_s",
+                 "seconds_to_oom_unexplained", "unexplained_bytes_per_s", "driver", "gpu_uuid")
 SOURCE_NAMES = {"process": "server process GPU memory (NVML)",
                 "device": "device used memory (NVML)",
                 "rss": "the server's own memory, PSS (host-memory mode)"}
