@@ -188,12 +188,19 @@ def stop(proc: Optional[subprocess.Popen], group: bool) -> None:
 
 
 def reload_entry(tmp: str) -> Optional[dict]:
+    """The last reload decision that was not cancelled at its re-check. A cancel is the
+    sidecar's answer to a level that fell under the budget one poll after the decision; the
+    leak goes on, and the next decision is carried out. (Once here, in 28 scenario runs, the
+    fall was the meter's: a preloaded master's PSS from before its fork, carried, read the
+    server ~180 MB high until its next read. The meter now reads every PSS again when a
+    process comes.)"""
     path = os.path.join(tmp, "state", "reloads.json")
     if not os.path.exists(path):
         return None
     with open(path) as fh:
         entries = json.load(fh)["reloads"]
-    return entries[-1] if entries else None
+    kept = [e for e in entries if not str(e.get("detail")).startswith("cancelled")]
+    return kept[-1] if kept else None
 
 
 @pytest.mark.parametrize("kind,method", SCENARIOS, ids=[f"{k}-{m}" for k, m in SCENARIOS])

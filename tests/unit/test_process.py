@@ -153,9 +153,10 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
     out = meter.apply((ProcessSample(11, True, 1000), ProcessSample(12, True, 900),
                        ProcessSample(13, True, 500), ProcessSample(14, False, None)))
     assert [p.host_bytes for p in out] == [300, 200, 500, None]  # 13: no PSS, its RSS
-    now[0] = 5.0  # 11 grew 50 bytes: its PSS grows as much, no new read
-    out = meter.apply((ProcessSample(11, True, 1050), ProcessSample(12, True, 900)))
-    assert [p.pss_bytes for p in out] == [350, 200] and reads == [11, 12, 13]
+    now[0] = 5.0  # 11 grew 50 bytes: its PSS grows as much, no new read (13's failed: again)
+    out = meter.apply((ProcessSample(11, True, 1050), ProcessSample(12, True, 900),
+                       ProcessSample(13, True, 500)))
+    assert [p.pss_bytes for p in out] == [350, 200, None] and reads == [11, 12, 13, 13]
     now[0] = 10.0
     meter.apply((ProcessSample(11, True, 1050),))
     assert reads[-1] == 11 and 12 not in meter.last  # 12 is gone: forgotten
@@ -165,6 +166,31 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
     import psutil
     pss = read_pss(os.getpid())
     assert pss is None or 0 < pss <= psutil.Process().memory_info().rss * 1.01
+
+
+def test_every_pss_is_read_again_when_a_process_comes_or_goes():
+    """A fork shares its parent's pages: the parent's PSS falls at once (a preloaded master
+    and 2 workers: the server read ~180 MB high until the master's next read)."""
+    from torch_watchdog.sidecar.sources.process import PssMeter
+    from torch_watchdog.sidecar.core.observations import ProcessSample
+    now, pss, reads = [0.0], {1: 900}, []
+
+    def read(pid):
+        reads.append(pid)
+        return pss[pid]
+
+    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    master = ProcessSample(1, True, 1000)
+    assert meter.apply((master,))[0].pss_bytes == 900
+    now[0], pss[1], pss[2], pss[3] = 1.0, 300, 310, 320  # two workers forked
+    out = meter.apply((master, ProcessSample(2, True, 1000), ProcessSample(3, True, 1000)))
+    assert [p.pss_bytes for p in out] == [300, 310, 320] and reads == [1, 1, 2, 3]
+    now[0], pss[1], pss[2] = 2.0, 450, 460  # a worker exited: the others' shares grow
+    out = meter.apply((master, ProcessSample(2, True, 1000)))
+    assert [p.pss_bytes for p in out] == [450, 460] and reads[4:] == [1, 2]
+    now[0] = 3.0  # the same processes: carried, not read
+    assert meter.apply((master, ProcessSample(2, True, 1000)))[1].pss_bytes == 460
+    assert len(reads) == 6
 
 
 def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():

@@ -398,7 +398,11 @@ class PssMeter:
     """PSS for host-memory mode, without paying smaps_rollup every poll: each process's PSS is
     read every `every_s` and carried between reads by its RSS change (the pages it adds or
     frees are its own). RSS counts a forked worker's shared pages again in every worker: 4
-    uvicorn workers summed to a server 2x its real footprint."""
+    uvicorn workers summed to a server 2x its real footprint. A process that comes or goes
+    changes the others' shares of their pages (a fork shares its parent's): then every PSS
+    is read again. Carried, a `gunicorn --preload` master's PSS from before it forked its 2
+    workers kept the server's level ~180 MB high until the master's next read
+    (benchmarks/pss_fork.py)."""
 
     def __init__(self, every_s: float = PSS_EVERY_S,
                  read: Callable[[int], Optional[int]] = read_pss,
@@ -411,6 +415,7 @@ class PssMeter:
         # so the next call reads again)
         self._kept: Optional[tuple[tuple[ProcessSample, ...], tuple[ProcessSample, ...],
                                    Optional[float]]] = None
+        self._members: frozenset[int] = frozenset()  # the live processes of the last call
 
     def apply(self, processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
         now = self.clock()
@@ -423,13 +428,15 @@ class PssMeter:
         out: list[ProcessSample] = []
         seen: set[int] = set()
         oldest: Optional[float] = math.inf
+        members = frozenset(p.pid for p in processes if p.alive and p.rss_bytes is not None)
+        changed, self._members = members != self._members, members
         for p in processes:
             if not p.alive or p.rss_bytes is None:
                 out.append(p)
                 continue
             seen.add(p.pid)
             entry = self.last.get(p.pid)
-            if entry is None or now - entry[0] >= self.every_s:
+            if entry is None or changed or now - entry[0] >= self.every_s:
                 pss = self.read(p.pid)
                 if pss is None:
                     self.last.pop(p.pid, None)
