@@ -141,6 +141,15 @@ def test_a_cpu_only_host_shows_host_memory_mode_not_a_red_nvml():
     assert '<th>nvml</th><td><span class="bad">down</span>' in gpu
 
 
+def test_the_earliest_time_the_policy_acts_on_is_shown_where_it_is_sooner():
+    stairs = a_view(forecast={**FORECAST, "seconds_to_oom": 1080.0,
+                              "seconds_to_oom_earliest": 960.0})
+    assert "~18 min (at the earliest 16 min: the policy acts on this)" in text_of(
+        rendered(stairs))
+    same = a_view(forecast={**FORECAST, "seconds_to_oom_earliest": 2400.0})
+    assert "at the earliest" not in text_of(rendered(same))
+
+
 def test_over_budget_says_so_not_a_zero_countdown():
     over = a_view(forecast={**FORECAST, "seconds_to_oom": 0.0, "level_bytes": 80 * GIB})
     text = text_of(rendered(over))

@@ -157,10 +157,13 @@ def _causes(status: dict[str, Any]) -> str:
 
 def _forecast(status: dict[str, Any]) -> str:
     fc = status.get("forecast") or {}
-    seconds = fc.get("seconds_to_oom")
+    seconds, earliest = fc.get("seconds_to_oom"), fc.get("seconds_to_oom_earliest")
     eta = ('<span class="bad">over budget now</span>' if over_budget(fc) else
            '<span class="ok">no OOM forecast</span>' if seconds is None else
            f'<span class="bad">~{_e(fmt_duration(seconds))}</span>')
+    if seconds is not None and earliest is not None and earliest < seconds:
+        # the policy acts on the trend's next step at its soonest
+        eta += f" (at the earliest {_e(fmt_duration(earliest))}: the policy acts on this)"
     plateau = fc.get("plateau_bytes")
     rows = [("time to OOM", eta),
             ("linear trend", _e("none" if fc.get("seconds_to_oom_linear") is None
