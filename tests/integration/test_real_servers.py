@@ -193,7 +193,7 @@ def reload_entry(tmp: str) -> Optional[dict]:
     leak goes on, and the next decision is carried out. (Once here, in 28 scenario runs, the
     fall was the meter's: a preloaded master's PSS from before its fork, carried, read the
     server ~180 MB high until its next read. The meter now reads every PSS again when a
-    process comes.)"""
+    process comes or goes.)"""
     path = os.path.join(tmp, "state", "reloads.json")
     if not os.path.exists(path):
         return None
