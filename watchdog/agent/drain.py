@@ -28,8 +28,12 @@ exit, with another status that no supervisor restarts. From the drain's start an
 and past the grace deadline exits with the drain code itself.
 
 A call in hand is seen through inflight.calls_in_flight(): the C path's count of calls in
-progress, or a signature on a thread's stack of calls on the Python path. The wait also
-asks for the call totals to stand still for QUIET_S: a call between two reads is not seen.
+progress, or a signature on a thread's stack of calls on the Python path. A call's answer is
+sent after the call returns (the rest of the request), which the agent cannot see; so the wait
+also asks (wait_idle) for the call totals to stand still for QUIET_S of time this process was
+scheduled (a stall of the drain thread itself, a loaded machine, does not count), and then for
+the server's threads to be seen waiting, not running or runnable or in disk I/O, twice in a row
+(HOLD_MAX_S at most: a thread that never waits holds the exit no longer).
 """
 from __future__ import annotations
 
@@ -55,6 +59,10 @@ EX_TEMPFAIL = 75
 # no watched call completed for this long, and none in hand: drained. Long enough for the
 # server's own loop, descheduled on a loaded machine, to see ready() False between two requests
 QUIET_S = 0.25
+POLL_S = 0.005
+MAX_STEP_S = 0.02       # a longer gap between two polls is a stall of this process: not quiet
+HOLD_MAX_S = 2.0        # past the quiet, the longest wait for the server's threads to be idle
+AGENT_THREADS = "torch-watchdog"  # the agent's own threads' names begin with it
 BACKOFF_MAX_S = 30.0    # reconnect period, doubled from reconnect_s up to this
 MAX_LINE = 4096         # a control message is ~60 bytes
 MAX_GRACE_S = 3600.0
@@ -288,20 +296,56 @@ def _total_calls() -> int:
     return total
 
 
-def wait_idle(deadline: float, quiet_s: float = QUIET_S) -> int:
-    """Until no watched call is in hand and none completed for `quiet_s`, or `deadline`
-    (time.monotonic()); returns the calls still in hand then (0 or 1)."""
-    last, since = _total_calls(), time.monotonic()
+def _server_threads() -> list[int]:
+    """The native ids of this process's Python threads but the agent's and the caller's."""
+    me = threading.get_ident()
+    return [t.native_id for t in threading.enumerate()
+            if t.ident != me and t.native_id is not None
+            and not t.name.startswith(AGENT_THREADS)]
+
+
+def thread_state(tid: int) -> str:
+    """A thread of this process as the kernel sees it (/proc/self/task/<tid>/stat field 3):
+    R running or runnable, D in uninterruptible I/O, S waiting...; "" when gone or unreadable."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as fh:
+            raw = fh.read(512)
+    except OSError:
+        return ""
+    rest = raw[raw.rfind(b")") + 2:]  # the name may hold spaces and parentheses
+    return rest[:1].decode("ascii", "replace")
+
+
+def threads_busy() -> bool:
+    """Whether one of the server's threads runs, waits for a core, or waits on a disk: it may
+    be sending the answer of a call that just ended."""
+    return any(thread_state(tid) in ("R", "D") for tid in _server_threads())
+
+
+def wait_idle(deadline: float, quiet_s: float = QUIET_S, hold_s: float = HOLD_MAX_S,
+              busy: Callable[[], bool] = threads_busy,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> int:
+    """Until no watched call is in hand and none completed for `quiet_s` of time this thread
+    was scheduled, and then `busy()` was False twice in a row (or `hold_s` more of such time
+    went by), or `deadline` (clock()); returns the calls still in hand then (0 or 1)."""
+    last, quiet, clear = _total_calls(), 0.0, 0
+    before = clock()
     while True:
-        now = time.monotonic()
+        now = clock()
+        step, before = min(now - before, MAX_STEP_S), now
         calls = _total_calls()
         if calls != last or in_flight():
-            last, since = calls, now
-        elif now - since >= quiet_s:
-            return 0
+            last, quiet, clear = calls, 0.0, 0
+        else:
+            quiet += step
+            if quiet >= quiet_s:
+                clear = 0 if busy() else clear + 1
+                if clear >= 2 or quiet >= quiet_s + hold_s:
+                    return 0
         if now >= deadline:
             return in_flight()
-        time.sleep(0.005)
+        sleep(POLL_S)
 
 
 _held: list[int] = []  # the restart file this process wrote, open until its exit
