@@ -184,6 +184,7 @@ def score_file(name: str, k: int = 1) -> dict[str, Any]:
                        in_targets=visible >= VISIBLE_S,
                        too_early=lead is not None and lead > max(3 * lead_s, 0.1 * visible),
                        alert_lead_s=round(oom - alerted[0], 1) if alerted else None,
+                       forecast_alerts=len(alerted),
                        calibration=watch.got.get(pid, []))
             if visible >= ALERT_VISIBLE_S:
                 row["alert_in_time"] = bool(alerted) and oom - alerted[0] >= ALERT_MIN_LEAD_S
@@ -234,6 +235,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "unforecast_points": sum(math.isinf(p) for p in points),
             "ramps_calibrated": f"{calibrated}/{len(ramp)}",
             "alerts_in_time": f"{sum(r['alert_in_time'] for r in alerting)}/{len(alerting)}",
+            # an OOM's forecast alert fired again after it resolved (one growth, paged again)
+            "forecast_alerts_again": sum(max(0, r.get("forecast_alerts", 0) - 1) for r in rows),
             "targets_met": all(r["verdict"] in GOOD for r in rows
                                if r.get("in_targets") or not r["oom"]
                                or r.get("growth_visible_s") == 0.0)}
@@ -275,8 +278,8 @@ def regressions(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
     - an alert in time (>= 25 min ahead of an OOM grown for >= 30 min) that is not;
     - more alerts on a flat control;
     - per scale: fewer ramps calibrated, a median |log2(predicted/actual)| more than
-      MEDIAN_SLACK worse, more false reloads, alerts on flat controls, or OOM forecast
-      alerts on runs without an OOM."""
+      MEDIAN_SLACK worse, more false reloads, alerts on flat controls, OOM forecast alerts
+      on runs without an OOM, or forecast alerts fired again for an OOM already alerted."""
     out = []
     # a scoreboard from before the scales (rows at top level) is the one at x1
     scales = before.get("scales", {"1": before})
@@ -320,7 +323,8 @@ def _summary_regressions(scale: str, board: dict[str, Any], was: dict[str, Any])
     m_now, m_was = board["median_abs_log2"], was.get("median_abs_log2")
     if m_was is not None and (m_now is None or m_now > m_was + MEDIAN_SLACK):
         out.append(f"{scale}: median |log2(predicted/actual)| {m_was} -> {m_now}")
-    for field in ("false_reloads", "false_alerts", "forecast_alerts_without_oom"):
+    for field in ("false_reloads", "false_alerts", "forecast_alerts_without_oom",
+                  "forecast_alerts_again"):
         if field in was and board[field] > was[field]:
             out.append(f"{scale}: {field} {was[field]} -> {board[field]}")
     return out
@@ -352,7 +356,9 @@ def table(board: dict[str, Any]) -> str:
             calib = ", ".join(cal.get(m, "-") for m in AT_LEADS) if r["oom"] else ""
             alert = "" if not r["oom"] else "none" if r.get("alert_lead_s") is None else \
                 _duration(r["alert_lead_s"]) + ("" if r.get("alert_in_time") in (None, True)
-                                                 else " (late)")
+                                                 else " (late)") + \
+                (f", fired {r['forecast_alerts']} times" if r.get("forecast_alerts", 0) > 1
+                 else "")
             name = r["scenario"] if r["file"] == r["scenario"] else \
                 f"{r['scenario']} ({r['file']})"
             out.append(f"| {name} | {oom} | {r['verdict']} | {lead} | {oracle} | {ratio} | "
@@ -363,7 +369,8 @@ def table(board: dict[str, Any]) -> str:
                 f"{b['calibration_points']} points ({b['unforecast_points']} with no forecast), "
                 f"ramps within {CALIBRATED[0]}-{CALIBRATED[1]} at 2-10x the lead "
                 f"{b['ramps_calibrated']}, forecast alerts >= 25 min ahead "
-                f"{b['alerts_in_time']}, false reloads {b['false_reloads']}, alerts on flat "
+                f"{b['alerts_in_time']} (fired again {b.get('forecast_alerts_again', '-')}), "
+                f"false reloads {b['false_reloads']}, alerts on flat "
                 f"controls {b['false_alerts']}, OOM forecast alerts on runs without an OOM "
                 f"{b['forecast_alerts_without_oom']}, targets met: {b['targets_met']}", ""]
     return "\n".join(out)

@@ -372,3 +372,40 @@ def test_a_burst_of_recordings_is_not_the_rate_of_growth_read_over_an_hour():
     fast = forecast(_burst_after(100, 25 * MB), ForecastConfig())
     assert fast.trend_explained and fast.trend_horizon_s == 120.0
     assert fast.seconds == pytest.approx(50, rel=0.15)
+
+
+def test_new_sizes_over_the_trends_horizon_refute_a_saturated_shape_space():
+    """Six hours at 6 requests/s over a growing mix: 130,000 requests brought 400 sizes, which
+    the cumulative counts call saturated (about 400 sizes, every one recorded). The last 30
+    minutes, the horizon the trend reads, brought 130 of them in 10,800 requests, where a
+    saturated space brings none: the model does not apply and the trend decides. A window of
+    a minute holds 4 or 5 of them, too few to say so (the forecast came and went)."""
+    from torch_watchdog import events
+    from torch_watchdog.sidecar.core.forecast import outgrown, saturated
+
+    def state(new_in_horizon: int) -> State:
+        s = State(now=21_600.0, calls=Calls(), shapes=Shapes(distinct=400), records=400,
+                  memory=Memory(device_used=0, device_total=100_000 * MB))
+        for t in range(0, 21_601, 60):
+            late = t > 21_600 - 1800
+            distinct = 400 - new_in_horizon + (new_in_horizon * (t - 19_800) // 1800
+                                               if late else 0)
+            s.calls.on_calls(events.Calls(t=float(t), pid=1, name="m", calls=360, seconds=1.0,
+                                          stall_calls=0, stall_seconds=0.0,
+                                          distinct_shapes=0, window_s=60.0), distinct=distinct)
+        s.memory.reading = horizons.Reading(1800.0, 0.02 * MB, 0.9, 20, 2 * MB, 21_500.0,
+                                            60.0, 90.0)
+        return s
+
+    grown = state(130)
+    space = shape_space(grown.calls.requests, grown.shapes.distinct)
+    assert saturated(space, grown.calls.requests, grown.records)
+    assert outgrown(grown, space)
+    assert forecast(grown, ForecastConfig()).seconds_discovery is None
+    # the same counts with the last half hour's traffic all of sizes seen before: saturated
+    settled = state(0)
+    assert not outgrown(settled, space)
+    assert forecast(settled, ForecastConfig()).seconds_discovery == FOREVER
+    # no horizon read (no growth): nothing to refute the saturated space with
+    settled.memory.reading = None
+    assert not outgrown(settled, space)

@@ -65,6 +65,28 @@ def test_forecast_alert_once_with_hysteresis():
     assert [t for t, a, r in actions if r == "oom_forecast" and a == "alert"] == [40, 106]
 
 
+def test_a_forecast_alert_read_over_an_hour_rearms_after_half_of_it():
+    """Growth read over an hour (the trend's horizon) clears the forecast for minutes between
+    its steps: that is one growth, one alert. Once the trend reads no growth, a minute well
+    clear re-arms it as before."""
+    from torch_watchdog.sidecar.core import horizons
+
+    state = State(first_t=0.0, compiles=Compiles(first_t=0.0))
+    state.memory.reading = horizons.Reading(3600.0, 1e3, 0.9, 10, 1e6, 0.0, 300.0, 360.0)
+    ps, fired = PolicyState(), []
+    series = [(100, 500), (200, 5000), (1000, 5000), (1700, 5000), (1750, 400),
+              (1800, 5000), (3700, 5000), (3710, 400)]
+    for t, seconds in series:
+        state.now = float(t)
+        fired += [t for a in decide(state, fc(seconds), ps, CFG) if a.reason == "oom_forecast"]
+    assert fired == [100, 3710]  # clear 1,500 s (under half the hour), then 1,900 s
+    state.memory.reading = None   # the growth stopped: a minute clear re-arms
+    for t, seconds in [(3800, 5000), (3861, 5000), (3862, 400)]:
+        state.now = float(t)
+        fired += [t for a in decide(state, fc(seconds), ps, CFG) if a.reason == "oom_forecast"]
+    assert fired == [100, 3710, 3862]
+
+
 def test_each_cause_is_alerted_once():
     state, ps = State(first_t=0.0, now=50.0), PolicyState()
     state.findings.append(Finding(45.0, "recompile_storm", {"recompiles_in_window": 5}))

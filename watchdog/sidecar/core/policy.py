@@ -59,6 +59,16 @@ def reload_lead(state: State, cfg: PolicyConfig) -> float:
     return cfg.reload_lead_s + max(0.0, start + cfg.warmup_s - state.now)
 
 
+def rearm_s(state: State) -> float:
+    """How long the forecast stays well clear before its alert resolves: REARM_S, or half the
+    horizon the trend reads the growth over while it reads one, where longer. Growth read over
+    an hour clears the forecast for minutes and comes back (a staircase's next step late, a
+    burst's idle gap, a shape space called saturated between new sizes): at x60 one OOM was
+    alerted 3 to 9 times. Growth that stops leaves no reading: REARM_S then."""
+    reading = state.memory.reading
+    return REARM_S if reading is None else max(REARM_S, reading.horizon / 2)
+
+
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
            allow_reload: bool = True,
            held_by: Optional[tuple[str, Optional[float], dict[str, Any]]] = None,
@@ -82,7 +92,7 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         # goes between polls is one alert)
         if ps.clear_since is None:
             ps.clear_since = now
-        if now - ps.clear_since >= REARM_S:
+        if now - ps.clear_since >= rearm_s(state):
             ps.forecast_alerted = False
     if seconds <= 2 * cfg.alert_lead_s:
         ps.clear_since = None
