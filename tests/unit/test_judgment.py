@@ -61,6 +61,12 @@ def test_a_worse_scoreboard_is_a_regression():
     found = judgment.regressions(worse, board)
     assert len(found) == 3 and any("late" in f for f in found), found
     assert all(f.startswith("x1 ") for f in found)
+    # an OOM's forecast alert that fires again after it resolved: paged twice for one growth
+    again = json.loads(json.dumps(board))
+    again["scales"]["60"]["forecast_alerts_again"] += 1
+    assert judgment.regressions(again, board) == [
+        f"x60: forecast_alerts_again {board['scales']['60']['forecast_alerts_again']} -> "
+        f"{board['scales']['60']['forecast_alerts_again'] + 1}"]
 
 
 def test_at_scale_too_early_a_late_alert_and_worse_calibration_are_regressions():
