@@ -190,10 +190,10 @@ def stop(proc: Optional[subprocess.Popen], group: bool) -> None:
 def reload_entry(tmp: str) -> Optional[dict]:
     """The last reload decision that was not cancelled at its re-check. A cancel is the
     sidecar's answer to a level that fell under the budget one poll after the decision; the
-    leak goes on, and the next decision is carried out. (Twice here in 54 scenario runs, both
-    decided over the budget with `--preload`: the meter made such falls, as a preloaded
-    master's PSS from before its fork, carried, read the server ~180 MB high until its next
-    read. It now reads every PSS again when a process comes or goes.)"""
+    leak goes on, and the next decision is carried out. (The meter made such falls with
+    `--preload`, as a preloaded master's PSS from before its fork, carried, read the server
+    high until its next read; it now reads every PSS again when a process comes or goes:
+    benchmarks/results/real_servers.md.)"""
     path = os.path.join(tmp, "state", "reloads.json")
     if not os.path.exists(path):
         return None
@@ -278,9 +278,8 @@ def test_a_reload_keeps_a_multi_worker_server_serving(short_tmp, kind, method):
         assert len(during) >= 20, line  # enough requests for 1 % to mean something
         # uvicorn's graceful shutdown closes a connection it has accepted but not yet read:
         # that client sees a reset or a broken pipe. One such request is the server's own race
-        # at an old worker's exit (benchmarks/server_exit_race.py: 3 of 5,910 requests in 30
-        # bare HUPs, 0 without); a reload that stops a worker before its replacement serves
-        # fails many (15 of 77 here).
+        # at an old worker's exit (benchmarks/server_exit_race.py); a reload that stops a
+        # worker before its replacement serves fails many.
         resets = [r for r in failed if r[2].startswith(("ConnectionResetError", "BrokenPipe"))]
         assert len(failed) - min(len(resets), 1) <= 0.01 * len(during), (line, failed[:5])
     finally:

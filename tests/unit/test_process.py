@@ -170,7 +170,7 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
 
 def test_every_pss_is_read_again_when_a_process_comes_or_goes():
     """A fork shares its parent's pages: the parent's PSS falls at once (a preloaded master
-    and 2 workers: the server read ~180 MB high until the master's next read)."""
+    and 2 workers: carried, the server read high until the master's next read)."""
     from torch_watchdog.sidecar.sources.process import PssMeter
     from torch_watchdog.sidecar.core.observations import ProcessSample
     now, pss, reads = [0.0], {1: 900}, []

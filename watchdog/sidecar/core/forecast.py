@@ -72,23 +72,22 @@ class Forecast:
     def seconds(self) -> float:
         """The forecast to act on: recordings by the discovery model plus unexplained growth
         when the model applies, else the whole trend."""
-        if self.seconds_discovery is None:
-            return self.seconds_linear
-        return min(self.seconds_discovery, self.seconds_unexplained)
+        return self._sooner(0.0)
 
     @property
     def seconds_earliest(self) -> float:
         """The forecast the policy acts on: `seconds` with the trend's next step as soon as
         steps have come before (the lower quartile of their gaps, not the median). A margin
-        the decision takes, not the forecast: a leak of steps some 18 min apart read 0 s
-        by the quartile from 2 min before its OOM on."""
-        if self.trend_early_s <= 0:
-            return self.seconds
-        linear = max(0.0, self.seconds_linear - self.trend_early_s)
+        the decision takes, not the forecast: a leak of steps far apart read 0 s by the
+        quartile for minutes before its OOM."""
+        return self._sooner(self.trend_early_s)
+
+    def _sooner(self, early: float) -> float:
+        """`seconds` with the trend's times `early` seconds sooner."""
+        linear = max(0.0, self.seconds_linear - early)
         if self.seconds_discovery is None:
             return linear
-        return min(self.seconds_discovery,
-                   max(0.0, self.seconds_unexplained - self.trend_early_s))
+        return min(self.seconds_discovery, max(0.0, self.seconds_unexplained - early))
 
     @property
     def driver(self) -> Optional[str]:

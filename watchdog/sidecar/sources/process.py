@@ -400,9 +400,8 @@ class PssMeter:
     frees are its own). RSS counts a forked worker's shared pages again in every worker: 4
     uvicorn workers summed to a server 2x its real footprint. A process that comes or goes
     changes the others' shares of their pages (a fork shares its parent's): then every PSS
-    is read again. Carried, a `gunicorn --preload` master's PSS from before it forked its 2
-    workers kept the server's level ~180 MB high until the master's next read
-    (benchmarks/pss_fork.py)."""
+    is read again: carried, a `gunicorn --preload` master's PSS from before its fork counted
+    its shared pages whole until its next read (benchmarks/pss_fork.py)."""
 
     def __init__(self, every_s: float = PSS_EVERY_S,
                  read: Callable[[int], Optional[int]] = read_pss,
