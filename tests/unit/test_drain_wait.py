@@ -29,9 +29,10 @@ def serve_one(work_after, sent: threading.Event) -> threading.Thread:
 
 
 def test_the_exit_waits_for_a_thread_still_working_after_its_call():
-    sent = threading.Event()
+    sent, answering = threading.Event(), threading.Event()
 
     def answer() -> None:  # 0.8 s of Python after the call: running, never waiting
+        answering.set()
         until = time.monotonic() + 0.8
         while time.monotonic() < until:
             pass
@@ -39,6 +40,7 @@ def test_the_exit_waits_for_a_thread_still_working_after_its_call():
     server = serve_one(answer, sent)
     server.start()
     try:
+        assert answering.wait(10)  # the call returned; its answer is being worked out
         left = drain.wait_idle(time.monotonic() + 30)
         assert sent.is_set(), "the drain would have exited before the answer was sent"
         assert left == 0
