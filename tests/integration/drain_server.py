@@ -7,7 +7,9 @@ it. Progress goes to `--progress` as JSON lines: start, compiled {seconds}, read
 answer), begin/end {i} per request, on_drain {ready} (the callback, with what ready() said
 then), not_ready (work refused once). Reading ready() and taking a request happen under one
 lock the on_drain callback also takes, as a load balancer's health check and its dispatch:
-a request either began before the drain's callback or was refused.
+a request either began before the drain's callback or was refused. A request taken just
+before the drain began whose model call starts after it gets `Draining` (`refused {i}`), as a
+server answers 503 for the load balancer to retry elsewhere.
 `--grow-mib-per-s`: host memory it keeps after the first answer (the sidecar's forecast).
 `--busy`: a queue worker that never reads ready(): calls back to back, and a call refused with
 `torch_watchdog.agent.Draining` is requeued (`refused {i}`, once) and retried.
@@ -107,7 +109,11 @@ def main() -> int:
             if not taken:
                 time.sleep(0.01)
                 continue
-            served(x)
+            try:
+                served(x)
+            except agent.Draining:  # taken as the drain began: a 503, retried elsewhere
+                put(fh, "refused", i=i)
+                continue
             put(fh, "end", i=i)
             owed = a.grow_mib_per_s * (time.monotonic() - grow_from) - len(hoard)
             for _ in range(int(owed)):

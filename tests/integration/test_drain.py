@@ -88,8 +88,14 @@ reload: {{method: agent, grace_s: 10}}
     drained_at = seen.index("on_drain")
     assert "begin" not in seen[drained_at:]
     last_begin = max(i for i, k in enumerate(seen) if k == "begin")
-    assert last_begin < drained_at and first[last_begin]["i"] == \
-        [x["i"] for x in first if x["kind"] == "end"][-1]
+    assert last_begin < drained_at
+    # the request in hand when it came was answered, or, taken as the drain began and its
+    # call started after, refused with Draining (a 503 the load balancer retries): never lost
+    # (CI twice: taken between ready() and the drain's start, its call raised Draining, which
+    # this server did not catch then)
+    last = first[last_begin]["i"]
+    outcome = [x["kind"] for x in first if x.get("i") == last and x["kind"] != "begin"]
+    assert outcome in (["end"], ["refused"]), outcome
     # and its health check said so from the drain's start. (Whether the server's loop reads
     # ready() once more is a race it may lose: the agent exits once no call is in hand or ended
     # for QUIET_S, which a loop descheduled on a loaded machine can outlast.)

@@ -1,7 +1,7 @@
 """When a drain may exit: no watched call in hand, none ended for QUIET_S of time the process
 was scheduled, and the server's threads seen waiting. A call's answer is sent after the call
-returns; CI once saw a server thread, descheduled on a loaded machine, not write its answer
-within QUIET_S of its call's end, and the exit cut it off."""
+returns: an answer worked out for longer than QUIET_S after the call (post-processing, a
+thread descheduled on a loaded machine) was cut off by the exit."""
 from __future__ import annotations
 
 import threading
