@@ -150,6 +150,7 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
     env = env_for(rig.cfg.agent.socket_path)
     port = free_port()
     torchrun_log = os.path.join(short_tmp, "torchrun.log")
+    log_fh = open(torchrun_log, "w")
     procs: list[subprocess.Popen] = []
     try:
         sup = subprocess.Popen(["bash", "-c", SUPERVISOR], env=env, start_new_session=True)
@@ -158,7 +159,7 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
                                 "--nproc-per-node", "2", "--max-restarts", "1",
                                 "--monitor-interval", "0.5", SERVER, "rank"],
                                env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                               stderr=None if DEBUG else open(torchrun_log, "w"))
+                               stderr=None if DEBUG else log_fh)
         procs.append(job)
         web = subprocess.Popen([sys.executable, "-m", "uvicorn", "--workers", "2", "--port",
                                 str(port), "--log-level", "warning",
@@ -242,8 +243,9 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
             rig.until(lambda: len([p for n, ps in rig.servers().items() if n.startswith("dist:")
                                    for p in ps if p not in ranks]) == 2, 60,
                       "both new ranks watched")
-        except pytest.fail.Exception as e:  # CI once: one new rank said hello, then none
-            tail = "" if DEBUG else open(torchrun_log).read()[-3000:]
+        except pytest.fail.Exception as e:  # say whether torchrun's restarted group died
+            with open(torchrun_log) as fh:
+                tail = fh.read()[-3000:]
             raise AssertionError(f"{e}; torchrun exit status {job.poll()}; its log:\n"
                                  f"{tail}") from None
         assert job.poll() is None  # torchrun restarted its ranks
@@ -259,6 +261,7 @@ def test_replicas_ranks_and_workers_are_told_apart_by_default(short_tmp):
             signal.signal(sig, signal.SIG_DFL)
         for p in procs:
             stop(p)
+        log_fh.close()
     replayed = replay([rig.log], rig.cfg)
     assert replayed["replay"]["bad_lines"] == 0
     assert replayed["actions"] == rig.live

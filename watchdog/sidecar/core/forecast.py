@@ -486,7 +486,7 @@ def outgrown(state: State, space: Optional[float]) -> bool:
     sizes brings in its requests: the space is not saturated at the time scale the growth is
     read at. Over hours of traffic the cumulative counts call a space saturated while a few
     new sizes a minute, each a recording, go on growing the memory; a window of a minute holds
-    too few of them to say so (x60 resnet-images-oom: the forecast came and went for 20 min)."""
+    too few of them to say so, and the forecast came and went."""
     reading = state.memory.reading
     if reading is None or not state.calls.marks or space is None or not math.isfinite(space):
         return False

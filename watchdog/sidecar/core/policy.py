@@ -63,8 +63,8 @@ def rearm_s(state: State) -> float:
     """How long the forecast stays well clear before its alert resolves: REARM_S, or half the
     horizon the trend reads the growth over while it reads one, where longer. Growth read over
     an hour clears the forecast for minutes and comes back (a staircase's next step late, a
-    burst's idle gap, a shape space called saturated between new sizes): at x60 one OOM was
-    alerted 3 to 9 times. Growth that stops leaves no reading: REARM_S then."""
+    burst's idle gap, a shape space called saturated between new sizes): one growth, one
+    alert. Growth that stops leaves no reading: REARM_S then."""
     reading = state.memory.reading
     return REARM_S if reading is None else max(REARM_S, reading.horizon / 2)
 
