@@ -176,3 +176,37 @@ def test_a_leak_is_reloaded_as_unexplained_growth_before_the_device_runs_out():
     # the OOM (19 MiB free) comes (room - 19 MiB) / rate after the start: decided near the lead
     oom_t = 1000.0 + (room - FAIL_FREE_BYTES) / (2 * MiB)
     assert 30 <= oom_t - decided[0].t <= 90
+
+
+def test_a_smooth_leak_is_no_staircase_of_its_buckets_steps():
+    # 0.05 MiB/s in sub-MiB increments: an 8 h horizon's 4 min buckets rise 12 MiB each, but
+    # no poll saw a step; with 10 MiB left it is 200 s from the OOM, not the next bucket's rise
+    rate = 0.05 * MiB
+    h = feed(lambda t: BASE + t * rate, 8 * 3600, poll=2.0)
+    r = horizons.estimate(h)
+    assert r is not None and r.step <= horizons.RISE_BYTES
+    assert to_fail(h, h.level() + 10 * MiB) == pytest.approx(10 * MiB / rate, rel=0.15)
+    # a staircase's steps are seen by the polls: its step is the step
+    stairs = feed(lambda t: BASE + 20 * MiB * math.floor(t / 600), 8 * 3600, poll=2.0)
+    r = horizons.estimate(stairs)
+    assert r is not None and r.step == pytest.approx(20 * MiB, rel=0.01)
+
+
+def test_a_leak_eight_hours_from_the_oom_is_alerted_an_hour_ahead_once_and_reloaded_at_the_lead():
+    # 0.05 MiB/s from 1.5 GiB free: the device fails ~8.4 h after the leak begins. With
+    # alert_lead_s one hour, the forecast alert comes about an hour before the OOM, once; the
+    # reload near its 60 s lead (3 polls held, 2 s apart), not minutes early
+    rate, room = 0.05 * MiB, 1536 * MiB
+    cfg = Config(policy=PolicyConfig(warmup_s=0, reload_lead_s=60, alert_lead_s=3600,
+                                     hold_polls=3, dry_run=True))
+    host: Host = Host()
+    step(host, events.Hello(t=999.0, pid=7, torch="2.11", agent="test", devices=["GPU-x"],
+                            config={}, capabilities={}, watched=["m"], argv="serve"), cfg)
+    oom_t = 1000.0 + (room - FAIL_FREE_BYTES) / rate
+    alerts, reloads = [], []
+    for o in leak_samples(oom_t - 1000.0, rate, total=80 * GiB, used0=80 * GiB - room, poll=2.0):
+        for a in step(host, o, cfg).actions:
+            if a.reason == "oom_forecast":
+                (alerts if a.kind == "alert" else reloads).append(a.t)
+    assert len(alerts) == 1 and 0.9 * 3600 <= oom_t - alerts[0] <= 1.1 * 3600
+    assert reloads and 60 <= oom_t - reloads[0] <= 120

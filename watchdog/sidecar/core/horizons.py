@@ -16,7 +16,10 @@ fails (pure).
 - `estimate`: the horizon whose straight line explains its envelope best (highest R^2, the
   longer on a near tie) decides: a staircase of sparse steps over a long horizon, a ramp that
   began an hour ago over the part since it began, growth that slows over its recent part. The
-  rate is that line's slope, the step the median rise.
+  rate is that line's slope, the step the median rise; RISE_BYTES where no poll over the
+  horizon rose by a step (RISE_BYTES over the highest of the LEVEL_S before it): a ramp in
+  smaller increments, which a coarse tier's buckets sum into rises minutes wide, is no
+  staircase.
 - `seconds_to_fail`: to the first step that does not fit under the level where allocation
   fails (reaching it fails): the next step due after the median gap between steps (the
   expected time), or after their lower quartile (the earliest, which the policy acts on),
@@ -128,8 +131,10 @@ def read_horizon(history: History, horizon: float) -> Optional[Reading]:
     if line is None:
         return None
     gaps = sorted(pauses)
-    return Reading(horizon, line[0], line[1], len(kept),
-                   statistics.median(r for _, r in kept), times[-1],
+    step = statistics.median(r for _, r in kept)
+    if history.last_rise_t is None or history.last_rise_t <= history.last_t - horizon:
+        step = min(step, RISE_BYTES)   # no poll saw a step: it grew by less each poll
+    return Reading(horizon, line[0], line[1], len(kept), step, times[-1],
                    gaps[len(gaps) // 4] if gaps else math.inf,
                    statistics.median(gaps) if gaps else math.inf)
 
