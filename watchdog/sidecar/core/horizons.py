@@ -16,10 +16,10 @@ fails (pure).
 - `estimate`: the horizon whose straight line explains its envelope best (highest R^2, the
   longer on a near tie) decides: a staircase of sparse steps over a long horizon, a ramp that
   began an hour ago over the part since it began, growth that slows over its recent part. The
-  rate is that line's slope, the step the median rise; RISE_BYTES where no poll over the
-  horizon rose by a step (RISE_BYTES over the highest of the LEVEL_S before it): a ramp in
-  smaller increments, which a coarse tier's buckets sum into rises minutes wide, is no
-  staircase.
+  rate is that line's slope, the step the median rise; at most RISE_BYTES where the polls saw
+  fewer steps (a rise of RISE_BYTES over the highest of the LEVEL_S before it) than half the
+  horizon's rises: a ramp in smaller increments, which a coarse tier's buckets sum into rises
+  minutes wide, is no staircase, whatever one-off step it took.
 - `seconds_to_fail`: to the first step that does not fit under the level where allocation
   fails (reaching it fails): the next step due after the median gap between steps (the
   expected time), or after their lower quartile (the earliest, which the policy acts on),
@@ -60,6 +60,7 @@ class History:
         # the last poll that rose over the highest of the LEVEL_S before it: when the latest
         # step came, to the poll (a coarse tier knows it only to its bucket, minutes wide)
         self.last_rise_t: Optional[float] = None
+        self.rise_times: deque[float] = deque(maxlen=TIER_BUCKETS)   # the latest of those
         self._high: deque[tuple[float, float]] = deque()
 
     def add(self, t: float, value: float) -> None:
@@ -71,6 +72,7 @@ class History:
             high.popleft()
         if high and value > high[0][1] + RISE_BYTES:
             self.last_rise_t = t
+            self.rise_times.append(t)
         while high and high[-1][1] <= value:
             high.pop()
         high.append((t, value))
@@ -132,8 +134,9 @@ def read_horizon(history: History, horizon: float) -> Optional[Reading]:
         return None
     gaps = sorted(pauses)
     step = statistics.median(r for _, r in kept)
-    if history.last_rise_t is None or history.last_rise_t <= history.last_t - horizon:
-        step = min(step, RISE_BYTES)   # no poll saw a step: it grew by less each poll
+    since = history.last_t - horizon
+    if 2 * sum(t > since for t in history.rise_times) < len(kept):
+        step = min(step, RISE_BYTES)   # the polls saw few of its steps: it grew by less each
     return Reading(horizon, line[0], line[1], len(kept), step, times[-1],
                    gaps[len(gaps) // 4] if gaps else math.inf,
                    statistics.median(gaps) if gaps else math.inf)
