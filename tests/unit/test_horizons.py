@@ -129,6 +129,11 @@ def test_history_is_bounded_for_a_day_of_10_hz_polls():
     assert all(len(tier) <= horizons.TIER_BUCKETS for tier in h.tiers)
 
 
+# the agent of the server leak_samples meters (pid 7 on GPU-x), saying hello first
+HELLO = events.Hello(t=999.0, pid=7, torch="2.11", agent="test", devices=["GPU-x"], config={},
+                     capabilities={}, watched=["m"], argv="serve")
+
+
 def leak_samples(seconds: float, rate: float, total: int = 80 * GiB, used0: int = 70 * GiB,
                  t0: float = 1000.0, poll: float = 0.5) -> list[Sample]:
     """One process leaking `rate` bytes/s on one GPU, its NVML numbers every `poll`."""
@@ -164,8 +169,7 @@ def test_replay_and_live_estimate_alike_once_a_second_of_the_polls_time():
 def test_a_leak_is_reloaded_as_unexplained_growth_before_the_device_runs_out():
     cfg = Config(policy=PolicyConfig(warmup_s=0, reload_lead_s=60, hold_polls=3))
     host, decided = Host(), []
-    step(host, events.Hello(t=999.0, pid=7, torch="2.11", agent="test", devices=["GPU-x"],
-                            config={}, capabilities={}, watched=["m"], argv="serve"), cfg)
+    step(host, HELLO, cfg)
     step(host, events.Compile(t=999.0, pid=7, compile_id="0/0", function="f", seconds=1.0), cfg)
     room = 300 * MiB   # at 2 MiB/s: ~150 s of growth left
     for o in leak_samples(400.0, 2 * MiB, total=80 * GiB, used0=80 * GiB - room):
@@ -204,8 +208,7 @@ def test_a_leak_eight_hours_from_the_oom_is_alerted_an_hour_ahead_once_and_reloa
     cfg = Config(policy=PolicyConfig(warmup_s=0, reload_lead_s=60, alert_lead_s=3600,
                                      hold_polls=3, dry_run=True))
     host: Host = Host()
-    step(host, events.Hello(t=999.0, pid=7, torch="2.11", agent="test", devices=["GPU-x"],
-                            config={}, capabilities={}, watched=["m"], argv="serve"), cfg)
+    step(host, HELLO, cfg)
     oom_t = 1000.0 + (room - FAIL_FREE_BYTES) / rate
     alerts, reloads = [], []
     for o in leak_samples(oom_t - 1000.0, rate, total=80 * GiB, used0=80 * GiB - room, poll=2.0):

@@ -57,10 +57,9 @@ class History:
         self.tiers: list[deque[list[float]]] = [deque(maxlen=TIER_BUCKETS) for _ in TIER_S]
         self.first_t: Optional[float] = None
         self.last_t: Optional[float] = None
-        # the last poll that rose over the highest of the LEVEL_S before it: when the latest
-        # step came, to the poll (a coarse tier knows it only to its bucket, minutes wide)
-        self.last_rise_t: Optional[float] = None
-        self.rise_times: deque[float] = deque(maxlen=TIER_BUCKETS)   # the latest of those
+        # the latest polls that rose over the highest of the LEVEL_S before them: when the
+        # steps came, to the poll (a coarse tier knows them only to its bucket, minutes wide)
+        self.rise_times: deque[float] = deque(maxlen=TIER_BUCKETS)
         self._high: deque[tuple[float, float]] = deque()
 
     def add(self, t: float, value: float) -> None:
@@ -71,7 +70,6 @@ class History:
         while high and high[0][0] < t - LEVEL_S:
             high.popleft()
         if high and value > high[0][1] + RISE_BYTES:
-            self.last_rise_t = t
             self.rise_times.append(t)
         while high and high[-1][1] <= value:
             high.pop()
@@ -83,6 +81,11 @@ class History:
                     tier[-1][1] = value
             else:
                 tier.append([b, value])
+
+    @property
+    def last_rise_t(self) -> Optional[float]:
+        """When the latest step came, to the poll."""
+        return self.rise_times[-1] if self.rise_times else None
 
     def points(self, horizon: float) -> list[tuple[float, float]]:
         """[(bucket end time, max)] over the last `horizon`, from the finest tier holding it."""
