@@ -146,6 +146,8 @@ def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> in
 
     structlog.configure(processors=[structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
+                                    # log.exception's traceback as text, not `exc_info: true`
+                                    structlog.processors.format_exc_info,
                                     structlog.processors.JSONRenderer()],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger("torch-watchdog")
@@ -254,10 +256,10 @@ def valid_url(url: str) -> bool:
 def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
                out: TextIO, server: Optional[str] = None) -> int:
     """Print a running sidecar's /status.json; 1 when none answers at that address, 2 for a
-    bad --url or --config."""
+    bad --url or --config, 3 when it answers but its last poll is stale."""
     import time
 
-    from torch_watchdog.sidecar.present.status import format_terminal
+    from torch_watchdog.sidecar.present.status import format_terminal, stale_s
     from torch_watchdog.sidecar.present.web import local_url, read_status
 
     if url is None:
@@ -277,11 +279,17 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
               "--config FILE` (under systemd: `systemctl start torch-watchdog`), or point "
               "--url/--config at the address it listens on.", file=sys.stderr)
         return 1
+    now = time.time()
     if as_json:
         json.dump(data, out, indent=1)
         out.write("\n")
     else:
-        out.write(format_terminal(data, url, time.time()))
+        out.write(format_terminal(data, url, now))
+    late = stale_s(data, now)
+    if late is not None:  # a sidecar that answers but no longer polls is no watchdog
+        print(f"torch-watchdog status: the last poll was {late:.0f} s ago: the sidecar is not "
+              "polling (its log says why)", file=sys.stderr)
+        return 3
     return 0
 
 

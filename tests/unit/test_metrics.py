@@ -59,7 +59,7 @@ def snapshot(**overrides) -> Snapshot:
         source_errors_total={("nvml", "late"): 2, ("nvml", "NVMLError_GpuIsLost"): 1},
         events_dropped_total={"bad_json": 3, "foreign_pid": 1}, agent_events_lost_total=9,
         alerts_sent_total={"http://am:9093": 4}, alert_posts_failed_total={"http://am:9093": 1},
-        alerts_dropped_total={"http://am:9093": 0})
+        alerts_dropped_total={"http://am:9093": 0}, poll_errors_total={"decide": 1})
     fields.update(overrides)
     return Snapshot(**fields)
 
@@ -219,7 +219,7 @@ def test_no_pid_or_shape_labels_anywhere():
     # reasons, sources, configured URLs, padded models and their plans' buckets (at most
     # max_buckets each) and output dtypes
     assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url",
-                      "model", "bucket", "dtype"}
+                      "model", "bucket", "dtype", "stage"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 

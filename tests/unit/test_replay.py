@@ -81,7 +81,8 @@ def test_the_sidecars_own_log_of_a_real_oom_reloads_well_before_the_crash():
 def test_the_sidecars_own_log_of_bucketed_traffic_decides_nothing():
     result = replay([fixture("h200-seed-bucketed-samples.jsonl.gz")], Config())
     assert result["findings"] == [] and result["actions"] == []
-    assert result["estimates"]["will_oom"] is False and result["estimates"]["recordings"] == 9
+    # its process is gone by the log's end: a dead server has no forecast
+    assert result["estimates"]["will_oom"] is None and result["estimates"]["recordings"] == 9
 
 
 def _lines(name: str) -> list[str]:

@@ -200,10 +200,11 @@ def test_no_server_exists_without_a_process_and_an_early_pid_is_adopted_by_its_h
     assert step(host, s, CFG).actions == [] and host.servers == {}
     assert host.focus().name == "default" and host.servers == {}  # shown, not kept
     step(host, calls(1000.5, 101, 5, 2), CFG)  # heard before its hello (a sidecar restart)
-    assert list(host.servers) == ["default"]
+    assert host.servers == {} and 101 not in host.owner  # held, in no server
     step(host, hello(1001.0, 101, "replica-a", [A]), CFG)
     assert list(host.servers) == ["replica-a"]
-    assert host.servers["replica-a"].state.calls.requests == 5
+    assert host.servers["replica-a"].state.calls.requests == 5  # what it held, folded
+    assert host.unplaced == {}
 
 
 def test_growth_on_a_shared_gpu_without_per_process_numbers_is_alerted_not_reloaded():
@@ -298,17 +299,20 @@ def test_once_every_server_is_gone_the_views_wait_and_name_them():
     assert set(h.host.servers) == {"replica-a", "replica-b"}  # kept for their next start
 
 
-def test_a_pid_heard_before_its_hello_leaves_the_default_server_when_it_names_its_own():
-    """Two processes heard before their hellos (a hello lost: the sidecar was restarting) go
-    to the default server; once one names its server it is that server's only, so the
-    default server's own policy cannot reload it (the phantom `default` of issue 26)."""
+def test_pids_heard_before_their_hellos_are_held_in_no_server_until_each_names_its_own():
+    """Two processes heard before their hellos (a sidecar restarted beside them): no server
+    gets them, so no server's memory sums theirs and no policy can reload them (the restarted
+    sidecar drained every server on the host through a `default` of the unplaced); once one
+    names its server, it and its held events are that server's only."""
     h = Host2()
     for pid in (303, 304):
         h.feed(calls(h.t, pid, 5, 1))
-    assert set(h.host.servers["default"].pids) == {303, 304}
+    assert "default" not in h.host.servers and set(h.host.unplaced) == {303, 304}
     h.feed(hello(h.t + 1, 303, "llm", [A]))
-    assert set(h.host.servers["default"].pids) == {304}
     assert set(h.host.servers["llm"].pids) == {303} and h.host.owner[303] == "llm"
+    assert h.host.servers["llm"].state.calls.requests == 5
+    assert set(h.host.unplaced) == {304} and 304 not in h.host.owner
+    assert "default" not in h.host.servers
 
 
 def test_a_process_of_another_user_naming_a_server_is_a_server_of_its_own():

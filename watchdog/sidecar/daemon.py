@@ -17,8 +17,9 @@ import os
 import select
 import signal
 import time
+import traceback
 from operator import attrgetter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.offline import sample_log
@@ -40,6 +41,7 @@ from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
 _PID = attrgetter("pid")
+_T = TypeVar("_T")
 
 
 class Daemon:
@@ -70,6 +72,7 @@ class Daemon:
         self.signals: collections.deque[Any] = collections.deque()
         self.running = False
         self.ticks = 0
+        self.poll_errors: collections.Counter[str] = collections.Counter()  # by stage
         self._wake_r, self._wake_w = os.pipe()
 
     @property
@@ -128,10 +131,7 @@ class Daemon:
                 break
             now = time.monotonic()
             if now >= next_poll:
-                try:
-                    self.tick()
-                except Exception as e:  # a bug must not stop the watching; no WATCHDOG=1 for
-                    self.log.exception("poll failed", error=repr(e))  # this poll, so systemd
+                self._guarded("poll", self.tick)  # each stage guards itself; this, the rest
                 next_poll = max(next_poll + self.cfg.poll_interval_s, now)  # sees a streak
             self._wait(next_poll - time.monotonic())
         return self.halt()
@@ -215,15 +215,40 @@ class Daemon:
         return 0
 
     # -- one poll ---------------------------------------------------------------------------
-    def tick(self) -> Snapshot:
+    def tick(self) -> Optional[Snapshot]:
         """One poll: what the sources and the agents say, what the step decides on it, what
-        is carried out, and what is shown."""
+        is carried out, and what is shown. Each stage has its own error boundary (`_guarded`):
+        a bug in one is logged with its traceback, counted by stage, and the next poll goes
+        on; systemd's watchdog is pinged only after a poll whose step decided. None: this
+        poll did not get as far as a snapshot."""
         started = time.perf_counter()
         now = self.clock()
-        sample, observations = self._observe(now)
+        observed = self._guarded("observe", self._observe, now)
+        if observed is None:
+            return None
+        sample, observations = observed
         decided, poll = self._decide(observations)
-        self._carry_out(now, decided, poll)
-        return self._show(sample, observations, decided, poll, time.perf_counter() - started)
+        if poll is not None:
+            self._guarded("act", self._carry_out, now, decided, poll)
+        shown = self._guarded("show", self._show, sample, observations, decided,
+                              poll or self._poll, time.perf_counter() - started)
+        if poll is not None:
+            self.notifier.watchdog()  # only after a poll that decided
+        return shown
+
+    def _guarded(self, stage: str, fn: Callable[..., _T], *args: Any) -> Optional[_T]:
+        """`fn(*args)`, or None where it raised: logged with its traceback as text, counted
+        in `poll_errors[stage]`."""
+        try:
+            return fn(*args)
+        except Exception as e:  # a bug must not stop the watching
+            self._failed(stage, e)
+            return None
+
+    def _failed(self, stage: str, e: BaseException) -> None:
+        self.poll_errors[stage] += 1
+        self.log.error("poll failed", stage=stage, error=repr(e),
+                       traceback="".join(traceback.format_exception(e)))
 
     def _observe(self, now: float) -> tuple[Sample, list[Observation]]:
         """This poll's observations, in the order the step sees them (the agents' events, the
@@ -237,21 +262,29 @@ class Daemon:
             self.sample_log.observations(observations)
         return sample, observations
 
-    def _decide(self, observations: list[Observation]) -> tuple[list[Action], PollResult]:
+    def _decide(self, observations: list[Observation],
+                ) -> tuple[list[Action], Optional[PollResult]]:
+        """Each observation stepped on its own: one that breaks the step is skipped (logged,
+        counted), the others still decide. The poll's result comes from the sample's step,
+        last; None where that one failed."""
         decided: list[Action] = []
         poll = None
         for obs in observations:
-            result = step.step(self.host, obs, self.cfg)
+            try:
+                result = step.step(self.host, obs, self.cfg)
+            except Exception as e:
+                self._failed("decide", e)
+                continue
             decided += result.actions
-            poll = result.poll
-        assert poll is not None  # the sample's step, last: what fires and what every server shows
-        self._poll = poll
+            poll = result.poll if isinstance(obs, Sample) else poll
+        if poll is not None:
+            self._poll = poll  # the pids to read next
         return decided, poll
 
     def _carry_out(self, now: float, decided: list[Action], poll: PollResult) -> None:
-        for action in decided:
-            self._act(action)
-        self.publisher.log_findings(poll)
+        for action in decided:  # one failing action leaves the others to be carried out
+            self._guarded("act", self._act, action)
+        self._guarded("act", self.publisher.log_findings, poll)
         self.alerting.dispatch(now, poll)
 
     def _show(self, sample: Sample, observations: list[Observation], decided: list[Action],
@@ -259,7 +292,6 @@ class Daemon:
         snapshot = self.publisher.snapshot(sample, poll, self._counts(poll_s))
         self.ticks += 1
         self.publisher.publish(snapshot, observations, decided, poll, self.ticks)
-        self.notifier.watchdog()  # only after a completed tick
         if self.ticks % 50 == 1:
             self.notifier.status(_status_line(poll.focus or "no server yet", poll.focus_view))
         return snapshot
@@ -303,7 +335,7 @@ class Daemon:
             events_dropped_total={**(receiver.dropped if receiver else {}),
                                   "backlog": intake.backlog_dropped},
             alerts_sent_total=sent["sent"], alert_posts_failed_total=sent["failed"],
-            alerts_dropped_total=sent["dropped"])
+            alerts_dropped_total=sent["dropped"], poll_errors_total=dict(self.poll_errors))
 
     def _alert_failed(self, url: str, error: str) -> None:
         self.log.warning("alertmanager unreachable; will retry", url=url, error=error)

@@ -11,48 +11,19 @@ a hello naming one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.forecast import Forecast
-from torch_watchdog.sidecar.core.results import Reload
+from torch_watchdog.sidecar.core.lifecycle import IDLE, RETAIN_S, Life, Phase, ReloadState
 
 DEFAULT_SERVER = "default"   # agents that name no server (older ones), recorded traces
 AGENT_SILENT_S = 30.0        # a dead pid not heard from for this long is forgotten
-
-
-@dataclass(frozen=True)
-class ReloadUnderWay:
-    """The `reload` alert while a reload is carried out."""
-    method: str
-    seconds_to_oom: Optional[float]
-    cause: str
-
-    def detail(self) -> dict[str, Any]:
-        return {"outcome": "in progress", "method": self.method,
-                "seconds_to_oom": self.seconds_to_oom, "cause": self.cause}
-
-
-@dataclass(frozen=True)
-class ReloadEnded:
-    """The `reload` alert once a reload's outcome is known (shown for one poll), and the
-    `reload_failed` alert's detail."""
-    outcome: str
-    seconds: float
-    cause: Optional[str]   # None: an outcome for a reload this sidecar did not carry out
-
-    def detail(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "reload_seconds": round(self.seconds, 3),
-                "done": True, "cause": self.cause}
-
-
-@dataclass(frozen=True)
-class ReloadFailure:
-    """The last reload did not bring the server back: alerted until a new process of it says
-    hello (one not among `old_pids`)."""
-    ended: ReloadEnded
-    old_pids: frozenset[int]
+# what is held of events from pids no hello or config placed yet: a second of a busy agent's
+# events each (1,000 events/s), and more agents than a host runs
+HELD_EVENTS = 1000
+HELD_PIDS = 256
 
 
 @dataclass
@@ -60,27 +31,24 @@ class Server:
     name: str
     state: correlate.State = field(default_factory=correlate.State)
     policy: policy.PolicyState = field(default_factory=policy.PolicyState)
-    # pid -> last heard (observation time)
+    # pid -> last heard (observation time): the processes it may be reloaded through
     pids: dict[int, float] = field(default_factory=dict)
     gpus: set[str] = field(default_factory=set)    # UUIDs: agents' devices, NVML's lists
     forecast: Forecast = field(default_factory=lambda: Forecast(None, None))
-    pending: Optional[Reload] = None        # decided: carried out next poll if it holds
-    reloading: Optional[Reload] = None      # carried out: waiting for its outcome
-    reload_alert: Union[ReloadUnderWay, ReloadEnded, None] = None  # the `reload` alert
+    reload: ReloadState = IDLE                     # its reload's phase (core/lifecycle.py)
+    life: Life = Life.ANNOUNCED                    # announced, up, down (core/lifecycle.py)
+    down_since: Optional[float] = None             # down since (a sample's time)
     # alert cause -> detail, as of the last poll
     firing: dict[str, dict[str, Any]] = field(default_factory=dict)
     parents: set[int] = field(default_factory=set)  # its processes' parents (a supervisor)
     uid: Optional[int] = None   # its processes' uid (the kernel's, from the first hello)
-    reload_failed: Optional[ReloadFailure] = None
     findings_shown: int = 0     # its state's findings already in a poll's result
-    # the reload under way's new process said hello: the state is its own since then
-    renewed: bool = False
     argv: Optional[str] = None  # its latest hello's command line (its label's program)
     label: Optional[str] = None  # its metrics' and alerts' `server` (core/labels.py)
 
     @property
     def busy(self) -> bool:
-        return self.pending is not None or self.reloading is not None
+        return self.reload.busy
 
 
 @dataclass
@@ -96,6 +64,14 @@ class Host:
     # pid -> last heard: every agent's process, believed or not (its liveness only)
     agents: dict[int, float] = field(default_factory=dict)
     record_unreadable: Optional[str] = None        # why the reload record is not trusted
+    # pid -> the server its hello named, believed or not (`trust_agent_pids`): its events
+    # are that server's
+    named: dict[int, str] = field(default_factory=dict)
+    # pid -> its events heard before any hello or the config placed it: held, not folded into
+    # a server, until one does (a sidecar restarted beside running servers hears their
+    # events before their next hello); at most HELD_PIDS pids, HELD_EVENTS events each
+    unplaced: dict[int, list[events.Event]] = field(default_factory=dict)
+    unplaced_dropped: int = 0                      # held events dropped past those bounds
     # focus() while there is no server
     _placeholder: Optional[Server] = field(default=None, repr=False, compare=False)
 
@@ -113,7 +89,8 @@ class Host:
         process)."""
         if not self.servers:
             return self.placeholder()
-        live = [s for s in self.servers.values() if s.pids] or list(self.servers.values())
+        live = [s for s in self.servers.values() if s.pids and s.life is not Life.DOWN] or \
+            list(self.servers.values())
         return min(live, key=lambda s: (s.forecast.seconds, s.name != DEFAULT_SERVER, s.name))
 
     def placeholder(self) -> Server:
@@ -166,19 +143,12 @@ def may_join(host: Host, server: Optional[Server], e: events.Hello) -> bool:
 
 def adopt(host: Host, e: events.Hello, name: str) -> None:
     """A hello naming a server not seen before may be one already known under another name:
-    - a pid heard before its hello went to the default server: that state is its start;
-    - a server restarted by the same supervisor (its parent, not init) whose processes are all
-      gone: a process-group or job name (`pgid:N`, `dist:<addr>:<port>`) changes with each
-      start, and a new name must not reset the reload history (the cooldown and the hourly
-      maximum are the server's). Only a name of the same kind and GPU set (`pgid:N/cuda:2` for
-      `pgid:M/cuda:2`): a replica that starts where another one died is not that one."""
-    if name in host.servers:
-        return
-    old = host.servers.get(DEFAULT_SERVER)
-    if old is not None and name != DEFAULT_SERVER and set(old.pids) == {e.pid}:
-        rename(host, old, name)
-        return
-    if not isinstance(e.ppid, int) or e.ppid <= 1:
+    a server restarted by the same supervisor (its parent, not init) whose processes are all
+    gone: a process-group or job name (`pgid:N`, `dist:<addr>:<port>`) changes with each
+    start, and a new name must not reset the reload history (the cooldown and the hourly
+    maximum are the server's). Only a name of the same kind and GPU set (`pgid:N/cuda:2` for
+    `pgid:M/cuda:2`): a replica that starts where another one died is not that one."""
+    if name in host.servers or not isinstance(e.ppid, int) or e.ppid <= 1:
         return
     kind = events.per_start(name)
     if kind is None:
@@ -192,9 +162,10 @@ def adopt(host: Host, e: events.Hello, name: str) -> None:
 
 def rename(host: Host, server: Server, name: str) -> None:
     del host.servers[server.name]
-    for pid, owner in host.owner.items():
-        if owner == server.name:
-            host.owner[pid] = name
+    for places in (host.owner, host.named):
+        for pid, owner in places.items():
+            if owner == server.name:
+                places[pid] = name
     server.name = name
     host.servers[name] = server
 
@@ -227,11 +198,42 @@ def place_configured(host: Host, configured: dict[str, tuple[int, ...]], t: floa
         host.server(name).pids.setdefault(pid, t)
 
 
+def hold(host: Host, e: events.Event) -> None:
+    """An event from a pid no hello or config placed: held for that pid (bounded), not folded
+    into any server."""
+    held = host.unplaced.get(e.pid)
+    if held is None:
+        if len(host.unplaced) >= HELD_PIDS:
+            host.unplaced_dropped += 1
+            return
+        held = host.unplaced[e.pid] = []
+    elif len(held) >= HELD_EVENTS:
+        del held[0]  # the oldest go first: the newest say most about the process now
+        host.unplaced_dropped += 1
+    held.append(e)
+
+
+def release(host: Host, pid: int) -> list[events.Event]:
+    """The events held for `pid`, now placed, oldest first."""
+    return host.unplaced.pop(pid, [])
+
+
+def alive(host: Host, server: Server) -> Optional[bool]:
+    """Whether a process of the server is alive (a pid not yet read counts as alive); None
+    where it has had none since it was announced."""
+    members = [*server.pids, *(p for p, n in host.named.items() if n == server.name)]
+    if not members:
+        return None if server.life is Life.ANNOUNCED else False
+    return any(host.alive.get(pid) is not False for pid in members)
+
+
 def forget_silent(host: Host, now: float) -> None:
     """Dead pids not heard from for AGENT_SILENT_S leave the host."""
     for pid, heard in list(host.agents.items()):
         if now - heard > AGENT_SILENT_S and host.alive.get(pid) is False:
             del host.agents[pid]
+            host.unplaced.pop(pid, None)
+            host.named.pop(pid, None)
             if pid not in host.owner:
                 host.alive.pop(pid, None)
     for server in host.servers.values():
@@ -240,3 +242,18 @@ def forget_silent(host: Host, now: float) -> None:
                 del server.pids[pid]
                 host.owner.pop(pid, None)
                 host.alive.pop(pid, None)
+
+
+def forget_stopped(host: Host, now: float) -> list[str]:
+    """Servers down for RETAIN_S with no reload of theirs under way or failed leave the host
+    (their reload decisions stay in `host.history`); the names forgotten."""
+    gone = [name for name, s in host.servers.items()
+            if s.life is Life.DOWN and s.down_since is not None
+            and now - s.down_since >= RETAIN_S and s.reload.phase is Phase.IDLE]
+    for name in gone:
+        server = host.servers.pop(name)
+        for pid in server.pids:
+            host.owner.pop(pid, None)
+        for pid in [p for p, n in host.named.items() if n == name]:
+            del host.named[pid]
+    return gone

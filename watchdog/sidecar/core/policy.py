@@ -69,6 +69,13 @@ def rearm_s(state: State) -> float:
     return REARM_S if reading is None else max(REARM_S, reading.horizon / 2)
 
 
+def well_clear(seconds: float, lead_s: float) -> bool:
+    """A forecast far enough past a lead that it no longer calls for what the lead decides:
+    twice the lead (a forecast wobbling around the lead must not cancel each decision, nor
+    re-arm an alert each poll)."""
+    return seconds > 2 * lead_s
+
+
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
            allow_reload: bool = True,
            held_by: Optional[tuple[str, Optional[float], dict[str, Any]]] = None,
@@ -87,19 +94,19 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     if seconds <= cfg.alert_lead_s and not ps.forecast_alerted:
         ps.forecast_alerted = True
         actions.append(Verdict(now, ActionKind.ALERT, "oom_forecast", _why(fc)))
-    elif seconds > 2 * cfg.alert_lead_s:
+    elif well_clear(seconds, cfg.alert_lead_s):
         # hysteresis: re-arm only once well clear, and for a while (a forecast that comes and
         # goes between polls is one alert)
         if ps.clear_since is None:
             ps.clear_since = now
         if now - ps.clear_since >= rearm_s(state):
             ps.forecast_alerted = False
-    if seconds <= 2 * cfg.alert_lead_s:
+    if not well_clear(seconds, cfg.alert_lead_s):
         ps.clear_since = None
     ps.holding = ps.holding + 1 if seconds <= reload_lead(state, cfg) else 0
     if ps.holding < cfg.hold_polls or not allow_reload:
         ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by,
-                                        seconds <= 2 * reload_lead(state, cfg))
+                                        not well_clear(seconds, reload_lead(state, cfg)))
         return actions
     ps.held = _held_back(ps, now, cfg)
     if ps.held is not None:

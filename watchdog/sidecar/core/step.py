@@ -25,9 +25,13 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core import correlate, labels, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
-from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, ReloadEnded, ReloadFailure,
-                                              ReloadUnderWay, Server, adopt, all_gone, claim,
-                                              forget_silent, owner_of, place_configured)
+from torch_watchdog.sidecar.core import lifecycle
+from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, Server, adopt, alive,
+                                              all_gone, claim, forget_silent, forget_stopped,
+                                              hold, owner_of, place_configured, release)
+from torch_watchdog.sidecar.core.lifecycle import (Back, Decide, Life, Outcome, Phase, Renew,
+                                                   ReloadEnded, ReloadUnderWay, Shown,
+                                                   advance)
 from torch_watchdog.sidecar.core.observations import (RecordUnreadable, ReloadHistory,
                                                       ReloadOutcome, Sample)
 from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
@@ -35,6 +39,7 @@ from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Canc
                                                  ReloadNotDone, ReloadOk, Restart, ServerView,
                                                  StepResult)
 
+CARRIED_OUT = (Phase.EXECUTING, Phase.RENEWED)
 Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory]
 __all__ = ["DEFAULT_SERVER", "Host", "Observation", "Server", "estimates", "server_view", "step"]
 
@@ -77,13 +82,18 @@ def _on_event(host: Host, e: events.Event, cfg: Config) -> list[Action]:
     if isinstance(e, events.Hello):
         server = _on_hello(host, e, actions)
     else:  # the common path: the owner is known
-        name = host.configured.get(pid) or host.owner.get(pid, DEFAULT_SERVER)
+        name = host.configured.get(pid) or host.owner.get(pid) or host.named.get(pid)
+        if name is None:  # no hello or config placed it yet: nothing is decided about it
+            hold(host, e)
+            return actions
         server = host.servers.get(name) or host.server(name)
     # a configured server's pids are its unit's or pidfile's (and their children) alone: an
     # agent naming it cannot add a pid it would be reloaded (signalled) through
     if pid in host.configured or (cfg.server.trust_agent_pids and
                                   server.name not in host.configured.values()):
         claim(host, server, pid, e.t)
+    for held in release(host, pid):  # heard before its hello: the server's, in order
+        correlate.apply(server.state, held, cfg.correlate)
     correlate.apply(server.state, e, cfg.correlate)
     if host.now is None:  # an agent log without samples: its causes are still alerted
         correlate.evaluate_causes(server.state, cfg.correlate)
@@ -95,15 +105,17 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
     name = owner_of(host, e)
     adopt(host, e, name)
     server = host.server(name)
-    if e.pid not in server.pids and server.reloading is not None:
-        if not server.renewed:
+    host.named[e.pid] = name
+    if e.pid not in server.pids and server.reload.phase in CARRIED_OUT:
+        if server.reload.phase is Phase.EXECUTING:
             # the reload's new process, back before the reload's outcome: its compiles and
             # recordings are the new state's first; the old pids stay until the outcome
             _renew(server)
-            server.renewed = True
-    elif e.pid not in server.pids and all_gone(host, server):
-        # the server died and came back (a crash, systemd's Restart=): a new process, a new
-        # baseline; folding it into the old state calls its model load "unexplained growth"
+            server.reload = advance(server.reload, Renew())
+    elif e.pid not in server.pids and (server.life is Life.DOWN or all_gone(host, server)):
+        # the server died and came back (a crash, systemd's Restart=, its name reused): a new
+        # process, a new baseline; folding it into the old state calls its model load
+        # "unexplained growth", and a name reused merged two processes' counts
         actions.append(Restart(e.t, "server_restarted",
                                {"old_pids": sorted(server.pids), "new_pid": e.pid},
                                *_target(server)))
@@ -113,8 +125,7 @@ def _on_hello(host: Host, e: events.Hello, actions: list[Action]) -> Server:
         server.argv = e.argv
     if server.uid is None or server.uid == 0 or len(server.pids) == 0:
         server.uid = e.uid
-    if server.reload_failed is not None and e.pid not in server.reload_failed.old_pids:
-        server.reload_failed = None  # back after all
+    server.reload = advance(server.reload, Back(e.pid))  # a failed reload's server is back
     if isinstance(e.ppid, int):
         server.parents.add(e.ppid)
     return server
@@ -125,6 +136,10 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     host.now = s.t if host.now is None else max(host.now, s.t)
     host.alive.update({p.pid: p.alive for p in s.processes})
     place_configured(host, s.configured, s.t)
+    for pid in host.unplaced.keys() & host.configured.keys():  # the config placed them
+        server = host.server(host.configured[pid])
+        for held in release(host, pid):
+            correlate.apply(server.state, held, cfg.correlate)
     if False in host.alive.values():  # only the dead are forgotten
         forget_silent(host, s.t)
     actions: list[Action] = []
@@ -132,9 +147,24 @@ def _on_sample(host: Host, s: Sample, cfg: Config) -> list[Action]:
     busy = sum(o.busy for o in servers)
     for server in servers:
         was = server.busy
-        actions += _poll_server(host, server, s, cfg, busy - was)
+        _live(host, server, s.t)
+        if server.life is Life.DOWN:
+            actions += _poll_down(server, s.t, cfg)
+        else:
+            actions += _poll_server(host, server, s, cfg, busy - was)
         busy += server.busy - was
+    forget_stopped(host, s.t)
+    _trim_history(host, s.t, cfg)
     return actions
+
+
+def _live(host: Host, server: Server, t: float) -> None:
+    """The server's life after this sample (core/lifecycle.py): down since when."""
+    server.life = lifecycle.life_after(server.life, alive(host, server))
+    if server.life is not Life.DOWN:
+        server.down_since = None
+    elif server.down_since is None:
+        server.down_since = t
 
 
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
@@ -145,8 +175,33 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
     actions = _recheck(server, s.t, cfg)
     held_by = _held_by(host, server, cfg, others_busy)
     actions += _decide(host, server, cfg, allow_reload=held_by is None, held_by=held_by)
-    server.firing = _firing(server, cfg)
+    server.firing = _firing(server)
+    server.reload = advance(server.reload, Shown())
     return actions
+
+
+def _poll_down(server: Server, t: float, cfg: Config) -> list[Action]:
+    """A server whose processes are all gone: no forecast and no cause of it fires (nothing
+    of it is left to run out of memory); a decision not yet carried out is cancelled; its
+    reload's alerts go on until their outcome is shown (a drained server is down until its
+    new process says hello). Nothing of it is folded: a poll's cost follows the live
+    servers."""
+    server.forecast = Forecast(None, None)
+    server.policy.held = None
+    actions = _recheck(server, t, cfg)
+    server.firing = lifecycle.alerts(server.reload)
+    server.reload = advance(server.reload, Shown())
+    return actions
+
+
+def _trim_history(host: Host, now: float, cfg: Config) -> None:
+    """Reload decisions older than any cooldown or the hourly maximum reads: they decide
+    nothing (an unbounded list over weeks of uptime)."""
+    keep = now - max(3600.0, cfg.policy.cooldown_s)
+    if host.history and host.history[0][0] < keep:
+        host.history = [d for d in host.history if d[0] >= keep]
+        for server in host.servers.values():
+            server.policy.reloads = [t for t in server.policy.reloads if t >= keep]
 
 
 def _held_by(host: Host, server: Server, cfg: Config, others_busy: int,
@@ -191,23 +246,21 @@ def _view(server: Server, s: Sample) -> Sample:
 
 def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:
     """Last poll's decision, right before acting: carried out, or cancelled when the forecast
-    is well clear (2x the lead: a forecast wobbling around the lead must not cancel every
-    decision) because the server's memory fell (it let go of memory, a process exited): a
-    growth rate read from the last seconds pauses with the traffic, which is no reason to
-    cancel. A cancelled decision starts no cooldown."""
-    decision, server.pending = server.pending, None
-    if decision is None:
+    is well clear (policy.well_clear) because the server's memory fell (it let go of memory,
+    a process exited): a growth rate read from the last seconds pauses with the traffic,
+    which is no reason to cancel. A cancelled decision starts no cooldown."""
+    decision = server.reload.decision
+    if server.reload.phase is not Phase.DECIDED or decision is None:
         return []
     fc, before = server.forecast, decision.detail.get("level_bytes")
     fell = fc.level_bytes is None or before is None or fc.level_bytes < before
-    if fc.seconds_earliest > 2 * cfg.policy.reload_lead_s and fell:
+    if policy.well_clear(fc.seconds_earliest, cfg.policy.reload_lead_s) and fell:
         policy.forget_reload(server.policy, decision.t)
+        server.reload = advance(server.reload, lifecycle.Cancel())
         return [Cancel(t, decision.reason, decision.detail, decision.server, decision.pids,
                        decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
-    server.reloading = decision
-    server.reload_alert = ReloadUnderWay(cfg.reload.method,
-                                         server.forecast.as_dict()["seconds_to_oom"],
-                                         decision.cause)
+    server.reload = advance(server.reload, lifecycle.Execute(ReloadUnderWay(
+        cfg.reload.method, server.forecast.as_dict()["seconds_to_oom"], decision.cause)))
     return [Execute(t, decision.reason, decision.detail, decision.server, decision.pids,
                     decision.gpus, decision.cause, decision.dry_run, decided_t=decision.t)]
 
@@ -238,7 +291,7 @@ def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool,
                           not_done=_not_done(v.dry_run, cfg))
         host.history.append((decision.t, server.name))
         if decision.not_done is None:
-            server.pending = decision
+            server.reload = advance(server.reload, Decide(decision))
         out.append(decision)
     return out
 
@@ -259,12 +312,13 @@ def _target(server: Server) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
             tuple(sorted(server.state.memory.gpus or server.gpus)))
 
 
-def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
+def _firing(server: Server) -> dict[str, dict[str, Any]]:
     """The alerts that fire for this server now: its active causes, the OOM forecast (with the
-    policy's hysteresis), and a reload from its start until one poll after its outcome."""
+    policy's hysteresis), and its reload's (core/lifecycle.py: from its start until one poll
+    after its outcome; a failed one until the server is back)."""
     state = server.state
     if not (state.active or server.policy.forecast_alerted or state.padding.models or
-            server.reload_failed is not None or server.reload_alert is not None):
+            server.reload.phase is not Phase.IDLE):
         return {}  # the common case: nothing fires
     firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
@@ -272,21 +326,17 @@ def _firing(server: Server, cfg: Config) -> dict[str, dict[str, Any]]:
     refused = server.state.padding.refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
-    if server.reload_failed is not None:
-        firing["reload_failed"] = server.reload_failed.ended.detail()
-    if server.reload_alert is not None:
-        firing["reload"] = server.reload_alert.detail()
-        if isinstance(server.reload_alert, ReloadEnded):  # shown once
-            server.reload_alert = None
+    firing.update(lifecycle.alerts(server.reload))
     return firing
 
 
 # -- reload outcomes ----------------------------------------------------------------------
 def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
     server = host.server(o.server)
-    decision, server.reloading = server.reloading, None
+    r = server.reload
+    decision = r.decision if r.phase in CARRIED_OUT else None
+    renewed = r.phase is Phase.RENEWED
     ended = ReloadEnded(o.detail, o.seconds, decision.cause if decision else None)
-    server.reload_alert = ended
     # carried out but not back (no new hello in time): reload_failed, alerted until it is back
     kind = ReloadOk if o.ok else ReloadFailed if o.failed else ReloadNotDone
     action = kind(o.t, "oom_forecast", ended.detail(), *_target(server))
@@ -295,21 +345,18 @@ def _on_outcome(host: Host, o: ReloadOutcome) -> list[Action]:
         policy.forget_reload(server.policy, decision.t)
         server.policy.not_before = o.t + o.retry_after_s
     old = set(decision.pids) if decision else set(server.pids)
-    if o.failed:
-        server.reload_failed = ReloadFailure(ended, frozenset(old))
+    server.reload = advance(r, Outcome(ended, o.failed, frozenset(old)))
     if o.ok:  # the old processes are gone: the new ones start a fresh state (from the first
         # new hello where it came first), keeping the replacements heard during the reload
         fresh = {pid: t for pid, t in server.pids.items() if pid not in old}
-        if server.renewed:
+        if renewed:
             for pid in old:
                 server.pids.pop(pid, None)
                 host.owner.pop(pid, None)
         else:
             _reset(host, server)
-        server.reload_failed = None
         server.pids.update(fresh)
         host.owner.update(dict.fromkeys(fresh, server.name))
-    server.renewed = False
     return [action]
 
 
@@ -318,19 +365,22 @@ def _reset(host: Host, server: Server) -> None:
     reload history (cooldown, hourly maximum) stays."""
     for pid in server.pids:
         host.owner.pop(pid, None)
+        if host.named.get(pid) == server.name:
+            del host.named[pid]
     server.pids = {}
+    server.life, server.down_since = Life.ANNOUNCED, None
     _renew(server)
 
 
 def _renew(server: Server) -> None:
     """A new correlation state, alerts that can fire again, no decision pending; the pids and
     the reload history (cooldown, hourly maximum) stay."""
-    server.renewed = False
     server.state = correlate.State()
     server.findings_shown = 0
     server.policy = policy.PolicyState(reloads=server.policy.reloads)
     server.forecast = Forecast(None, None)
-    server.pending = None
+    if server.reload.phase is Phase.DECIDED:
+        server.reload = lifecycle.IDLE
 
 
 def estimates(server: Server, cfg: Config) -> dict[str, Any]:
@@ -344,14 +394,18 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
     focus = host.focus()
     # a server whose processes are all gone leaves the page (its state and reload history
     # stay, for its next start); once every one has, the page waits for a server again
+    # the servers shown, alerted and exported are one set: those with processes, and those
+    # down whose reload's alerts still fire (a drained server until its new process is back)
+    shown = {name: s for name, s in host.servers.items()
+             if s.pids and s.life is not Life.DOWN or s.life is Life.DOWN and s.firing}
     stopped: tuple[str, ...] = ()
-    if host.servers and not focus.pids:
+    if host.servers and focus.name not in shown:
         stopped, focus = tuple(sorted(host.servers)), host.placeholder()
-    views = {name: server_view(s, cfg) for name, s in host.servers.items() if s.pids}
+    views = {name: server_view(s, cfg) for name, s in shown.items()}
     known = host.servers.get(focus.name) is focus
     unreadable = host.record_unreadable
     return PollResult(
-        firing={name: s.firing for name, s in host.servers.items()}, views=views,
+        firing={name: s.firing for name, s in shown.items()}, views=views,
         host_firing={"reload_record_unreadable": {"detail": unreadable}} if unreadable else {},
         focus=focus.name if known else None,
         focus_view=views[focus.name] if known else server_view(focus, cfg),

@@ -18,6 +18,7 @@ Prefix sums make each part two lookups; the steps are few, and kept apart.
 """
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import math
@@ -54,13 +55,42 @@ class Sums(NamedTuple):
     rises: int = 0
 
 
+class _SumColumns:
+    """The per-sample Sums, a column each: `[i]` gives one sample's Sums."""
+    __slots__ = ("growth", "outside_growth", "outside_seconds", "outside_intervals", "rises")
+
+    def __init__(self) -> None:
+        self.growth, self.outside_growth, self.outside_seconds = (array.array("d"),
+                                                                  array.array("d"),
+                                                                  array.array("d"))
+        self.outside_intervals, self.rises = array.array("q"), array.array("q")
+
+    def __getitem__(self, i: int) -> Sums:
+        return Sums(self.growth[i], self.outside_growth[i], self.outside_seconds[i],
+                    self.outside_intervals[i], self.rises[i])
+
+    def append(self, s: Sums) -> None:
+        self.growth.append(s.growth)
+        self.outside_growth.append(s.outside_growth)
+        self.outside_seconds.append(s.outside_seconds)
+        self.outside_intervals.append(s.outside_intervals)
+        self.rises.append(s.rises)
+
+    def keep_last(self, n: int) -> None:
+        for col in (self.growth, self.outside_growth, self.outside_seconds,
+                    self.outside_intervals, self.rises):
+            del col[:-n]
+
+
 class Trend:
     def __init__(self, jump_bytes: int = 16 << 20, maxlen: int = 36_000):
         self.jump_bytes = jump_bytes
         self.maxlen = maxlen
-        self._t: list[float] = []
-        self._sums: list[Sums] = []                        # per sample
-        self._records: list[int] = []                      # recordings so far, per sample
+        # per sample, in columns of machine numbers (8 bytes a value, not a Python object
+        # each: ~56 bytes a poll, not ~270; the values, and so every reading, are the same)
+        self._t = array.array("d")
+        self._sums = _SumColumns()
+        self._records = array.array("q")                  # recordings so far, per sample
         self.steps: list[Step] = []                        # the envelope's steps up, in order
         self._last: Optional[tuple[float, float, int]] = None   # t, envelope, recordings
         self._changed = -math.inf                            # when recordings last changed
@@ -86,7 +116,7 @@ class Trend:
         while low[0][0] <= t - SUSTAIN_S:
             low.popleft()
         env = high[0][1]
-        growth, out_growth, out_seconds, out_n, rises = self._sums[-1] if self._sums else Sums()
+        growth, out_growth, out_seconds, out_n, rises = self._sums[-1] if self._t else Sums()
         if self._last is not None:
             t0, e0, r0 = self._last
             if records != r0:
@@ -109,7 +139,7 @@ class Trend:
         self._records.append(records)
         if len(self._t) > 2 * self.maxlen:  # amortised trim: keep the newest maxlen
             del self._t[:-self.maxlen]
-            del self._sums[:-self.maxlen]
+            self._sums.keep_last(self.maxlen)
             del self._records[:-self.maxlen]
             first = self._t[0]
             self.steps = [s for s in self.steps if s.t > first]

@@ -29,6 +29,9 @@ NOTES: dict[str, str] = {
     "torch_watchdog_alerts_sent_total": "`url`: each of `alerts.urls`.",
     "torch_watchdog_alert_posts_failed_total": "`url`: each of `alerts.urls`.",
     "torch_watchdog_alerts_dropped_total": "`url`: each of `alerts.urls`.",
+    "torch_watchdog_poll_errors_total": (
+        "`stage`: `observe` (the sources), `decide` (the step, per observation), `act` (the "
+        "reloads, the alerts), `show` (metrics, status page), `poll` (the rest)."),
     "torch_watchdog_padding_plan": "One series per bucket of the plan, value 1.",
 }
 

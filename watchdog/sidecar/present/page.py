@@ -15,7 +15,7 @@ from torch_watchdog.sidecar.present import plot
 from torch_watchdog.sidecar.present.status import (SOURCE_NAMES, budget_text, chart_budget,
                                                    fmt_bytes, fmt_clock, fmt_duration, fmt_mb,
                                                    host_memory_mode, memory_text, oom_text,
-                                                   over_budget, scope_text, waiting,
+                                                   over_budget, scope_text, stale_s, waiting,
                                                    waiting_lines)
 
 REFRESH_S = 5
@@ -343,6 +343,14 @@ def _waiting(status: dict[str, Any]) -> str:
             f"<p>{_e(how)}</p></section>")
 
 
+def _stale(status: dict[str, Any], now: float) -> str:
+    """A red line while the last poll is overdue: what the page shows is old."""
+    late = stale_s(status, now)
+    return "" if late is None else (
+        f'<p class="bad" id="stale">stale: no poll for {_e(fmt_duration(late))}; the numbers '
+        "below are from the last one (the sidecar's log says why)</p>")
+
+
 def render_page(status: dict[str, Any], now: float) -> str:
     side = status.get("sidecar") or {}
     if status.get("t") is None:
@@ -358,7 +366,7 @@ def render_page(status: dict[str, Any], now: float) -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>torch-watchdog status</title><style>{CSS}</style></head><body>"
-        f"<h1>torch-watchdog</h1><p class=\"sub\">{_e(sub)} · version "
+        f"<h1>torch-watchdog</h1>{_stale(status, now)}<p class=\"sub\">{_e(sub)} · version "
         f"{_e(side.get('version', __version__))} · <a href=\"status.json\">status.json</a> · "
         '<a href="metrics">metrics</a></p>'
         + (_waiting(status) if waiting(status) else

@@ -49,6 +49,7 @@ class Snapshot:
     alerts_sent_total: dict[str, int] = field(default_factory=dict)         # by Alertmanager URL
     alert_posts_failed_total: dict[str, int] = field(default_factory=dict)  # (a few, configured)
     alerts_dropped_total: dict[str, int] = field(default_factory=dict)
+    poll_errors_total: dict[str, int] = field(default_factory=dict)  # by stage of the poll
     gpu_attribution: str = "auto"                  # config gpu.attribution: whose memory
     # per server (by name, as `servers`): its processes, and its actions by kind
     processes: dict[str, Processes] = field(default_factory=dict)

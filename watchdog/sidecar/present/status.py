@@ -332,6 +332,22 @@ def attribution_note(source: Optional[str], setting: Optional[str]) -> Optional[
     return None
 
 
+STALE_POLLS = 5      # polls missed before the status is called stale
+STALE_MIN_S = 5.0    # … and at least this long: the page is rebuilt about once a second
+
+
+def stale_s(status: dict[str, Any], now: float) -> Optional[float]:
+    """How long the last poll is overdue by, where the status is stale (the loop stopped
+    polling, or every poll fails before its end): the page says so in red, `status` exits 3.
+    None: fresh, or no poll yet."""
+    t = status.get("t")
+    if t is None:
+        return None
+    every = (status.get("sidecar") or {}).get("poll_interval_s") or 1.0
+    age = now - t
+    return age if age > max(STALE_MIN_S, STALE_POLLS * every) else None
+
+
 def host_memory_mode(status: dict[str, Any]) -> bool:
     """No GPU here: the server's own memory against its cgroup's limit or the machine's
     (NVML down is expected)."""
@@ -501,7 +517,9 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
         return f"sidecar  {url}: started, no poll yet\n"
     side = status.get("sidecar") or {}
     since = side.get("watching_since_t")
+    late = stale_s(status, now)
     lines = [f"sidecar  {url}, last poll {fmt_duration(max(0.0, now - status['t']))} ago"
+             + (" (STALE: the sidecar is not polling; these numbers are old)" if late else "")
              + (f", watching for {fmt_duration(now - since)}" if since else "")
              + (f", reloads: {side['reload_method']}" if side.get("reload_method") else "")]
     servers = status.get("servers") or []
