@@ -25,6 +25,7 @@ from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.offline import sample_log
 from torch_watchdog.sidecar.actions import control
 from torch_watchdog.sidecar.actions.alerting import Alerting
+from torch_watchdog.sidecar.actions.known import KnownServers
 from torch_watchdog.sidecar.actions.reloading import Reloads
 from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
@@ -37,7 +38,7 @@ from torch_watchdog.sidecar.present.metrics import serve, stop
 from torch_watchdog.sidecar.present.publisher import Publisher
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
-from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter
+from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, process_start_time
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
 _PID = attrgetter("pid")
@@ -65,6 +66,12 @@ class Daemon:
         # cooldowns survive a restart: stepped now, written to the sample log at start
         self._history = ReloadHistory(clock(), tuple(self.reloads.decisions()))
         step.step(self.host, self._history, cfg)
+        # so do the servers' processes (each checked to be the same process)
+        self.known = KnownServers(os.path.join(cfg.state_dir, "servers.json"),
+                                  process_start_time)
+        self._known = self.known.read(clock())
+        if self._known is not None:
+            step.step(self.host, self._known, cfg)
         self._poll = PollResult.before_any()  # the last poll's result: the pids to read next
         self._configure(cfg)
         self.serve_metrics = serve_metrics
@@ -102,7 +109,13 @@ class Daemon:
         self.running = True
         if self.sample_log is not None:
             self.sample_log.config(self.clock(), self.cfg)
-            self.sample_log.observations([self._history])
+            self.sample_log.observations([self._history, *filter(None, [self._known])])
+        if self.known.error:
+            self.log.warning("servers file not used; the agents' hellos place their servers",
+                             detail=self.known.error)
+        elif self._known is not None:
+            self.log.info("servers resumed", servers={
+                k.name: list(k.pids) for k in self._known.servers})
         record = self.reloads.record
         if record.unreadable:  # fails closed: no reload for an hour, said loudly
             self.log.error("reload record unreadable", detail=record.unreadable)
@@ -285,7 +298,15 @@ class Daemon:
         for action in decided:  # one failing action leaves the others to be carried out
             self._guarded("act", self._act, action)
         self._guarded("act", self.publisher.log_findings, poll)
+        self._guarded("act", self._save_known, poll)
         self.alerting.dispatch(now, poll)
+
+    def _save_known(self, poll: PollResult) -> None:
+        failed = self.known.error
+        started = self.discovery.started
+        if not self.known.save(poll.known, lambda pid: started.get(pid) or
+                               process_start_time(pid)) and failed is None:
+            self.log.warning("servers file not written; retried", detail=self.known.error)
 
     def _show(self, sample: Sample, observations: list[Observation], decided: list[Action],
               poll: PollResult, poll_s: float) -> Snapshot:

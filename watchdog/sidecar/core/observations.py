@@ -103,6 +103,30 @@ class ReloadHistory:
 
 
 @dataclass(frozen=True)
+class KnownServer:
+    """What a sidecar knew of one server: its processes (each checked, at the next sidecar's
+    start, to be still the process it was: its start time) and what its hellos said."""
+    name: str
+    pids: tuple[int, ...]
+    uid: Optional[int] = None
+    parents: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
+    argv: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ServersKnown:
+    """The servers a sidecar before this one knew (`<state_dir>/servers.json`), at this one's
+    start, their processes checked alive and the same: they are placed at once, so their
+    events fold into their own server from the first poll, not pooled (a restarted sidecar
+    drained every server on the host through a `default` of the processes it had not yet
+    heard a hello from)."""
+    t: float
+    servers: tuple[KnownServer, ...]
+    kind = "servers_known"
+
+
+@dataclass(frozen=True)
 class RecordUnreadable:
     """The reload record found at the sidecar's start cannot be trusted: reloads are suspended
     for an hour (actions/record.py), and an alert says so while this sidecar runs."""

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, TypedDict, cast
 
+from torch_watchdog.sidecar.core.observations import KnownServer
+
 
 class ActionKind(str, enum.Enum):
     """What an action asks of the daemon, or tells it."""
@@ -223,6 +225,8 @@ class PollResult:
     # agents' pids are trusted, every server's
     pids_to_read: frozenset[int] = frozenset()
     placed_pids: frozenset[int] = frozenset()  # the pids the config placed in a server
+    # the servers the agents placed, for the next sidecar (`<state_dir>/servers.json`)
+    known: tuple[KnownServer, ...] = ()
 
     @staticmethod
     def before_any() -> "PollResult":

@@ -32,15 +32,17 @@ from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, Server, adop
 from torch_watchdog.sidecar.core.lifecycle import (Back, Decide, Life, Outcome, Phase, Renew,
                                                    ReloadEnded, ReloadUnderWay, Shown,
                                                    advance)
-from torch_watchdog.sidecar.core.observations import (RecordUnreadable, ReloadHistory,
-                                                      ReloadOutcome, Sample)
+from torch_watchdog.sidecar.core.observations import (KnownServer, RecordUnreadable,
+                                                      ReloadHistory, ReloadOutcome, Sample,
+                                                      ServersKnown)
 from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
                                                  Held, PollResult, Reload, ReloadFailed,
                                                  ReloadNotDone, ReloadOk, Restart, ServerView,
                                                  StepResult)
 
 CARRIED_OUT = (Phase.EXECUTING, Phase.RENEWED)
-Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory]
+Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory,
+                    ServersKnown]
 __all__ = ["DEFAULT_SERVER", "Host", "Observation", "Server", "estimates", "server_view", "step"]
 
 
@@ -55,6 +57,9 @@ def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
     if isinstance(obs, ReloadHistory):
         _on_history(host, obs)
         return StepResult()
+    if isinstance(obs, ServersKnown):
+        _on_known(host, obs, cfg)
+        return StepResult()
     host.record_unreadable = obs.detail  # fails closed: no reload for an hour, and an alert
     return StepResult()
 
@@ -66,6 +71,41 @@ def _on_history(host: Host, h: ReloadHistory) -> None:
     for name, server in host.servers.items():
         server.policy.reloads = sorted([*server.policy.reloads,
                                         *(t for t, who in h.decisions if who in (None, name))])
+
+
+def _on_known(host: Host, k: ServersKnown, cfg: Config) -> None:
+    """The servers a sidecar before this one knew, their processes checked to be the same:
+    placed as their hellos placed them then (claimed where agents' pids are trusted)."""
+    for known in k.servers:
+        server = host.server(known.name)
+        for pid in known.pids:
+            if pid in host.configured or pid in host.named:
+                continue  # the config, or a hello already heard, says where it is now
+            host.named[pid] = known.name
+            host.agents.setdefault(pid, k.t)  # read for its liveness from the first poll
+            if cfg.server.trust_agent_pids:
+                claim(host, server, pid, k.t)
+        server.uid = server.uid if server.uid is not None else known.uid
+        server.parents.update(known.parents)
+        server.gpus.update(known.gpus)
+        server.argv = server.argv or known.argv
+
+
+def known_servers(host: Host) -> tuple[KnownServer, ...]:
+    """The servers the agents placed, as the next sidecar needs them: each live server's
+    processes (not the config's: it finds those itself) and what its hellos said."""
+    members: dict[str, list[int]] = {}
+    for pid, name in host.named.items():
+        if pid not in host.configured and host.alive.get(pid) is not False:
+            members.setdefault(name, []).append(pid)
+    out = []
+    for name, pids in sorted(members.items()):
+        server = host.servers.get(name)
+        if server is not None:
+            out.append(KnownServer(name, tuple(sorted(pids)), server.uid,
+                                   tuple(sorted(server.parents)), tuple(sorted(server.gpus)),
+                                   server.argv))
+    return tuple(out)
 
 
 # -- events -------------------------------------------------------------------------------
@@ -415,7 +455,7 @@ def _poll_result(host: Host, cfg: Config) -> PollResult:
         stopped=stopped, new_findings=_new_findings(host),
         pids_to_read=frozenset(host.agents).union(host.owner)
         if cfg.server.trust_agent_pids else frozenset(host.agents),
-        placed_pids=frozenset(host.configured))
+        placed_pids=frozenset(host.configured), known=known_servers(host))
 
 
 def _new_findings(host: Host) -> tuple[tuple[str, dict[str, Any]], ...]:

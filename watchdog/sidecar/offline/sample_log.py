@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 from torch_watchdog import events
 from torch_watchdog.jsonl import JsonLines
 from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
-    RecordUnreadable, ReloadHistory, ReloadOutcome, Sample
+    KnownServer, RecordUnreadable, ReloadHistory, ReloadOutcome, Sample, ServersKnown
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -107,9 +107,37 @@ def history_from_dict(d: dict[str, Any]) -> ReloadHistory:
     return ReloadHistory(float(d["t"]), tuple(decisions))
 
 
+def known_to_dict(k: ServersKnown) -> dict[str, Any]:
+    return {"kind": "servers_known", "t": k.t,
+            "servers": [dataclasses.asdict(s) for s in k.servers]}
+
+
+def known_from_dict(d: dict[str, Any]) -> ServersKnown:
+    """Raises KeyError/TypeError/ValueError on a malformed line (or file: actions/known.py
+    reads `servers.json` with it)."""
+    servers = []
+    for s in d["servers"]:
+        name, argv, uid = s["name"], s.get("argv"), s.get("uid")
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise ValueError("a server's name must be text")
+        if argv is not None and not isinstance(argv, str) or \
+                uid is not None and not isinstance(uid, int):
+            raise ValueError("argv must be text, uid a number")
+        servers.append(KnownServer(name, _ints(s["pids"]), uid, _ints(s.get("parents", ())),
+                                   tuple(str(g) for g in s.get("gpus", ())), argv))
+    return ServersKnown(float(d["t"]), tuple(servers))
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    out = tuple(values)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in out):
+        raise ValueError("pids must be numbers > 1")
+    return out
+
+
 _TO_DICT: dict[type, Any] = {Sample: sample_to_dict, ReloadOutcome: outcome_to_dict,
                              RecordUnreadable: unreadable_to_dict,
-                             ReloadHistory: history_to_dict}
+                             ReloadHistory: history_to_dict, ServersKnown: known_to_dict}
 
 
 def encode(observations: Iterable[Any]) -> bytes:

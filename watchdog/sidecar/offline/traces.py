@@ -27,12 +27,12 @@ from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
 from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
                                                       RecordUnreadable, ReloadHistory,
-                                                      ReloadOutcome, Sample)
-from torch_watchdog.sidecar.offline.sample_log import history_from_dict, outcome_from_dict, \
-    sample_from_dict, unreadable_from_dict
+                                                      ReloadOutcome, Sample, ServersKnown)
+from torch_watchdog.sidecar.offline.sample_log import history_from_dict, known_from_dict, \
+    outcome_from_dict, sample_from_dict, unreadable_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable,
-                    ReloadHistory]
+                    ReloadHistory, ServersKnown]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -183,6 +183,8 @@ class Reader:
                 out = [unreadable_from_dict(obj)]
             elif obj.get("kind") == "reload_history":  # ... the reloads before its start
                 out = [history_from_dict(obj)]
+            elif obj.get("kind") == "servers_known":  # ... the servers known at its start
+                out = [known_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
                 out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:
