@@ -634,3 +634,87 @@ def test_a_hello_the_unit_lookup_does_not_place_looks_the_unit_up_again_sooner(m
         now[0] = t
         assert d.configured_pids(unplaced) == {"llm.service": (7,)}
     assert looked == [100.0, 101.2]
+
+
+class CountingNotifier:
+    """systemd's notify socket, as the daemon sees it: what was sent."""
+
+    def __init__(self) -> None:
+        self.pings = 0
+
+    def watchdog(self) -> bool:
+        self.pings += 1
+        return True
+
+    def ready(self, status: str = "") -> bool:
+        return True
+
+    def status(self, text: str) -> bool:
+        return True
+
+    def stopping(self) -> bool:
+        return True
+
+
+def test_a_stage_that_raises_is_logged_counted_and_the_next_poll_goes_on(short_tmp, monkeypatch):
+    """A bug in the step (or an action) is one poll's: logged with its traceback as text,
+    counted by stage, and the loop goes on; systemd's watchdog is pinged only after a poll
+    that decided, so a step that always fails restarts the sidecar."""
+    from torch_watchdog.sidecar.core import step as step_mod
+    from torch_watchdog.sidecar.core.observations import Sample
+
+    me = os.getpid()
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock, notifier, lines = Clock(), CountingNotifier(), []
+    log = structlog.wrap_logger(None, processors=[lambda _l, _m, ev: lines.append(ev) or ""],
+                                logger_factory=structlog.ReturnLoggerFactory())
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 state_dir=short_tmp)
+    d = Daemon(cfg, None, log, nvml=NvmlSource(nvml), clock=clock, notifier=notifier,
+               serve_metrics=False)
+    real, broken = step_mod.step, {"on": True}
+
+    def failing(host, obs, c):
+        if broken["on"] and isinstance(obs, Sample):
+            raise RuntimeError("a bug in the step")
+        return real(host, obs, c)
+
+    monkeypatch.setattr(step_mod, "step", failing)
+    d.intake.pending.append((hello(clock.t, me, "llm"), me))
+    clock.t += 0.1
+    d.tick()
+    assert d.poll_errors == {"decide": 1} and notifier.pings == 0
+    (failed,) = [e for e in lines if e.get("event") == "poll failed"]
+    assert failed["stage"] == "decide" and "RuntimeError: a bug in the step" in failed["traceback"]
+    assert "llm" in d.host.servers  # the hello, stepped on its own, was not lost
+    broken["on"] = False
+    monkeypatch.setattr(d.reloads, "carry_out", lambda action: 1 / 0)
+    clock.t += 0.1
+    snap = d.tick()
+    assert notifier.pings == 1 and snap.poll_errors_total == {"decide": 1}
+    assert b'torch_watchdog_poll_errors_total{stage="decide"} 1.0' in render(d.registry)
+
+
+def test_a_restarted_daemon_knows_the_servers_before_their_next_hello(short_tmp):
+    me = os.getpid()
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(me, 2_000 * MB)]}])
+    clock = Clock()
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
+                 state_dir=short_tmp)
+    first = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+                   serve_metrics=False)
+    first.intake.pending.append((hello(clock.t, me, "llm"), me))
+    for _ in range(3):
+        clock.t += 0.1
+        first.tick()
+    assert os.path.exists(os.path.join(short_tmp, "servers.json"))
+    second = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+                    serve_metrics=False)
+    assert second.host.owner == {me: "llm"}
+    second.intake.pending.append((events.Heartbeat(t=clock.t, pid=me, seq=1, uptime_s=1.0,
+                                                   queue_depth=0, errors=0), me))
+    clock.t += 0.1
+    snap = second.tick()
+    assert set(snap.servers) == {"llm"} and "default" not in second.host.servers

@@ -105,3 +105,23 @@ def test_read_status_rejects_what_is_not_a_sidecar(served):
                                           ("10.1.2.3", "http://10.1.2.3:9464")])
 def test_local_url(address, url):
     assert local_url(address, 9464) == url
+
+
+def test_a_sidecar_that_answers_but_no_longer_polls_is_stale_in_red_and_status_exits_3(served):
+    """The loop once froze behind an exception while the page, `status` and /metrics kept
+    serving the last numbers; only a grey "last poll 3 min 31 s ago" said otherwise."""
+    import io
+    import time
+
+    from torch_watchdog.cli import run_status
+
+    port, collector, holder = served
+    url = f"http://127.0.0.1:{port}"
+    for age, stale in ((1.0, False), (120.0, True)):
+        view = a_view(t=time.time() - age)
+        collector.update(view.snapshot)
+        holder["view"] = view
+        out = io.StringIO()
+        assert run_status(url, None, False, out) == (3 if stale else 0)
+        assert ("STALE" in out.getvalue()) is stale
+        assert (b'id="stale"' in get(port, "/")[2]) is stale

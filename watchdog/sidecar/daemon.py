@@ -232,8 +232,8 @@ class Daemon:
         """One poll: what the sources and the agents say, what the step decides on it, what
         is carried out, and what is shown. Each stage has its own error boundary (`_guarded`):
         a bug in one is logged with its traceback, counted by stage, and the next poll goes
-        on; systemd's watchdog is pinged only after a poll whose step decided. None: this
-        poll did not get as far as a snapshot."""
+        on; systemd's watchdog is pinged only after a poll whose sample the step decided on.
+        None: this poll did not get as far as a snapshot."""
         started = time.perf_counter()
         now = self.clock()
         observed = self._guarded("observe", self._observe, now)
@@ -241,12 +241,14 @@ class Daemon:
             return None
         sample, observations = observed
         decided, poll = self._decide(observations)
-        if poll is not None:
-            self._guarded("act", self._carry_out, now, decided, poll)
-        shown = self._guarded("show", self._show, sample, observations, decided,
-                              poll or self._poll, time.perf_counter() - started)
-        if poll is not None:
-            self.notifier.watchdog()  # only after a poll that decided
+        if poll is None:  # the page stays at the last poll that decided: stale, if it lasts
+            for action in decided:  # what the poll's events decided is still carried out
+                self._guarded("act", self._act, action)
+            return None
+        self._guarded("act", self._carry_out, now, decided, poll)
+        shown = self._guarded("show", self._show, sample, observations, decided, poll,
+                              time.perf_counter() - started)
+        self.notifier.watchdog()  # only after a poll that decided
         return shown
 
     def _guarded(self, stage: str, fn: Callable[..., _T], *args: Any) -> Optional[_T]:

@@ -123,15 +123,16 @@ def known_from_dict(d: dict[str, Any]) -> ServersKnown:
         if argv is not None and not isinstance(argv, str) or \
                 uid is not None and not isinstance(uid, int):
             raise ValueError("argv must be text, uid a number")
-        servers.append(KnownServer(name, _ints(s["pids"]), uid, _ints(s.get("parents", ())),
+        servers.append(KnownServer(name, _ints(s["pids"], 2), uid,
+                                   _ints(s.get("parents", ()), 0),
                                    tuple(str(g) for g in s.get("gpus", ())), argv))
     return ServersKnown(float(d["t"]), tuple(servers))
 
 
-def _ints(values: Any) -> tuple[int, ...]:
+def _ints(values: Any, least: int) -> tuple[int, ...]:
     out = tuple(values)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 1 for v in out):
-        raise ValueError("pids must be numbers > 1")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in out):
+        raise ValueError(f"pids must be numbers >= {least}")
     return out
 
 
