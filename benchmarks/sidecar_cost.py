@@ -58,9 +58,18 @@ def event_bytes(i: int) -> bytes:
     return events.encode(kinds[i % 3])
 
 
+def hello_bytes() -> bytes:
+    """An agent's first event: until a hello places its pid, the sidecar holds its events."""
+    return events.encode(events.Hello(t=time.time(), pid=os.getpid(), torch="", agent="bench",
+                                      devices=[], config={}, capabilities={}, watched=["m"],
+                                      argv="sidecar_cost", server="bench"))
+
+
 def send_at(path: str, rate: float, seconds: float) -> int:
-    """Blocking sends at `rate` events/s (rate=None: as fast as the receiver drains)."""
+    """Blocking sends at `rate` events/s (rate=None: as fast as the receiver drains), after
+    a hello."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(hello_bytes(), path)
     sent, start = 0, time.monotonic()
     while (now := time.monotonic()) - start < seconds:
         due = sent + 1000 if rate is None else int((now - start) * rate)
@@ -78,6 +87,7 @@ def emit_at(path: str, rate: float, seconds: float) -> int:
     from torch_watchdog.agent.emitter import Emitter
 
     em = Emitter(path, None)
+    em.emit(events.decode(hello_bytes()))
     em.start()
     sent, start = 0, time.monotonic()
     while (now := time.monotonic()) - start < seconds:

@@ -38,6 +38,8 @@ def test_alerts_fire_resolve_and_survive_an_alertmanager_outage(short_tmp):
     try:
         assert wait_for(lambda: os.path.exists(sock), 30)
         em, me = Emitter(sock, None), os.getpid()
+        em.emit(events.Hello(t=time.time(), pid=me, torch="2.13", agent="test", devices=[],
+                             config={}, capabilities={}, watched=["fwd"], argv="serve"))
         for i in range(1, 4):  # three recompiles: a storm
             em.emit(events.Recompile(t=time.time(), pid=me, compile_id=f"0/{i}", function="fwd",
                                      seconds=6.5, reason="size mismatch"))

@@ -43,7 +43,9 @@ def status(port: int) -> dict:
 
 def agent_events(pid: int) -> list:
     t = time.time()
-    evs: list = [events.Compile(t=t, pid=pid, compile_id="0/0", function=FUNCTION, seconds=1.5)]
+    evs: list = [events.Hello(t=t, pid=pid, torch="2.13", agent="test", devices=[], config={},
+                              capabilities={}, watched=[FUNCTION], argv="serve", server=None),
+                 events.Compile(t=t, pid=pid, compile_id="0/0", function=FUNCTION, seconds=1.5)]
     evs += [events.Recompile(t=t + 0.01 * i, pid=pid, compile_id=f"0/{i}", function=FUNCTION,
                              seconds=0.8, reason=f"tensor 'x' size mismatch at index 0. "
                              f"expected {i}, actual {i + 1}") for i in range(1, 5)]
