@@ -149,3 +149,19 @@ def test_a_published_view_does_not_change_with_later_ticks():
     assert view.causes[0]["recordings"] == 20
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.points = ()  # type: ignore[misc]
+
+
+def test_a_server_gone_for_the_retention_leaves_the_page_and_its_pids_with_it():
+    """A churn soak listed 106 stopped servers after all had exited, and the page's memory
+    and cost grew with every server the host ever ran."""
+    from torch_watchdog.sidecar.core.lifecycle import RETAIN_S
+
+    h = History()
+    view = {"estimates": {"memory_bytes": 5, "memory_source": "process"}, "pids": [101]}
+    for i in range(200):  # 200 short-lived servers, one after the other
+        h.update(Snapshot(t=1000.0 + i, servers={f"s{i}": dict(view, pids=[1000 + i])}), [], [])
+    assert len(h.series) == 200 and h.owner == {1199: "s199"}
+    h.update(Snapshot(t=1198.0 + RETAIN_S + 0.5, servers={}), [], [])
+    assert list(h.series) == ["s199"]
+    h.update(Snapshot(t=1200.0 + RETAIN_S + 0.5, servers={}), [], [])
+    assert h.series == {} and h.owner == {}

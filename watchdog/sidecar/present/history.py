@@ -10,9 +10,11 @@ thousands of recordings cannot push out the one reload.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from torch_watchdog.sidecar.core.lifecycle import RETAIN_S
 from torch_watchdog.sidecar.core.results import Action, Reload
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 
@@ -109,6 +111,7 @@ class Series:
         self.first_t: Optional[float] = None
         self.last_t: Optional[float] = None
         self.cause_since: dict[str, float] = {}  # active cause -> the first poll it showed
+        self.touched = -math.inf                 # its latest point or mark
         self._gap = False
         self._view: Optional[tuple[Any, ...]] = None
 
@@ -116,12 +119,13 @@ class Series:
         if kind not in self.marks:
             self.marks[kind] = Thinned(self.max_marks, _first)
         self.marks[kind].add((t, kind))
+        self.touched = max(self.touched, t)
         self._view = None
 
     def level(self, t: float, level: Optional[int], source: Optional[str]) -> None:
         if self.first_t is None:
             self.first_t = t
-        self.last_t = t
+        self.last_t = self.touched = t
         if level is None:
             self._gap = self.memory_source is not None
             return
@@ -208,10 +212,16 @@ class History:
     def listed(self, t: float, servers: dict[str, dict[str, Any]]) -> None:
         """Each listed server's own memory (the core's meter of it), and whose pids are
         whose: a later event's mark goes on its server's chart."""
+        owner: dict[int, str] = {}
         for name, v in servers.items():
             est = v.get("estimates") or {}
             self._series(name).level(t, est.get("memory_bytes"), est.get("memory_source"))
-            self.owner.update(dict.fromkeys(v.get("pids") or (), name))
+            owner.update(dict.fromkeys(v.get("pids") or (), name))
+        self.owner = owner
+        # a server stopped for as long as the step keeps it leaves the page too: the page's
+        # memory and each view's cost follow the servers alive, not every one the host ran
+        for name in [n for n, series in self.series.items() if t - series.touched > RETAIN_S]:
+            del self.series[name]
 
     def act(self, t: float, action: str, reason: str, detail: Optional[dict[str, Any]] = None,
             server: Optional[str] = None, pids: Iterable[int] = ()) -> None:
