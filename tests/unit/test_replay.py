@@ -267,3 +267,22 @@ def test_events_two_files_both_hold_are_counted_once(tmp_path):
     once = replay([fixture("h200-oom300.jsonl.gz"), agent_log], Config())["estimates"]
     twice = replay([fixture("h200-oom300.jsonl.gz"), agent_log, twin], Config())["estimates"]
     assert once["warmups"] == 1056 and twice == once
+
+
+def test_an_agent_log_cut_before_its_hello_is_that_agent_but_a_sidecar_log_is_as_received(
+        tmp_path):
+    """A rotated agent event log lacks the hello (in <event_log>.1): its pid's events are still
+    that agent's server. In the sidecar's own log, events before a hello stay held, as live."""
+    from torch_watchdog import events as ev
+    from torch_watchdog.sidecar.offline.traces import Reader
+    recompiles = [ev.Recompile(t=1.8e9 + i, pid=9, compile_id=f"0/{i}", function="forward",
+                               seconds=6.0, reason="size mismatch") for i in range(1, 4)]
+    lines = "".join(ev.encode(e).decode() + "\n" for e in recompiles)
+    agent_log = tmp_path / "events.jsonl"
+    agent_log.write_text(lines)
+    seen = list(Reader(str(agent_log)))
+    assert [type(o).__name__ for o in seen] == ["Hello", "Recompile", "Recompile", "Recompile"]
+    assert seen[0].pid == 9 and seen[0].agent == "event log without a hello"
+    sidecar_log = tmp_path / "samples.jsonl"
+    sidecar_log.write_text('{"kind":"config","t":1.8e9,"config":{}}\n' + lines)
+    assert [type(o).__name__ for o in Reader(str(sidecar_log))][1:] == ["Recompile"] * 3

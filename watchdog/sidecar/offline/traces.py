@@ -145,6 +145,8 @@ class Reader:
         self.first_bad: Optional[tuple[int, str]] = None  # (line number, what is wrong)
         self.ignored: set[Any] = set()  # recorded-trace kinds replay has no use for ("ballast")
         self.adapter = TraceAdapter()
+        self.sidecar = False      # a sidecar's sample log: its events are what it was sent
+        self.said_hello: set[int] = set()
 
     def __iter__(self) -> Iterator[Observation]:
         lines = 0
@@ -174,7 +176,7 @@ class Reader:
             return self._bad(lineno, f"a JSON {type(obj).__name__}, not an object")
         try:
             if "v" in obj:
-                out: list[Observation] = [events.from_dict(obj)]
+                out: list[Observation] = self._event(events.from_dict(obj))
             elif obj.get("kind") == "sample":  # the sidecar's own log
                 out = [sample_from_dict(obj)]
             elif obj.get("kind") == "reload_outcome":  # ... the reloads' outcomes
@@ -200,8 +202,23 @@ class Reader:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return self._bad(lineno, f"bad {obj.get('kind')!s:.40} line ({type(e).__name__}: "
                                      f"{e!s:.80})")
+        if "v" not in obj and "kind" in obj and obj["kind"] in SIDECAR_KINDS:
+            self.sidecar = True
         self.used_lines += 1
         return out
+
+    def _event(self, event: events.Event) -> list[Observation]:
+        """An agent's event log read alone (rotated, or cut) may start without its hello: the
+        pid is then the one agent the file is from, said so, as the live sidecar heard it from
+        the hello the file lacks. A sidecar's sample log is replayed as it was received."""
+        if isinstance(event, events.Hello) or self.sidecar:
+            self.said_hello.add(event.pid)
+            return [event]
+        if event.pid in self.said_hello:
+            return [event]
+        self.said_hello.add(event.pid)
+        return [events.Hello(t=event.t, pid=event.pid, torch="", agent="event log without a hello",
+                             devices=[], config={}, capabilities={}, watched=[], argv=""), event]
 
     def _bad(self, lineno: int, why: str) -> list[Observation]:
         self.bad_lines += 1
@@ -218,6 +235,8 @@ def _time(obj: dict[str, Any]) -> float:
     return float(t)
 
 
+SIDECAR_KINDS = frozenset({"sample", "reload_outcome", "record_unreadable", "reload_history",
+                           "servers_known", "config"})
 PROGRESS_S = 5.0  # a long read says how far it got this often
 DUPLICATE_S = 1.0  # files are nearly ordered: an event's twin in another file is this close
 
