@@ -357,3 +357,38 @@ def test_padding_per_model_on_off_plan_fraction_and_recordings_saved():
 def test_nvml_is_a_source_where_it_listed_a_gpu_or_fails_on_a_gpu_host(gpu_seen, error, in_use):
     from torch_watchdog.sidecar.present.publisher import nvml_in_use
     assert nvml_in_use(gpu_seen, error) is in_use
+
+
+def test_a_server_whose_processes_are_all_gone_drops_its_series_at_once():
+    """Its last forecast (191.8 s) kept in /metrics would page through a rule on it
+    (TorchCompileOomSoon) for a server that is gone; the step keeps its view for 30 s more."""
+    held = {"reason": "cooldown", "until_t": 2e9}
+    views = {name: {"estimates": dict(ESTIMATES), "active_causes": ("cudagraph_per_shape",),
+                    "forecast": dict(FORECAST, seconds_to_oom=191.8), "label": name,
+                    "held": held, "pids": [1], "gpus": ["GPU-aaa"], "up": up}
+             for name, up in (("live", True), ("dead", False), ("unread", None))}
+    procs = {"live": Processes(True, GIB, {"GPU-aaa": GIB}),
+             "dead": Processes(False, None, {}),
+             "unread": Processes(None, None, {})}
+    snap = snapshot(servers=views, processes=procs,
+                    server_actions_total={("dead", "reload_failed"): 1, ("live", "alert"): 2})
+    s = scrape(snap)
+    by_family: dict = {}  # server -> the families it has a series in
+    for key in s:
+        if key is not None and "server" in dict(key[1]):
+            by_family.setdefault(dict(key[1])["server"], set()).add(key[0])
+    # what stays of the dead one: that it is down, and the sidecar's own counts
+    assert by_family["dead"] == {"torch_watchdog_server_up", "torch_watchdog_actions_total"}
+    assert value(s, "torch_watchdog_server_up", server="dead") == 0
+    assert value(s, "torch_watchdog_actions_total", server="dead",
+                 action="reload_failed") == 1
+    # the live one and one whose processes were not read (up None) keep every series
+    for name in ("live", "unread"):
+        assert value(s, "torch_watchdog_oom_forecast_seconds", server=name) == 191.8
+        assert value(s, "torch_watchdog_cause_active", server=name,
+                     cause="cudagraph_per_shape") == 1
+        assert value(s, "torch_watchdog_reload_held_until_timestamp_seconds", server=name,
+                     reason="cooldown") == 2e9
+        assert value(s, "torch_watchdog_padding_on", server=name, model="llm") == 1
+    assert by_family["live"] > {"torch_watchdog_server_rss_bytes",
+                                "torch_watchdog_server_gpu_memory_bytes"}
