@@ -18,7 +18,8 @@ from torch_watchdog.sidecar.core.results import PollResult, ServerView
 class Alerting:
     def __init__(self, cfg: AlertsConfig, on_failure: Callable[[str, str], None]):
         self.cfg = cfg
-        self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s)
+        self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s,
+                                     min_firing_s={"reload": cfg.reload_min_firing_s})
         self.sender = (alerts.AlertSender(cfg.urls, cfg.timeout_s, on_failure=on_failure)
                        if cfg.urls else None)
 
