@@ -150,3 +150,30 @@ def test_a_reload_alert_that_outlasts_its_least_time_resolves_with_the_step():
     (resolved,) = book.due(30.1)
     assert resolved["endsAt"] == rfc3339(30.1)
 
+
+def test_every_alert_carries_the_host_the_metrics_name(monkeypatch):
+    """`host` (the inhibit rules' pairing label) is the metrics' torch_watchdog_host_info's."""
+    import socket
+
+    from torch_watchdog.sidecar.actions.alerting import Alerting
+    from torch_watchdog.sidecar.config import AlertsConfig
+    from torch_watchdog.sidecar.core.results import PollResult
+    from torch_watchdog.sidecar.present import metrics
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "box-7")
+    a = Alerting(AlertsConfig(urls=["http://127.0.0.1:1"], instance="llm-7.example"),
+                 lambda url, e: None)
+    sent: list = []
+    a.sender.submit = sent.extend  # type: ignore[union-attr]
+    view = {"estimates": {}, "forecast": {"gpu_uuid": None}, "active_causes": (), "pids": [1],
+            "gpus": [], "held": None, "label": "llm"}
+    poll = PollResult(firing={"llm": {"oom_forecast": {}}},
+                      host_firing={"reload_record_unreadable": {"detail": "x"}},
+                      views={"llm": view}, focus="llm", focus_view=view, focus_causes=[],
+                      agents_alive=True, skewed_events=0, agent_events_lost=0)
+    a.dispatch(0.0, poll)
+    assert {al["labels"]["alertname"]: (al["labels"]["host"], al["labels"]["instance"],
+                                        al["labels"].get("server")) for al in sent} == {
+        "TorchCompileOomForecast": ("box-7", "llm-7.example", "llm"),
+        "TorchCompileReloadRecordUnreadable": ("box-7", "llm-7.example", None)}
+    assert metrics.host_name() == "box-7"

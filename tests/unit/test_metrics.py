@@ -219,7 +219,7 @@ def test_no_pid_or_shape_labels_anywhere():
     # reasons, sources, configured URLs, padded models and their plans' buckets (at most
     # max_buckets each) and output dtypes
     assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url",
-                      "model", "bucket", "dtype", "stage"}
+                      "model", "bucket", "dtype", "stage", "host"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 
@@ -252,7 +252,9 @@ def test_broken_snapshot_object_never_raises():
     collector = SnapshotCollector()
     collector.update(object())  # not even a Snapshot: every family fails, the scrape does not
     s = scrape(None, collector)
-    assert value(s, "torch_watchdog_scrape_errors_total") == len(metrics.METRICS) - 1
+    # all but the errors' own and the host's (which reads no Snapshot)
+    assert value(s, "torch_watchdog_scrape_errors_total") == len(metrics.METRICS) - 2
+    assert value(s, "torch_watchdog_host_info", host=metrics.host_name()) == 1
 
 
 def test_empty_collector_renders_only_self_metrics_with_zeros():
@@ -261,6 +263,7 @@ def test_empty_collector_renders_only_self_metrics_with_zeros():
     assert value(s, "torch_watchdog_events_received_total") == 0
     assert value(s, "torch_watchdog_agent_events_lost_total") == 0
     assert value(s, "torch_watchdog_last_poll_timestamp_seconds") == 0
+    assert value(s, "torch_watchdog_host_info", host=metrics.host_name()) == 1
     assert "torch_watchdog_gpu_memory_used_bytes" not in names(s)
     assert "torch_watchdog_cause_active" not in names(s)
     assert "torch_watchdog_oom_forecast_seconds" not in names(s)

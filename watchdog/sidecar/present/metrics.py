@@ -18,12 +18,18 @@ readings, forecast, causes, padding and holds goes at once, so a rule on them (a
 kept at its last value) cannot fire for a dead server. What stays while the step still knows
 it: `torch_watchdog_server_up` 0 (it is down) and `torch_watchdog_actions_total` (the sidecar's
 own counts, which a failed reload's rule reads once the server is gone).
+
+`torch_watchdog_host_info{host}` (always 1) names the host as the sidecar's alerts do (`host`,
+socket.gethostname()): the shipped rules join it onto their alerts so that Alertmanager's
+inhibit rules pair them with the sidecar's own (config/prometheus/,
+config/alertmanager-example.yml).
 """
 from __future__ import annotations
 
 import logging
 import math
 import numbers
+import socket
 import threading
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
@@ -182,6 +188,11 @@ def _held(s: Snapshot) -> Samples:
                   for name, v in s.servers.items() if v.get("held") and not _gone(s, name))
 
 
+def host_name() -> str:
+    """This host's name, as the sidecar's alerts carry it in `host` (actions/alerting.py)."""
+    return socket.gethostname()
+
+
 # --- the table --------------------------------------------------------------------------------
 
 _G = ("gpu_uuid",)
@@ -328,6 +339,10 @@ SPECS: tuple[Spec, ...] = (
          "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition): "
          "Unix time the hold ends by itself, +Inf when no end is known.", _held),
     # the watchdog itself
+    Spec("torch_watchdog_host_info", GAUGE, ("host",),
+         "Always 1; `host`: this host's name, as the sidecar's alerts carry it (the shipped "
+         "rules join it, so that Alertmanager pairs their alerts with the sidecar's).",
+         lambda s: [((host_name(),), 1)], True),
     Spec("torch_watchdog_source_up", GAUGE, ("source",),
          "1 if the source was up at the last poll, else 0: nvml, NVML read a GPU (absent on a "
          "host without a GPU stack); process, a watched process is alive; agent, a process "
