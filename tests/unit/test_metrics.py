@@ -364,7 +364,8 @@ def test_nvml_is_a_source_where_it_listed_a_gpu_or_fails_on_a_gpu_host(gpu_seen,
 
 def test_a_server_whose_processes_are_all_gone_drops_its_series_at_once():
     """Its last forecast (191.8 s) kept in /metrics would page through a rule on it
-    (TorchCompileOomSoon) for a server that is gone; the step keeps its view for 30 s more."""
+    (TorchCompileOomSoon) for a server that is gone, wherever the step still shows it (while
+    it is down and its reload's alerts fire)."""
     held = {"reason": "cooldown", "until_t": 2e9}
     views = {name: {"estimates": dict(ESTIMATES), "active_causes": ("cudagraph_per_shape",),
                     "forecast": dict(FORECAST, seconds_to_oom=191.8), "label": name,

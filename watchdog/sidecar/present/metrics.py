@@ -12,12 +12,13 @@ summed over servers; no pid or shape labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
 exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
 
-A server whose processes are all gone (its view's `up` False: the poll its last one exits, not
-30 s later when the step forgets its pids) is neither plotted nor forecast: every series of its
-readings, forecast, causes, padding and holds goes at once, so a rule on them (an OOM forecast
-kept at its last value) cannot fire for a dead server. What stays while the step still knows
-it: `torch_watchdog_server_up` 0 (it is down) and `torch_watchdog_actions_total` (the sidecar's
-own counts, which a failed reload's rule reads once the server is gone).
+A server whose processes are all gone (its view's `up` False, from the poll its last one
+exits: a server the step still shows while it is down, as while its reload's alerts fire) is
+neither plotted nor forecast: every series of its readings, forecast, causes, padding and
+holds goes at once, so a rule on them (an OOM forecast kept at its last value) cannot fire for
+a dead server. What stays: `torch_watchdog_server_up` 0 (it is down) and
+`torch_watchdog_actions_total` (the sidecar's own counts, which a failed reload's rule reads
+once the server is gone).
 
 `torch_watchdog_host_info{host}` (always 1) names the host as the sidecar's alerts do (`host`,
 socket.gethostname()): the shipped rules join it onto their alerts so that Alertmanager's
