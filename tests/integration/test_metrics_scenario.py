@@ -382,6 +382,7 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         "torch_watchdog_alerts_sent_total": {L(url=am.url): am.alerts},
         "torch_watchdog_alert_posts_failed_total": {},
         "torch_watchdog_alerts_dropped_total": {},
+        "torch_watchdog_poll_errors_total": {},  # no stage raised
         "torch_watchdog_last_poll_timestamp_seconds": {L(): clock.t},
     }
     yield scraped(text), exp, d
