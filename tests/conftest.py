@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Callable
+from typing import Callable, Optional
 
 import psutil
 import pytest
@@ -68,11 +68,12 @@ def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
     return False
 
 
-def start_alertmanager(tmp: str, port: int) -> subprocess.Popen:
-    """A real Alertmanager on loopback with a temp storage path, ready to take alerts."""
+def start_alertmanager(tmp: str, port: int, config: Optional[str] = None) -> subprocess.Popen:
+    """A real Alertmanager on loopback with a temp storage path, ready to take alerts; its
+    configuration `config` (YAML text), else one receiver that notifies nobody."""
     cfg = os.path.join(tmp, "am.yml")
     with open(cfg, "w") as fh:
-        fh.write("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
+        fh.write(config or "route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
     proc = subprocess.Popen([ALERTMANAGER, f"--config.file={cfg}",
                              f"--storage.path={tmp}/am-data",
                              f"--web.listen-address=127.0.0.1:{port}",

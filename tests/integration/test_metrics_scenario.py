@@ -367,6 +367,7 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         # no forecast here calls for a reload, so none is held back (the held series'
         # values: tests/integration/test_host_view.py, a cooldown)
         "torch_watchdog_reload_held_until_timestamp_seconds": {},
+        "torch_watchdog_host_info": {L(host=socket.gethostname()): 1},
         "torch_watchdog_source_up": {L(source="nvml"): 1, L(source="process"): 1,
                                      L(source="agent"): 1},
         "torch_watchdog_poll_duration_seconds": {L(): snap.poll_seconds},
@@ -381,6 +382,7 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         "torch_watchdog_alerts_sent_total": {L(url=am.url): am.alerts},
         "torch_watchdog_alert_posts_failed_total": {},
         "torch_watchdog_alerts_dropped_total": {},
+        "torch_watchdog_poll_errors_total": {},  # no stage raised
         "torch_watchdog_last_poll_timestamp_seconds": {L(): clock.t},
     }
     yield scraped(text), exp, d

@@ -13,8 +13,15 @@ import urllib.parse
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, free_port, with_root
+from torch_watchdog.sidecar.actions import alerts
+from torch_watchdog.sidecar.core.correlate import CAUSES
+
+EXAMPLE = os.path.join(ROOT, "config", "alertmanager-example.yml")
+RULES = os.path.join(ROOT, "config", "prometheus", "torch-watchdog-rules.yml")
+PAGER = "oncall-pager"  # the example's receiver that pages
 
 
 def need(tool: str) -> str:
@@ -59,6 +66,51 @@ def test_alertmanager_example_route():
                         os.path.join(ROOT, "config", "alertmanager-example.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def sent_alerts() -> dict[str, dict[str, str]]:
+    """Every alert the sidecar sends (actions/alerts.py's table) and every alert rule of
+    config/prometheus/, by alertname: the labels Alertmanager routes on."""
+    # the table names every cause the step can fire (the correlator's, and the step's own)
+    assert set(CAUSES) <= set(alerts.FIXES)
+    out = {}
+    for name, cause in alerts.names().items():
+        (alert,) = alerts.build({cause: {}}, {}, {}, {"service": "inference", "instance": "box",
+                                                       "host": "box", "server": "llm"}).values()
+        out[name] = alert["labels"]
+    for group in yaml.safe_load(open(RULES))["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule["alert"] not in out, rule["alert"]
+                out[rule["alert"]] = {**rule.get("labels", {}), "alertname": rule["alert"],
+                                      "instance": "10.0.0.7:9464", "server": "llm"}
+    return out
+
+
+def notifies(receiver: dict) -> bool:
+    """A receiver with an integration: anything but its name (webhook_configs, email_configs,
+    pagerduty_configs, ...) configured."""
+    return any(key.endswith("_configs") and value for key, value in receiver.items())
+
+
+def test_every_alert_sent_reaches_a_receiver_that_notifies_and_every_critical_one_pages():
+    amtool = need("amtool")
+    receivers = {r["name"]: r for r in yaml.safe_load(open(EXAMPLE))["receivers"]}
+    table, wrong = [], []
+    for name, labels in sorted(sent_alerts().items()):
+        r = subprocess.run([amtool, "config", "routes", "test", f"--config.file={EXAMPLE}",
+                            *(f"{k}={v}" for k, v in sorted(labels.items()))],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = r.stdout.strip().split(",")
+        table.append(f"{name} ({labels.get('severity')}) -> {', '.join(got)}")
+        if not all(notifies(receivers[g]) for g in got):
+            wrong.append(f"{name}: {got} has no integration")
+        if labels.get("severity") == "critical" and PAGER not in got:
+            wrong.append(f"{name} is critical and goes to {got}, not {PAGER}")
+    print("\n".join(["alert -> receiver (config/alertmanager-example.yml):", *table]))
+    assert not wrong, wrong
+    assert len(table) >= len(alerts.FIXES) + 7
 
 
 def test_a_real_prometheus_scrapes_the_sidecar(short_tmp):

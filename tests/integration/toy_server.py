@@ -1,5 +1,6 @@
 """A toy server for the reload tests: announces itself to the sidecar like the agent does (hello),
-grows its memory 5 MB every 0.1 s, and stops gracefully on SIGTERM (writing a marker)."""
+grows its memory 5 MB every 0.1 s (not with a third argument `flat`: a server that came back
+and holds still), and stops gracefully on SIGTERM (writing a marker)."""
 import os
 import signal
 import sys
@@ -9,7 +10,7 @@ from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 
 
-def main(sock: str, marker: str) -> None:
+def main(sock: str, marker: str, grow: bool = True) -> None:
     def stop(*_):
         with open(marker, "w") as fh:
             fh.write("graceful")
@@ -22,7 +23,8 @@ def main(sock: str, marker: str) -> None:
                          ppid=os.getppid()))
     hoard = []
     for i in range(600):
-        hoard.append(bytearray(5 << 20))  # touched: it counts in RSS
+        if grow:
+            hoard.append(bytearray(5 << 20))  # touched: it counts in RSS
         em.emit(events.Heartbeat(t=time.time(), pid=os.getpid(), seq=i, uptime_s=i / 10,
                                  queue_depth=0, errors=0))
         em.drain()
@@ -30,4 +32,4 @@ def main(sock: str, marker: str) -> None:
 
 
 if __name__ == "__main__":  # a script: importing it (pytest given its path) does nothing
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], grow=sys.argv[3:4] != ["flat"])

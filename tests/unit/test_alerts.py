@@ -106,3 +106,74 @@ def test_outbox_is_bounded():
         sender.submit(batch(cause))
     assert list(a["labels"]["cause"] for a in sender.outbox["http://a"]) == ["c", "d", "e"]
     assert sender.dropped == {"http://a": 2}
+
+
+def test_a_reload_alert_fires_for_its_least_time_then_resolves_carrying_its_outcome():
+    # the step shows `reload` from the reload's start until one poll after its outcome (0.6 s
+    # here): resolved that soon, Alertmanager's group_wait (30 s) would never notify it
+    book = AlertBook(resend_s=60, min_firing_s={"reload": 180.0})
+    under_way = build({"reload": {"outcome": "in progress", "method": "agent"}}, {}, {}, LABELS)
+    ended = build({"reload": {"outcome": "exited after SIGTERM; back: pid 7 said hello",
+                              "done": True}}, {}, {}, LABELS)
+    assert under_way.keys() == ended.keys()  # one alert, its annotations updated
+    book.update(under_way, 1000.0)
+    (first,) = book.due(1000.0)
+    assert first["annotations"]["description"] == "reload (agent): in progress"
+    book.update(ended, 1000.5)
+    book.update({}, 1000.6)  # the step no longer shows it: still firing
+    book.update({}, 1061.0)
+    (again,) = book.due(1061.0)
+    assert again["endsAt"] == rfc3339(1061.0 + 240)  # firing, with the outcome
+    assert again["annotations"]["description"] == \
+        "reload: exited after SIGTERM; back: pid 7 said hello"
+    book.update({}, 1179.9)
+    (still,) = book.due(1179.9)  # re-sent (resend_s), still firing
+    assert still["endsAt"] == rfc3339(1179.9 + 240)
+    book.update({}, 1180.0)  # its least time over: resolved at once
+    (resolved,) = book.due(1180.0)
+    assert resolved["endsAt"] == rfc3339(1180.0) and resolved["startsAt"] == rfc3339(1000.0)
+    # other causes resolve as they did
+    storm = build({"recompile_storm": {}}, EST, FC, LABELS)
+    book.update(storm, 2000.0)
+    book.update({}, 2001.0)
+    assert [a["endsAt"] for a in book.due(2001.0)
+            if a["labels"]["cause"] == "recompile_storm"] == [rfc3339(2001.0)]
+
+
+def test_a_reload_alert_that_outlasts_its_least_time_resolves_with_the_step():
+    book = AlertBook(resend_s=60, min_firing_s={"reload": 5.0})
+    firing = build({"reload": {"outcome": "in progress"}}, {}, {}, LABELS)
+    book.update(firing, 0.0)
+    book.update(firing, 30.0)  # a long drain: still under way
+    book.due(30.0)
+    book.update({}, 30.1)
+    (resolved,) = book.due(30.1)
+    assert resolved["endsAt"] == rfc3339(30.1)
+
+
+def test_every_alert_carries_the_host_the_metrics_name(monkeypatch):
+    """`host` (the inhibit rules' pairing label) is the metrics' torch_watchdog_host_info's."""
+    import socket
+
+    from torch_watchdog.sidecar.actions.alerting import Alerting
+    from torch_watchdog.sidecar.config import AlertsConfig
+    from torch_watchdog.sidecar.core.results import PollResult
+    from torch_watchdog.sidecar.present import metrics
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "box-7")
+    a = Alerting(AlertsConfig(urls=["http://127.0.0.1:1"], instance="llm-7.example"),
+                 lambda url, e: None)
+    sent: list = []
+    a.sender.submit = sent.extend  # type: ignore[union-attr]
+    view = {"estimates": {}, "forecast": {"gpu_uuid": None}, "active_causes": (), "pids": [1],
+            "gpus": [], "held": None, "label": "llm"}
+    poll = PollResult(firing={"llm": {"oom_forecast": {}}},
+                      host_firing={"reload_record_unreadable": {"detail": "x"}},
+                      views={"llm": view}, focus="llm", focus_view=view, focus_causes=[],
+                      agents_alive=True, skewed_events=0, agent_events_lost=0)
+    a.dispatch(0.0, poll)
+    assert {al["labels"]["alertname"]: (al["labels"]["host"], al["labels"]["instance"],
+                                        al["labels"].get("server")) for al in sent} == {
+        "TorchCompileOomForecast": ("box-7", "llm-7.example", "llm"),
+        "TorchCompileReloadRecordUnreadable": ("box-7", "llm-7.example", None)}
+    assert metrics.host_name() == "box-7"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 import signal
+import socket
 
 import pytest
 import structlog
@@ -105,7 +106,6 @@ def test_a_lost_gpu_degrades_the_source_and_the_loop_goes_on(rig):
 
 def test_garbage_and_spoofed_datagrams_are_counted(rig):
     d, nvml, clock, sender = rig
-    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.sendto(b"{not json", d.cfg.agent.socket_path)
     s.close()
@@ -564,7 +564,7 @@ def test_the_alerts_in_the_book_are_those_built_from_each_servers_firing_and_vie
             fresh: dict = {}
             for name, server in d.host.servers.items():
                 labels = {"service": "inference", "instance": "box", "server": name,
-                          "gpu_uuid": GPU}
+                          "host": socket.gethostname(), "gpu_uuid": GPU}
                 fresh.update(alerts.build(server.firing,
                                           server.state.estimates(cfg.correlate),
                                           server.forecast.as_dict(), labels))

@@ -219,7 +219,7 @@ def test_no_pid_or_shape_labels_anywhere():
     # reasons, sources, configured URLs, padded models and their plans' buckets (at most
     # max_buckets each) and output dtypes
     assert labels == {"gpu_uuid", "server", "cause", "action", "reason", "source", "url",
-                      "model", "bucket", "dtype", "stage"}
+                      "model", "bucket", "dtype", "stage", "host"}
     assert {label for _, _, ls, _ in metrics.METRICS for label in ls} == labels
 
 
@@ -252,7 +252,9 @@ def test_broken_snapshot_object_never_raises():
     collector = SnapshotCollector()
     collector.update(object())  # not even a Snapshot: every family fails, the scrape does not
     s = scrape(None, collector)
-    assert value(s, "torch_watchdog_scrape_errors_total") == len(metrics.METRICS) - 1
+    # all but the errors' own and the host's (which reads no Snapshot)
+    assert value(s, "torch_watchdog_scrape_errors_total") == len(metrics.METRICS) - 2
+    assert value(s, "torch_watchdog_host_info", host=metrics.host_name()) == 1
 
 
 def test_empty_collector_renders_only_self_metrics_with_zeros():
@@ -261,6 +263,7 @@ def test_empty_collector_renders_only_self_metrics_with_zeros():
     assert value(s, "torch_watchdog_events_received_total") == 0
     assert value(s, "torch_watchdog_agent_events_lost_total") == 0
     assert value(s, "torch_watchdog_last_poll_timestamp_seconds") == 0
+    assert value(s, "torch_watchdog_host_info", host=metrics.host_name()) == 1
     assert "torch_watchdog_gpu_memory_used_bytes" not in names(s)
     assert "torch_watchdog_cause_active" not in names(s)
     assert "torch_watchdog_oom_forecast_seconds" not in names(s)
@@ -357,3 +360,39 @@ def test_padding_per_model_on_off_plan_fraction_and_recordings_saved():
 def test_nvml_is_a_source_where_it_listed_a_gpu_or_fails_on_a_gpu_host(gpu_seen, error, in_use):
     from torch_watchdog.sidecar.present.publisher import nvml_in_use
     assert nvml_in_use(gpu_seen, error) is in_use
+
+
+def test_a_server_whose_processes_are_all_gone_drops_its_series_at_once():
+    """Its last forecast (191.8 s) kept in /metrics would page through a rule on it
+    (TorchCompileOomSoon) for a server that is gone, wherever the step still shows it (while
+    it is down and its reload's alerts fire)."""
+    held = {"reason": "cooldown", "until_t": 2e9}
+    views = {name: {"estimates": dict(ESTIMATES), "active_causes": ("cudagraph_per_shape",),
+                    "forecast": dict(FORECAST, seconds_to_oom=191.8), "label": name,
+                    "held": held, "pids": [1], "gpus": ["GPU-aaa"], "up": up}
+             for name, up in (("live", True), ("dead", False), ("unread", None))}
+    procs = {"live": Processes(True, GIB, {"GPU-aaa": GIB}),
+             "dead": Processes(False, None, {}),
+             "unread": Processes(None, None, {})}
+    snap = snapshot(servers=views, processes=procs,
+                    server_actions_total={("dead", "reload_failed"): 1, ("live", "alert"): 2})
+    s = scrape(snap)
+    by_family: dict = {}  # server -> the families it has a series in
+    for key in s:
+        if key is not None and "server" in dict(key[1]):
+            by_family.setdefault(dict(key[1])["server"], set()).add(key[0])
+    # what stays of the dead one: that it is down, and the sidecar's own counts
+    assert by_family["dead"] == {"torch_watchdog_server_up", "torch_watchdog_actions_total"}
+    assert value(s, "torch_watchdog_server_up", server="dead") == 0
+    assert value(s, "torch_watchdog_actions_total", server="dead",
+                 action="reload_failed") == 1
+    # the live one and one whose processes were not read (up None) keep every series
+    for name in ("live", "unread"):
+        assert value(s, "torch_watchdog_oom_forecast_seconds", server=name) == 191.8
+        assert value(s, "torch_watchdog_cause_active", server=name,
+                     cause="cudagraph_per_shape") == 1
+        assert value(s, "torch_watchdog_reload_held_until_timestamp_seconds", server=name,
+                     reason="cooldown") == 2e9
+        assert value(s, "torch_watchdog_padding_on", server=name, model="llm") == 1
+    assert by_family["live"] > {"torch_watchdog_server_rss_bytes",
+                                "torch_watchdog_server_gpu_memory_bytes"}

@@ -3,6 +3,11 @@
 Each poll the step says what fires for each server; here it becomes Alertmanager alerts
 (alerts.build), kept in the book (resends, resolutions) and handed to the sender, which posts on
 its own thread.
+
+Every alert carries `host`, this host's name (socket.gethostname(), as the metrics'
+`torch_watchdog_host_info` has it), so that an inhibit rule pairs it with a Prometheus rule's
+alert on the same server (config/alertmanager-example.yml: `equal: [host, server]`):
+`instance` cannot, as it is the scrape target there.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from torch_watchdog.sidecar.core.results import PollResult, ServerView
 class Alerting:
     def __init__(self, cfg: AlertsConfig, on_failure: Callable[[str, str], None]):
         self.cfg = cfg
-        self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s)
+        self.book = alerts.AlertBook(cfg.resend_s, cfg.resolved_retention_s,
+                                     min_firing_s={"reload": cfg.reload_min_firing_s})
         self.sender = (alerts.AlertSender(cfg.urls, cfg.timeout_s, on_failure=on_failure)
                        if cfg.urls else None)
 
@@ -34,8 +40,9 @@ class Alerting:
         """Hand what fires, for every server and for the host, to the sender's thread."""
         if self.sender is None:
             return
-        base = {"service": self.cfg.service, "instance": self.cfg.instance or
-                socket.gethostname()}
+        host = socket.gethostname()
+        base = {"service": self.cfg.service, "instance": self.cfg.instance or host,
+                "host": host}
         firing: dict[tuple[Any, ...], dict[str, Any]] = {}
         for name, fires in poll.firing.items():
             if fires:  # the common case: nothing of it fires

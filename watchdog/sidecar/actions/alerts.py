@@ -5,6 +5,13 @@ every `resend_s` with `endsAt` = now + 4 × resend_s, so two lost sends do not r
 resolved alert is sent with `endsAt` = now and re-sent for `resolved_retention_s` (Alertmanager
 is stateless). Every URL gets every batch (HA pairs); a failed POST is retried with backoff; the
 outbox is bounded (oldest dropped, counted). The daemon's loop only hands over the current set.
+
+An alert of an event rather than a condition (`reload`: the step shows it from the reload's
+start until one poll after its outcome, often under a second) would be resolved before an
+Alertmanager route's `group_wait` flushes its group, and an alert resolved before its group's
+first flush is never notified. The book keeps such an alert firing for `min_firing_s[cause]`
+from its start (alerts.reload_min_firing_s), with the latest annotations (the outcome, once
+known), then resolves it.
 """
 from __future__ import annotations
 
@@ -76,7 +83,8 @@ def describe(cause: str, detail: dict[str, Any], estimates: Mapping[str, Any],  
         parts.append(f"recompile limit {detail.get('limit')} reached"
                      + (f" in {detail['function']}" if detail.get("function") else ""))
     if cause == "reload":
-        parts.append(f"reload ({detail.get('method')}): {detail.get('outcome')}")
+        method = f" ({detail['method']})" if detail.get("method") else ""
+        parts.append(f"reload{method}: {detail.get('outcome')}")
     if cause == "reload_failed":
         parts.append(f"reload failed: {detail.get('outcome')}")
     if cause == "reload_record_unreadable":
@@ -95,6 +103,11 @@ def describe(cause: str, detail: dict[str, Any], estimates: Mapping[str, Any],  
     if plateau is not None:
         parts.append(f"plateau {plateau / 1e9:.1f} GB")
     return "; ".join(parts) or cause
+
+
+def names() -> dict[str, str]:
+    """Every alert the sidecar can send: alertname -> cause (one per cause FIXES explains)."""
+    return {alertname(cause): cause for cause in FIXES}
 
 
 def build(active: dict[str, dict[str, Any]], estimates: Mapping[str, Any],
@@ -123,10 +136,13 @@ class Tracked:
 
 @dataclass
 class AlertBook:
-    """Which alerts fire, which resolved, and what is due to be sent (pure, clock passed in)."""
+    """Which alerts fire, which resolved, and what is due to be sent (pure, clock passed in).
+    `min_firing_s`: by cause, the least time its alert fires from its start (an event's alert:
+    module docstring)."""
     resend_s: float = 60.0
     resolved_retention_s: float = 900.0
     tracked: dict[tuple[Any, ...], Tracked] = field(default_factory=dict)
+    min_firing_s: dict[str, float] = field(default_factory=dict)
 
     def update(self, firing: dict[tuple[Any, ...], dict[str, Any]], now: float) -> None:
         for key, alert in firing.items():
@@ -136,11 +152,16 @@ class AlertBook:
             else:
                 t.alert = alert  # annotations are always the latest
         for key, t in self.tracked.items():
-            if key not in firing and t.ends_at is None:
+            if key not in firing and t.ends_at is None and not self._held(t, now):
                 t.ends_at, t.last_sent = now, -1e18  # send the resolution at once
         for key in [k for k, t in self.tracked.items()
                     if t.ends_at is not None and now - t.ends_at > self.resolved_retention_s]:
             del self.tracked[key]
+
+    def _held(self, t: Tracked, now: float) -> bool:
+        """Still firing though the step no longer shows it: its cause's least time not over."""
+        least = self.min_firing_s.get(t.alert["labels"].get("cause", ""))
+        return least is not None and now < t.starts_at + least
 
     def due(self, now: float) -> list[dict[str, Any]]:
         batch = []

@@ -108,6 +108,10 @@ class AlertsConfig:
     timeout_s: float = 5.0                # per POST
     service: str = "inference"            # label `service` on every alert
     instance: Optional[str] = None        # label `instance`; None: this host's name
+    # the `reload` alert fires at least this long from the reload's start (its outcome known in
+    # about a second): over an Alertmanager route's group_wait, else it is never notified, and
+    # over Prometheus' scrape + evaluation intervals, as it inhibits TorchCompileOomSoon
+    reload_min_firing_s: float = 180.0
 
 
 GPU_ATTRIBUTIONS = ("auto", "process", "device")
@@ -185,6 +189,7 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     # every alert to every Alertmanager 10 times a second
     ("alerts.resend_s", lambda v: v >= 1, "must be >= 1 second"),
     ("alerts.timeout_s", _positive, "must be > 0 seconds"),   # 0: every POST fails at once
+    ("alerts.reload_min_firing_s", _not_negative, "must be >= 0 seconds"),
     ("reload.timeout_s", _positive, "must be > 0 seconds"),   # 0: every reload times out
     ("gpu.attribution", lambda v: v in GPU_ATTRIBUTIONS, "one of " + ", ".join(GPU_ATTRIBUTIONS)),
     ("reload.hello_timeout_s", _not_negative, "must be >= 0 seconds (0: no check)"),

@@ -11,12 +11,26 @@ core/labels.py: the same over its restarts and reloads, one per server); nothing
 summed over servers; no pid or shape labels (they are unbounded). A reading
 that is unknown (`None`) is absent, never 0 — except the OOM forecasts, where "no forecast" is
 exported as +Inf so that `torch_watchdog_oom_forecast_seconds < 600` alerts work unchanged.
+
+A server whose processes are all gone (its view's `up` False, from the poll its last one
+exits: a server the step still shows while it is down, as while its reload's alerts fire) is
+neither plotted nor forecast: every series of its readings, forecast, causes, padding and
+holds goes at once, so a rule on them (an OOM forecast kept at its last value) cannot fire for
+a dead server. What stays: `torch_watchdog_server_up` 0 (it is down) and
+`torch_watchdog_actions_total` (the sidecar's own counts, which a failed reload's rule reads
+once the server is gone).
+
+`torch_watchdog_host_info{host}` (always 1) names the host as the sidecar's alerts do (`host`,
+socket.gethostname()): the shipped rules join it onto their alerts so that Alertmanager's
+inhibit rules pair them with the sidecar's own (config/prometheus/,
+config/alertmanager-example.yml).
 """
 from __future__ import annotations
 
 import logging
 import math
 import numbers
+import socket
 import threading
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
@@ -67,6 +81,12 @@ def _by_label(attr: str) -> Callable[[Snapshot], Samples]:
     return lambda s: [((str(k),), v) for k, v in sorted(getattr(s, attr).items())]
 
 
+def _gone(s: Snapshot, name: str) -> bool:
+    """The server's processes are all gone (read dead this poll); None (none read) is not."""
+    view = s.servers.get(name)
+    return view is not None and view.get("up") is False
+
+
 def _label(s: Snapshot, name: str) -> str:
     """A server's `server` label (core/labels.py): stable over its restarts, one per server."""
     view = s.servers.get(name)
@@ -74,11 +94,13 @@ def _label(s: Snapshot, name: str) -> str:
 
 
 def _servers(s: Snapshot) -> list[Any]:
-    """(server label, estimates, forecast, active causes) of each server, in label order; a
-    Snapshot built without servers (an old caller) is one server, "default"."""
+    """(server label, estimates, forecast, active causes) of each server whose processes are
+    not all gone, in label order; a Snapshot built without servers (an old caller) is one
+    server, "default"."""
     if s.servers:
         return sorted((_label(s, name), v.get("estimates", {}), v.get("forecast", {}),
-                       v.get("active_causes", ())) for name, v in s.servers.items())
+                       v.get("active_causes", ())) for name, v in s.servers.items()
+                      if v.get("up") is not False)
     if s.estimates or s.forecast:
         return [("default", s.estimates, s.forecast, s.active_causes)]
     return []
@@ -144,14 +166,16 @@ def _source_errors(s: Snapshot) -> Samples:
             if _in_use(s, src)]
 
 
-def _procs(get: Callable[[Any], Any]) -> Callable[[Snapshot], Samples]:
-    """One sample per server from its processes' reading (snapshot.Processes)."""
-    return lambda s: sorted(((_label(s, name),), get(p)) for name, p in s.processes.items())
+def _procs(get: Callable[[Any], Any], gone_too: bool = False) -> Callable[[Snapshot], Samples]:
+    """One sample per server from its processes' reading (snapshot.Processes); a server whose
+    processes are all gone only where `gone_too` (its `up`)."""
+    return lambda s: sorted(((_label(s, name),), get(p)) for name, p in s.processes.items()
+                            if gone_too or not _gone(s, name))
 
 
 def _procs_gpu(s: Snapshot) -> Samples:
     return sorted(((_label(s, name), str(uuid)), used) for name, p in s.processes.items()
-                  for uuid, used in p.gpu_bytes.items())
+                  if not _gone(s, name) for uuid, used in p.gpu_bytes.items())
 
 
 def _actions(s: Snapshot) -> Samples:
@@ -162,7 +186,12 @@ def _held(s: Snapshot) -> Samples:
     """A reload held back: until when (+Inf: no end known), per server and reason."""
     return sorted(((_label(s, name), str(v["held"]["reason"])),
                    math.inf if v["held"].get("until_t") is None else v["held"]["until_t"])
-                  for name, v in s.servers.items() if v.get("held"))
+                  for name, v in s.servers.items() if v.get("held") and not _gone(s, name))
+
+
+def host_name() -> str:
+    """This host's name, as the sidecar's alerts carry it in `host` (actions/alerting.py)."""
+    return socket.gethostname()
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -187,7 +216,8 @@ SPECS: tuple[Spec, ...] = (
          _procs(lambda p: p.rss_bytes)),
     Spec("torch_watchdog_server_up", GAUGE, _S,
          "1 while one of the server's processes is alive, 0 once none is (absent before "
-         "one was read).", _procs(lambda p: None if p.up is None else int(p.up))),
+         "one was read); its other series (but its actions) are absent while it is 0.",
+         _procs(lambda p: None if p.up is None else int(p.up), gone_too=True)),
     # pipeline (cumulative counts from the agent's events, correlated)
     Spec("torch_watchdog_cudagraph_recordings_total", COUNTER, _S,
          "CUDA graphs recorded by the server's processes.", _est("recordings")),
@@ -310,6 +340,10 @@ SPECS: tuple[Spec, ...] = (
          "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition): "
          "Unix time the hold ends by itself, +Inf when no end is known.", _held),
     # the watchdog itself
+    Spec("torch_watchdog_host_info", GAUGE, ("host",),
+         "Always 1; `host`: this host's name, as the sidecar's alerts carry it (the shipped "
+         "rules join it, so that Alertmanager pairs their alerts with the sidecar's).",
+         lambda s: [((host_name(),), 1)], True),
     Spec("torch_watchdog_source_up", GAUGE, ("source",),
          "1 if the source was up at the last poll, else 0: nvml, NVML read a GPU (absent on a "
          "host without a GPU stack); process, a watched process is alive; agent, a process "
