@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
-from tests.conftest import with_root
+import pytest
+
+from tests.conftest import Collector, wait_until, with_root
 from torch_watchdog import events
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "server_script.py")
@@ -98,3 +102,55 @@ def test_compiles_report_the_inductor_cache_so_a_restart_shows_its_cost(short_tm
     assert [e.kind for e in cold] == [e.kind for e in warm] == ["compile", "recompile"]
     assert sum(e.fx_cache_misses for e in cold) >= 2 and sum(e.fx_cache_hits for e in cold) == 0
     assert sum(e.fx_cache_hits for e in warm) >= 2 and sum(e.fx_cache_misses for e in warm) == 0
+
+
+# A server that keeps serving until killed; hello_every_s is left at its 30 s.
+SERVING = r"""
+import sys, time, torch, torch_watchdog.agent as agent
+agent.install(socket_path=sys.argv[1])
+model = agent.watch(torch.nn.Linear(8, 8), name="lin")
+while True:
+    model(torch.ones(2, 8))
+    time.sleep(0.01)
+"""
+
+
+def _serving(path: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_WATCHDOG_")}
+    env.update(PYTHONPATH=with_root(), TORCH_WATCHDOG_RESTART_FILE="")  # none in /run
+    return subprocess.Popen([sys.executable, "-c", SERVING, path], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.parametrize("down_s", [0.0, 2.0], ids=["rebound-at-once", "down-for-2s"])
+def test_a_restarted_sidecar_hears_the_hello_at_once_not_30_s_later(short_tmp, down_s):
+    """The sidecar's restart: its socket closed and unlinked, the path bound again at once or
+    after 2 s without one. The serving process's hello reaches the new socket within seconds."""
+    path = os.path.join(short_tmp, "events.sock")
+    old = Collector(path)
+    proc = _serving(path)
+    new = None
+    try:
+        hello = wait_until(lambda: old.of("hello"), 120, "the first hello")[0]
+        assert hello.pid == proc.pid
+        wait_until(lambda: old.of("calls"), 30, "the server serving")
+        old.close()
+        os.unlink(path)
+        time.sleep(down_s)
+        new = Collector(path)
+        bound = time.monotonic()
+        again = wait_until(lambda: [e for e in new.of("hello") if e.pid == proc.pid], 10,
+                           "a hello on the new socket")
+        took = time.monotonic() - bound
+        print(f"hello {took:.2f} s after the re-bind (down {down_s:g} s)")
+        assert took < 5.0 and again[0].server == hello.server
+        time.sleep(3.0)  # more traffic to the same receiver: no more hellos (30 s period)
+        assert len(new.of("hello")) == 1 and new.of("heartbeat")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        old.close()
+        if new is not None:
+            new.close()

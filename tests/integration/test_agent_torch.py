@@ -290,6 +290,27 @@ def test_concurrent_installs_make_one_agent(collector):
         agent_mod.uninstall()
 
 
+def test_the_agent_says_hello_at_once_to_a_sidecar_that_restarted(agent, collector):
+    """The same hello as its period's (pid, server, watched), then the period runs on from it."""
+    from tests.conftest import Collector
+
+    model = wrapper.watch(torch.nn.Linear(4, 4), name="lin")  # noqa: F841 (watched: weak refs)
+    assert collector.wait(lambda c: c.of("heartbeat"))
+    time.sleep(1.2)  # the path stat'ed at least once: this receiver is the one it knows
+    collector.close()
+    os.unlink(collector.path)
+    new = Collector(collector.path)
+    try:
+        assert new.wait(lambda c: c.of("hello"), 3)
+        (hello,) = new.of("hello")
+        assert (hello.pid, hello.server) == (os.getpid(), agent.server)
+        assert "lin" in hello.watched
+        assert agent._next_hello - time.monotonic() > agent.config.hello_every_s - 5
+        assert agent.emitter.receiver_changes == 1
+    finally:
+        new.close()
+
+
 def test_disabled_by_env(monkeypatch):
     monkeypatch.setenv("TORCH_WATCHDOG_ENABLED", "0")
     assert agent_mod.install() is None and agent_mod.current() is None

@@ -228,3 +228,146 @@ def test_emit_later_respects_the_queue_bound():
     for i in range(5):
         em.emit_later(("new_shape", 1.0, 1, "m", f"x{i}", 0.1, i))
     assert em.depth() == 3 and em.dropped["queue_full"] == 2
+
+
+# -- a sidecar that restarts: the emitter tells the agent once, and its hello goes at once -------
+
+def _hello() -> events.Hello:
+    return events.Hello(t=time.time(), pid=os.getpid(), torch="2.x", agent="test", devices=[],
+                        config={}, capabilities={}, watched=[], argv="test", server="srv")
+
+
+def _restarting(path: str, gap_s: float = 0.0, heartbeats_s: float = 0.02):
+    """An emitter sending a heartbeat every `heartbeats_s` to a real receiver at `path`, whose
+    hook queues a hello (as the agent does); the receiver is then closed, unlinked and, after
+    `gap_s`, bound again. Returns (emitter, new receiver, seconds from re-bind to hello, heartbeats
+    on the new receiver before that hello)."""
+    from tests.conftest import Collector
+
+    old = Collector(path)
+    em = Emitter(path, None, tick_s=0.02, reconnect_s=0.2)
+    em._on_receiver_change = lambda: em.emit(_hello())
+    em.start()
+    seq = iter(range(10**6))
+    em.emit(_hb(next(seq)))
+    assert old.wait(lambda c: c.of("heartbeat"), 5)
+    time.sleep(1.2)  # past the first stat of the path: this receiver is the one it knows
+    old.close()
+    os.unlink(path)  # the sidecar stops ...
+    gap_end = time.monotonic() + gap_s
+    while time.monotonic() < gap_end:
+        em.emit(_hb(next(seq)))
+        time.sleep(heartbeats_s)
+    new = Collector(path)  # ... and its successor binds the same path
+    bound = time.monotonic()
+    while not new.of("hello") and time.monotonic() - bound < 5:
+        em.emit(_hb(next(seq)))
+        time.sleep(heartbeats_s)
+    took = time.monotonic() - bound
+    kinds = [e.kind for e in new.events]
+    before = kinds.index("hello") if "hello" in kinds else len(kinds)
+    return em, new, took, before
+
+
+def test_a_rebound_socket_is_one_receiver_change_and_gets_the_hello_within_a_second(short_tmp):
+    """Unlinked and bound again between two sends: no send failed, the stat of the path (an
+    inode of its own) tells."""
+    em, new, took, _ = _restarting(os.path.join(short_tmp, "ev.sock"))
+    try:
+        assert new.of("hello") and took < 1.5, took
+        for i in range(100):  # sends go on to the new receiver: no further change
+            em.emit(_hb(i))
+            time.sleep(0.02)
+        assert em.receiver_changes == 1 and len(new.of("hello")) == 1
+        assert not em.dropped["socket"]
+    finally:
+        em.stop()
+        new.close()
+
+
+def test_a_receiver_back_after_failed_sends_gets_the_hello_with_the_first_events(
+        short_tmp, monkeypatch):
+    """Sends fail while the path is gone, and one goes through again: that send tells (the stat
+    is put off here), and the hello follows in the same round of the sender thread."""
+    from torch_watchdog.agent import emitter
+
+    monkeypatch.setattr(emitter, "RECEIVER_STAT_S", 3600.0)
+    em, new, took, before = _restarting(os.path.join(short_tmp, "ev.sock"), gap_s=0.5)
+    try:
+        assert new.of("hello") and took < 1.0, took  # reconnect_s=0.2 here
+        assert before <= 3, [e.kind for e in new.events]  # behind one round's heartbeats at most
+        for i in range(50):
+            em.emit(_hb(i))
+            time.sleep(0.02)
+        assert em.receiver_changes == 1 and len(new.of("hello")) == 1
+        assert em.dropped["socket"] > 0  # the heartbeats sent into the gap
+    finally:
+        em.stop()
+        new.close()
+
+
+def test_a_sidecar_down_for_two_seconds_is_told_once_by_either_sign(short_tmp):
+    """Failed sends and the stat both see this restart: one change, one hello."""
+    em, new, took, _ = _restarting(os.path.join(short_tmp, "ev.sock"), gap_s=2.0)
+    try:
+        assert new.of("hello") and took < 1.5, took
+        for i in range(100):
+            em.emit(_hb(i))
+            time.sleep(0.02)
+        assert em.receiver_changes == 1 and len(new.of("hello")) == 1
+    finally:
+        em.stop()
+        new.close()
+
+
+def test_a_sidecar_that_comes_up_after_the_process_gets_the_hello_at_once(short_tmp):
+    from tests.conftest import Collector
+
+    path = os.path.join(short_tmp, "late.sock")
+    em = Emitter(path, None, tick_s=0.02, reconnect_s=5.0)  # long back-off: the stat tells
+    em._on_receiver_change = lambda: em.emit(_hello())
+    em.emit(_hello())  # the agent's first hello, into nothing
+    em.start()
+    time.sleep(1.2)
+    late = Collector(path)
+    try:
+        bound = time.monotonic()
+        assert late.wait(lambda c: c.of("hello"), 3)
+        assert time.monotonic() - bound < 1.5 and em.receiver_changes == 1
+    finally:
+        em.stop()
+        late.close()
+
+
+def test_steady_traffic_to_one_receiver_is_never_a_change(collector):
+    em = Emitter(collector.path, None, tick_s=0.02)
+    em.start()
+    for i in range(150):  # 3 s: three stats of the path
+        em.emit(_hb(i))
+        time.sleep(0.02)
+    assert collector.wait(lambda c: len(c.of("heartbeat")) == 150, 5)
+    em.stop()
+    assert em.receiver_changes == 0
+
+
+def test_a_failing_receiver_hook_is_counted_and_the_thread_goes_on(short_tmp):
+    from tests.conftest import Collector
+
+    path = os.path.join(short_tmp, "ev.sock")
+    errors: list[BaseException] = []
+
+    def bad_hook() -> None:
+        raise RuntimeError("boom")
+
+    em = Emitter(path, None, tick_s=0.02, on_error=errors.append, on_receiver_change=bad_hook)
+    em.start()
+    time.sleep(1.2)  # the first stat: nothing there
+    late = Collector(path)
+    try:
+        assert late.wait(lambda c: em.receiver_changes == 1, 3)
+        em.emit(_hb(1))
+        assert late.wait(lambda c: c.of("heartbeat"), 3)
+        assert [type(e) for e in errors] == [RuntimeError]
+    finally:
+        em.stop()
+        late.close()

@@ -66,7 +66,8 @@ class Agent:
         self.emitter = Emitter(config.socket_path, config.event_log, queue_size=config.queue_size,
                                tick_s=config.tick_s, reconnect_s=config.reconnect_s,
                                log_max_bytes=config.event_log_max_bytes, on_tick=self.tick,
-                               on_error=self.on_error, drop_report_s=config.heartbeat_s)
+                               on_error=self.on_error, drop_report_s=config.heartbeat_s,
+                               on_receiver_change=self._hello_again)
         emit = self.emitter.emit
         self.budget = GraphBudget(torch, config.graph_budget, config.graph_budget_mode, emit)
         self.guard = RecompileGuard(torch, config.recompile_guard_after, emit)
@@ -180,6 +181,13 @@ class Agent:
             self._next_heartbeat = now + self.config.heartbeat_s
             self.emitter.emit(self._heartbeat())
             self._emit_calls()
+
+    def _hello_again(self) -> None:
+        """On the sender thread, when the emitter sees a new sidecar at the socket path (it
+        restarted, or came up after this process): it learns who this process is now, not up
+        to hello_every_s later; the period runs on from this hello."""
+        self._next_hello = time.monotonic() + self.config.hello_every_s
+        self.emitter.emit(self.hello())
 
     def _renamed(self) -> bool:
         """A Ray Serve replica's name follows the rank Serve gives it (agent/serve.py): given after

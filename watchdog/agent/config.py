@@ -30,7 +30,8 @@ class AgentConfig:
     queue_size: int = 10_000                      # events held while the sender catches up
     tick_s: float = 0.1                           # sender thread wake-up period
     heartbeat_s: float = 2.0
-    hello_every_s: float = 30.0                   # re-sent so a restarted sidecar learns us
+    hello_every_s: float = 30.0                   # re-sent this often; at once to a sidecar
+                                                  # that restarted (emitter.py)
     reconnect_s: float = 1.0                      # retry period for a dead socket / log
     stall_threshold_s: float = 0.05               # a call at least this slow is a stall
     max_shapes: int = 65_536                      # distinct shapes remembered per watched callable

@@ -6,6 +6,11 @@ blocking, never raising. Encoding and all I/O happen on one daemon thread, every
 sidecar, a full socket buffer or an unwritable log loses events, counted per reason and
 reported in `dropped` events; sinks are retried every `reconnect_s`.
 
+A new receiver at the socket path (the sidecar restarted: a send went through after one failed,
+or the sender thread's stat of the path, at most every RECEIVER_STAT_S, found another socket
+there) calls `on_receiver_change` once (the agent queues its hello), and what it queued is sent
+at once.
+
 Fork: `after_fork()` (the agent's `os.register_at_fork` hook, in the child) gives the child a
 fresh emitter: its own queue (the parent's queued events are the parent's to send), its own
 Events (a sender thread waiting on one at fork time holds its lock forever in the child), its own
@@ -28,6 +33,7 @@ SENT, FULL, DOWN = "sent", "full", "down"
 URGENT = frozenset({"oom", "recompile_limit", "mitigation"})
 FULL_RETRY_S = 1.0
 LAST_WAIT_S = 0.5   # the final heartbeat's retries on a full receiver, at exit
+RECEIVER_STAT_S = 1.0  # the socket path is stat'ed this often for a re-bound sidecar
 
 
 YIELD_EVERY = 8   # events encoded (~3-5 us each) between two hand-backs of the GIL
@@ -56,7 +62,8 @@ class Emitter:
                  queue_size: int = 10_000, tick_s: float = 0.1, reconnect_s: float = 1.0,
                  log_max_bytes: int = 64 << 20, on_tick: Optional[Callable[[], None]] = None,
                  on_error: Callable[[BaseException], None] = lambda e: None,
-                 drop_report_s: float = 2.0):
+                 drop_report_s: float = 2.0,
+                 on_receiver_change: Optional[Callable[[], None]] = None):
         # every argument, first thing (nothing else is local yet): after_fork() builds the
         # child's emitter from them, whatever state __init__ comes to hold
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -67,6 +74,8 @@ class Emitter:
         self._tick_s = tick_s
         self._on_tick = on_tick
         self._on_error = on_error
+        self._on_receiver_change = on_receiver_change
+        self.receiver_changes = 0  # new receivers seen at the socket path (sidecar restarts)
         self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
         self._log = (JsonLines(log_path_for(log_path, os.getpid()), reconnect_s, log_max_bytes)
                      if log_path else None)
@@ -199,6 +208,7 @@ class Emitter:
             self._guard(self.drain)
             if stopping:
                 return
+            self._guard(self._check_receiver)
             wait = next_tick - time.monotonic()
             self._wake.wait(max(0.0, min(wait, 0.005) if self._parked is not None else wait))
             self._wake.clear()
@@ -210,6 +220,17 @@ class Emitter:
             fn()
         except Exception as e:  # the sender thread must survive anything
             self._on_error(e)
+
+    def _check_receiver(self) -> None:
+        """A new receiver (the sidecar restarted) knows nothing of this process: what
+        `on_receiver_change` queues (the agent's hello) is sent now, right behind the events
+        that found the new receiver, not at the next hello period."""
+        if self._socket is None or not self._socket.changed():
+            return
+        self.receiver_changes += 1
+        if self._on_receiver_change is not None:
+            self._on_receiver_change()
+        self.drain()
 
     def drain(self) -> None:
         """Send everything queued, packed as several events per datagram (one per line, up to
@@ -343,8 +364,24 @@ def log_path_for(template: str, pid: int) -> str:
     return template.replace("{pid}", str(pid))
 
 
+_UNSEEN = (-1, -1, -1)  # the socket path before its first stat
+
+
+def _bound_at(path: str) -> Optional[tuple[int, int, int]]:
+    """The socket at `path` now, as (device, inode, ctime), or None if there is none. A sidecar
+    that restarts unlinks the path and binds it again: a new inode, and a new ctime where the
+    file system hands the freed inode number out again (a chmod changes the ctime too: at worst
+    one hello more)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 class _SocketSink:
-    """Connection-less, non-blocking datagrams to the sidecar's socket path."""
+    """Connection-less, non-blocking datagrams to the sidecar's socket path; tells when the
+    receiver there changed (`changed()`)."""
 
     def __init__(self, path: str, reconnect_s: float):
         self.path = path
@@ -352,6 +389,10 @@ class _SocketSink:
         self._sock: Optional[socket.socket] = None
         self._retry_at = 0.0
         self.up = False
+        self._failed = False  # a send failed since the last one that went through
+        self._changed = False  # a new receiver that changed() has not told of yet
+        self._bound: Optional[tuple[int, int, int]] = _UNSEEN
+        self._look_at = 0.0
 
     def ready(self) -> bool:
         return self._sock is not None or time.monotonic() >= self._retry_at
@@ -372,9 +413,32 @@ class _SocketSink:
             self._sock = None
             self._retry_at = now + self._reconnect_s
             self.up = False
+            self._failed = True
             return DOWN
+        if self._failed:  # down, then taken again: a sidecar (re)started at the path
+            self._failed = False
+            self._changed = True
+            self._look(now)  # this receiver is the one the next stat must compare with
         self.up = True
         return SENT
+
+    def changed(self) -> bool:
+        """True once per new receiver at the path: one that took a send after a send failed,
+        or another socket bound there (the path stat'ed at most every RECEIVER_STAT_S)."""
+        now = time.monotonic()
+        if now >= self._look_at:
+            before = self._bound
+            self._look(now)
+            if self._bound not in (before, None) and before is not _UNSEEN:
+                self._changed = True
+                self._failed = False  # the next send that goes through is this same change
+                self._retry_at = 0.0  # send to it now, not at the end of the back-off
+        changed, self._changed = self._changed, False
+        return changed
+
+    def _look(self, now: float) -> None:
+        self._bound = _bound_at(self.path)
+        self._look_at = now + RECEIVER_STAT_S
 
     def close(self) -> None:
         if self._sock is not None:
