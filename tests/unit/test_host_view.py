@@ -220,6 +220,43 @@ def test_a_hold_is_logged_once_when_it_starts_and_once_when_it_ends():
                                                     None)]
 
 
+def test_a_gone_server_s_action_counts_leave_metrics_after_the_rules_longest_window():
+    """`pgid:N` names change with each start: a restart's counts kept for good grew one series
+    per start. Kept an hour after the server's last poll (TorchCompileReloadLoop's
+    `increase(...[1h])` still reads them), then dropped; a live server's stay."""
+    from torch_watchdog.sidecar.config import Config
+    from torch_watchdog.sidecar.core.results import PollResult, Restart
+    from torch_watchdog.sidecar.present.publisher import ACTIONS_KEPT_S
+
+    class Log:
+        def warning(self, *a, **kw):
+            pass
+        info = exception = warning
+
+    publisher = Publisher(Config(), Log())
+    empty = PollResult.before_any()
+
+    def poll(t, names):
+        views = {n: {**server("idle", 1), "label": n} for n in names}
+        result = PollResult(firing={}, host_firing={}, views=views, focus=names[0],
+                            focus_view=empty.focus_view, focus_causes=[], agents_alive=True,
+                            skewed_events=0, agent_events_lost=0)
+        publisher.snapshot(Sample(t=t), result, {})
+        text = generate_latest(publisher.registry).decode()
+        return set(re.findall(r'torch_watchdog_actions_total\{[^}]*server="([^"]+)"', text))
+
+    def restart(name):
+        publisher.count(Restart(T, "server_restarted", {}, name, (), ()))
+
+    restart("pgid:7")
+    assert poll(T, ["pgid:7", "llm"]) == {"pgid:7"}
+    assert poll(T + ACTIONS_KEPT_S - 1, ["llm"]) == {"pgid:7"}  # gone, still counted
+    assert poll(T + ACTIONS_KEPT_S + 2, ["llm"]) == set()
+    restart("llm")
+    for t in (T + 2 * ACTIONS_KEPT_S, T + 4 * ACTIONS_KEPT_S):
+        assert poll(t, ["llm"]) == {"llm"}  # a live server's counts stay
+
+
 def test_one_number_per_fact_in_the_page_and_status():
     """The same budget read 21.9 GiB in `status` and 22 GiB on the page."""
     status = build_status(three_servers(), T + 10, "growing")

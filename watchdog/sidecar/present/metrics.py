@@ -18,7 +18,9 @@ neither plotted nor forecast: every series of its readings, forecast, causes, pa
 holds goes at once, so a rule on them (an OOM forecast kept at its last value) cannot fire for
 a dead server. What stays: `torch_watchdog_server_up` 0 (it is down) and
 `torch_watchdog_actions_total` (the sidecar's own counts, which a failed reload's rule reads
-once the server is gone).
+once the server is gone), for an hour after the server's last poll (publisher.ACTIONS_KEPT_S,
+the shipped rules' longest window over it), then dropped: a name per start (`pgid:N`) would
+otherwise add series for good.
 
 `torch_watchdog_host_info{host}` (always 1) names the host as the sidecar's alerts do (`host`,
 socket.gethostname()): the shipped rules join it onto their alerts so that Alertmanager's

@@ -20,6 +20,9 @@ from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_regis
 from torch_watchdog.sidecar.present.snapshot import Processes, Snapshot
 
 PUBLISH_S = 1.0  # the status page's view is rebuilt at most this often, or when the step acts
+# a gone server's action counts stay this long after its last poll: the shipped rules'
+# longest window over torch_watchdog_actions_total (`increase(...[1h])`, TorchCompileReloadLoop)
+ACTIONS_KEPT_S = 3600.0
 
 
 class Publisher:
@@ -35,6 +38,7 @@ class Publisher:
         self.server_actions: collections.Counter[tuple[str, str]] = collections.Counter()
         self._uncounted: list[tuple[str, str]] = []      # (server name, action)
         self._labels: dict[str, str] = {}                # server name -> label, last poll
+        self._label_seen: dict[str, float] = {}          # label -> the last poll it was in
         self._gpu_seen = False                           # NVML listed a GPU since the start
         self._failed = False
         self._published_t = -1e18
@@ -71,6 +75,7 @@ class Publisher:
             self.server_actions[(labels.get(name) or self._labels.get(name, name), kind)] += 1
         self._uncounted.clear()
         self._labels = labels  # this poll's servers only: names change with each start
+        self._forget_gone_labels(sample.t, labels.values())
         self._gpu_seen = self._gpu_seen or bool(sample.devices or sample.nvml_down)
         snap = snapshot_mod.make(dict(
             t=sample.t, devices=sample.devices, server_gpu_bytes=gpu,
@@ -89,6 +94,20 @@ class Publisher:
             nvml_in_use=nvml_in_use(self._gpu_seen, sample.nvml_error), **counts))
         self.collector.update(snap)
         return snap
+
+    def _forget_gone_labels(self, now: float, current: Any) -> None:
+        """Names change with each start (`pgid:N`): a gone server's counts are dropped
+        ACTIONS_KEPT_S after its last poll, or the series would grow with every restart."""
+        self._label_seen.update(dict.fromkeys(current, now))
+        self._label_seen.update({label: now for label, _ in self.server_actions
+                                 if label not in self._label_seen})
+        gone = {label for label, seen in self._label_seen.items()
+                if now - seen > ACTIONS_KEPT_S or now < seen}
+        if gone:
+            for key in [k for k in self.server_actions if k[0] in gone]:
+                del self.server_actions[key]
+            for label in gone:
+                del self._label_seen[label]
 
     def publish(self, snap: Snapshot, observations: list[Any], decided: list[Action],
                 poll: PollResult, polls: int) -> None:
