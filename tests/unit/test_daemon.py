@@ -30,16 +30,20 @@ class Clock:
         return self.t
 
 
+def one_gpu_daemon(tmp: str, clock: Clock, **cfg_fields):
+    """A daemon on a fake GPU that lists this process: (daemon, nvml, config)."""
+    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
+                      "procs": [(os.getpid(), 2_000 * MB)]}])
+    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(tmp, "ev.sock")),
+                 state_dir=tmp, **cfg_fields)
+    return Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
+                  serve_metrics=False), nvml, cfg
+
+
 @pytest.fixture
 def rig(short_tmp):
-    me = os.getpid()
-    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
-                      "procs": [(me, 2_000 * MB)]}])
     clock = Clock()
-    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
-                 correlate=CorrelateConfig(min_records=10), state_dir=short_tmp)
-    d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
-               serve_metrics=False)
+    d, nvml, cfg = one_gpu_daemon(short_tmp, clock, correlate=CorrelateConfig(min_records=10))
     d.start()
     sender = Emitter(cfg.agent.socket_path, None)
     yield d, nvml, clock, sender
@@ -697,14 +701,8 @@ def test_a_stage_that_raises_is_logged_counted_and_the_next_poll_goes_on(short_t
 
 
 def test_a_restarted_daemon_knows_the_servers_before_their_next_hello(short_tmp):
-    me = os.getpid()
-    nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 10_000 * MB,
-                      "procs": [(me, 2_000 * MB)]}])
-    clock = Clock()
-    cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
-                 state_dir=short_tmp)
-    first = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
-                   serve_metrics=False)
+    me, clock = os.getpid(), Clock()
+    first, nvml, cfg = one_gpu_daemon(short_tmp, clock)
     first.intake.pending.append((hello(clock.t, me, "llm"), me))
     for _ in range(3):
         clock.t += 0.1
