@@ -582,3 +582,40 @@ def test_a_unit_server_is_back_only_when_a_process_of_its_cgroup_says_hello(monk
         assert not done.ok and done.failed, done.detail
     else:
         assert done.ok and done.detail == f"exit 0; back: pid {back} said hello", done.detail
+
+
+def test_a_reload_that_cannot_start_ends_failed_not_executing_for_good(tmp_path, monkeypatch):
+    """An executor that raised before its thread started left no outcome: the server stayed
+    "executing" and was never reloaded again. The next poll reads a failed outcome naming
+    the error."""
+    from torch_watchdog.sidecar.actions import executors
+    from torch_watchdog.sidecar.actions.reloading import Reloads
+    from torch_watchdog.sidecar.config import Config
+    from torch_watchdog.sidecar.core.results import Execute
+    from torch_watchdog.sidecar.sources.discovery import Discovery
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def exception(self, msg, **kw):
+            self.lines.append(msg)
+        warning = error = info = exception
+
+    cfg = Config(state_dir=str(tmp_path))
+    log = Log()
+    reloads = Reloads(cfg, log, Discovery(cfg), now=START)
+
+    def broken(*a, **kw):
+        raise OSError("no such unit")
+    monkeypatch.setattr(executors, "executor", broken)
+    reloads.carry_out(Execute(START, "oom_forecast", {}, "llm", (4242,), (), "oom_forecast",
+                              False, START - 0.1))
+    deadline = time.monotonic() + 5
+    outcomes = []
+    while not outcomes and time.monotonic() < deadline:
+        outcomes = reloads.outcomes(START + 1)
+        time.sleep(0.01)
+    (outcome,) = outcomes
+    assert not outcome.ok and "OSError: no such unit" in outcome.detail
+    assert outcome.server == "llm" and "reload not started" in log.lines

@@ -50,7 +50,14 @@ class Reloads:
         elif isinstance(action, Cancel):
             self._write(action.decided_t, ReloadOutcome(False, CANCELLED), action)
         elif isinstance(action, Execute):
-            self._execute(action)
+            try:
+                self._execute(action)
+            except Exception as e:  # a bug before the reload's thread: an outcome all the same
+                self.log.exception("reload not started", server=action.server, error=repr(e))
+                failed = ReloadOutcome(False, f"not carried out: {type(e).__name__}: {e}", 0.0)
+                reloader = Reloader(lambda _pids: failed)
+                self._running[action.server] = (reloader, action)
+                reloader.start(set())
 
     def _execute(self, action: Execute) -> None:
         run = executors.executor(self.cfg.reload, self.discovery.unit_of(action.server),
