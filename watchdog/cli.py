@@ -28,8 +28,9 @@ from typing import Any, Optional, TextIO
 
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import InputError, problem, read_lines
-from torch_watchdog.sidecar.config import AgentSocketConfig
+from torch_watchdog.sidecar.config import AgentSocketConfig, Config
 from torch_watchdog.sidecar.dev import DEFAULT_DIR as DEV_DIR
+from torch_watchdog.sidecar.dev import DevSetup
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
 
@@ -138,11 +139,12 @@ def check_config(path: str, out: TextIO) -> int:
 
 
 def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> int:
-    """Exit codes: 0 stopped by a signal, 1 could not start (socket, port), 2 bad config."""
+    """Exit codes: 0 stopped by a signal, 1 could not start (another sidecar with this
+    state_dir, socket, port), 2 bad config."""
     import structlog
 
     from torch_watchdog.sidecar import config, dev
-    from torch_watchdog.sidecar.daemon import Daemon
+    from torch_watchdog.sidecar.lock import take_lock
 
     structlog.configure(processors=[structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -166,6 +168,24 @@ def run_sidecar(config_path: Optional[str], dev_dir: Optional[str] = None) -> in
     if problems:
         log.error("bad config", path=config_path, problems=problems)
         return 2
+    try:  # before any file is renamed or written: a refused start changes nothing
+        held = take_lock(cfg.state_dir)
+    except OSError as e:
+        log.error("cannot start", error=f"{e.strerror}: {e.filename}" if e.filename else str(e),
+                  state_dir=cfg.state_dir)
+        return 1
+    try:
+        return _run_locked(cfg, config_path, log, setup)
+    finally:
+        os.close(held)
+
+
+def _run_locked(cfg: Config, config_path: Optional[str], log: Any,
+                setup: Optional[DevSetup]) -> int:
+    """The sidecar, its lock held: the earlier run's sample log set aside, the daemon run."""
+    from torch_watchdog.sidecar import dev
+    from torch_watchdog.sidecar.daemon import Daemon
+
     previous_log = dev.rotate_sample_log(cfg.sample_log) if setup is not None else None
     daemon = Daemon(cfg, config_path, log)
     try:

@@ -70,3 +70,51 @@ def test_each_run_has_a_sample_log_of_its_own_and_five_earlier_ones_are_kept(tmp
     assert len(kept) == dev.KEEP_LOGS and kept[-1] == "samples-20270115T080006Z.jsonl", kept
     log.write_text("")
     assert dev.rotate_sample_log(str(log)) is None and log.exists()  # empty: nothing to keep
+
+
+def _files(root):
+    """Every file under `root`: path -> (inode, size)."""
+    out = {}
+    for here, _, names in os.walk(root):
+        for name in names:
+            st = os.lstat(os.path.join(here, name))
+            out[os.path.relpath(os.path.join(here, name), root)] = (st.st_ino, st.st_size)
+    return out
+
+
+def test_a_second_sidecar_in_the_same_directory_is_refused_and_changes_nothing(tmp_path):
+    """A second `--dev` in the directory of a running one exited 1 having renamed the first's
+    samples.jsonl (the README's `report DIR/samples.jsonl` then found none): now it is refused
+    before any file is touched, saying whose the directory is, and the first runs on."""
+    import time
+
+    from tests.conftest import free_port
+    root = tmp_path / "twd"
+    setup = dev.prepare(str(root))
+    with open(setup.config_path, "a") as f:
+        f.write(f"metrics_port: {free_port()}\npoll_interval_s: 0.5\n")
+    command = [sys.executable, "-m", "torch_watchdog.cli", "sidecar", "--dev", str(root)]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = root / "samples.jsonl"
+    try:
+        deadline = time.monotonic() + 30
+        settled = [root / "env", root / "state" / "servers.json", log]  # its first poll's
+        while not (all(p.exists() for p in settled) and log.stat().st_size > 0):
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.05)
+        before = _files(root)
+        second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        after = _files(root)
+        assert second.returncode == 1, second.stderr
+        assert after.keys() == before.keys(), (before, after)  # nothing renamed or new
+        for path, (inode, size) in before.items():
+            assert after[path][0] == inode and after[path][1] >= size, (path, before, after)
+        assert f"another sidecar (pid {first.pid}) is running with this state_dir" \
+            in second.stderr and str(root / "state" / "sidecar.lock") in second.stderr
+        assert "Start the server" not in second.stdout  # no banner: nothing started
+        time.sleep(1.5)  # the first one polls on, into the same file
+        assert first.poll() is None and log.stat().st_ino == before["samples.jsonl"][0]
+        assert log.stat().st_size > after["samples.jsonl"][1]
+    finally:
+        first.terminate()
+        assert first.wait(30) == 0

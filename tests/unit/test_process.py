@@ -140,6 +140,12 @@ def test_a_cgroup_memory_limit_is_the_lowest_of_its_and_its_ancestors(tmp_path):
     assert read_cgroup_limit(2 ** 22 + 12345, str(tmp_path)) is None  # no such process
 
 
+def _anon(pss):
+    """A smaps_rollup read whose PSS is all anonymous pages (taken as read); None: unreadable."""
+    from torch_watchdog.sidecar.sources.process import PssParts
+    return None if pss is None else PssParts(anon=pss, mapped=0, resident=0)
+
+
 def test_pss_is_read_now_and_then_and_carried_by_rss():
     from torch_watchdog.sidecar.sources.process import PssMeter, read_pss
     from torch_watchdog.sidecar.core.observations import ProcessSample
@@ -147,7 +153,7 @@ def test_pss_is_read_now_and_then_and_carried_by_rss():
 
     def read(pid):
         reads.append(pid)
-        return {11: 300, 12: 200}.get(pid)
+        return _anon({11: 300, 12: 200}.get(pid))
 
     meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
     out = meter.apply((ProcessSample(11, True, 1000), ProcessSample(12, True, 900),
@@ -177,7 +183,7 @@ def test_every_pss_is_read_again_when_a_process_comes_or_goes():
 
     def read(pid):
         reads.append(pid)
-        return pss[pid]
+        return _anon(pss[pid])
 
     meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
     master = ProcessSample(1, True, 1000)
@@ -200,7 +206,7 @@ def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():
 
     def read(pid):
         reads.append(pid)
-        return pss[pid]
+        return _anon(pss[pid])
 
     meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
     procs = (ProcessSample(11, True, 1000), ProcessSample(13, False, None))
@@ -220,6 +226,117 @@ def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():
     assert meter.apply(failing)[0].pss_bytes is None and reads[-1] == 12
     pss[12] = 650
     assert meter.apply(failing)[0].pss_bytes == 650 and reads == [11, 11, 12, 12]
+
+
+def test_a_mapped_share_that_grows_is_held_one_that_falls_is_taken():
+    """Anonymous pages' share is taken as read; file and shared-memory pages' is held where it
+    grew with the same pages mapped (the host's other processes exited), and taken where it
+    fell; pages mapped since count whole, pages dropped at their held share."""
+    from torch_watchdog.sidecar.core.observations import ProcessSample
+    from torch_watchdog.sidecar.sources.process import PssMeter, PssParts
+    now, parts = [0.0], {1: PssParts(anon=500, mapped=100, resident=400, started=7)}
+    meter = PssMeter(every_s=10.0, read=parts.get, clock=lambda: now[0])
+
+    def reading(rss=1000, pids=(1,)):
+        now[0] += 10.0  # a read is due
+        return [p.pss_bytes for p in meter.apply(tuple(ProcessSample(pid, True, rss)
+                                                       for pid in pids))]
+
+    assert reading() == [600]
+    parts[1] = PssParts(500, 200, 400, 7)  # the same pages, a larger share: neighbours exited
+    assert reading() == [600]
+    parts[1] = PssParts(800, 200, 400, 7)  # its own anonymous memory grew: counted
+    assert reading(rss=1300) == [900]
+    parts[1] = PssParts(800, 50, 400, 7)   # another process maps its files: the share falls
+    assert reading(rss=1300) == [850]
+    parts[1] = PssParts(800, 250, 600, 7)  # 200 mapped since (weights): whole, as read less
+    assert reading(rss=1500) == [1050]     # (50 + 200, the read says 250)
+    parts[1] = PssParts(800, 180, 300, 7)  # half its mapped pages dropped: half its share
+    assert reading(rss=1200) == [925]
+    parts[1] = PssParts(800, 900, 300, 8)  # the pid is another process's now: as read
+    assert reading(rss=1200) == [1700]
+    parts[2] = PssParts(10, 20, 30, 1)     # a process came: every one read again, held too
+    parts[1] = PssParts(800, 950, 300, 8)
+    assert reading(pids=(1, 2)) == [1700, 30]
+
+
+def _recorded_neighbours():
+    """benchmarks/pss_neighbours.py --record: an idle server's 3 processes (a master that
+    imported torch and 2 forked workers), per step, as 3 neighbour servers stop, then the
+    master allocates 200 MiB: [(step, [(rss, smaps_rollup text) per process])]."""
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "fixtures" / "smaps_rollup_neighbours.json"
+    return [(step, [(p["rss"], p["smaps_rollup"].encode()) for p in procs])
+            for step, procs in json.loads(path.read_text()).items()]
+
+
+def _meter_recorded(meter_every_s=10.0, poll_s=1.0, polls_per_step=60, plain=False):
+    """Each recorded step held for `polls_per_step` polls of the server's processes through a
+    PssMeter reading the recorded texts: [(t, the server's metered bytes)]. `plain`: the
+    meter before issue 50 (the whole PSS taken as read)."""
+    from torch_watchdog.sidecar.core.observations import ProcessSample
+    from torch_watchdog.sidecar.sources.process import PssMeter, PssParts, parse_smaps_rollup
+    now, texts = [0.0], {}
+
+    def read(pid):
+        parts = parse_smaps_rollup(texts[pid])
+        return PssParts(parts.anon + parts.mapped, 0, 0) if plain and parts else parts
+
+    meter, out = PssMeter(every_s=meter_every_s, read=read, clock=lambda: now[0]), []
+    for _, procs in _recorded_neighbours():
+        texts = {pid: text for pid, (_, text) in enumerate(procs, start=100)}
+        samples = tuple(ProcessSample(pid, True, rss)
+                        for pid, (rss, _) in enumerate(procs, start=100))
+        for _ in range(polls_per_step):
+            out.append((now[0], sum(p.host_bytes for p in meter.apply(samples))))
+            now[0] += poll_s
+    return out
+
+
+def test_recorded_smaps_rollup_is_split_into_anonymous_and_mapped_pages():
+    from torch_watchdog.sidecar.sources.process import PssParts, parse_smaps_rollup
+    (_, procs), *_ = _recorded_neighbours()
+    master = parse_smaps_rollup(procs[0][1], started=7)
+    # Pss_Anon 50209 kB; Pss_File 17667 + Pss_Shmem 0; Rss 228488 - Anonymous 148232
+    assert master == PssParts(50209 * 1024, 17667 * 1024, (228488 - 148232) * 1024, 7)
+    old_kernel = b"0-1 ---p 00000000 00:00 0 [rollup]\nRss:  2000 kB\nPss:   900 kB\n"
+    assert parse_smaps_rollup(old_kernel) == PssParts(0, 900 * 1024, 2000 * 1024)  # all held
+    assert parse_smaps_rollup(b"0-1 [rollup]\nRss: 5 kB\n") is None
+
+
+def test_an_idle_servers_reading_does_not_move_as_its_neighbours_exit_and_its_growth_does():
+    """Recorded: the server's PSS went 164.9 -> 170.6 -> 181.9 -> 215.7 MiB as 3 neighbours
+    (each importing torch) stopped, its RSS the same: their share of torch's library pages
+    became its. Its reading stays; the 200 MiB it then allocates show in full."""
+    mib = 2 ** 20
+    steps = [seen for _, seen in _meter_recorded(poll_s=10.0, polls_per_step=1)]
+    plain = [seen for _, seen in _meter_recorded(poll_s=10.0, polls_per_step=1, plain=True)]
+    assert plain[3] - plain[0] > 50 * mib  # the symptom, as read
+    assert steps[:4] == [plain[0]] * 4  # the reading: flat, what was read first
+    assert 199 * mib < steps[4] - steps[3] < 201 * mib
+    assert steps[4] <= plain[4]  # never above the PSS read
+
+
+def test_an_idle_server_next_to_exiting_neighbours_is_never_forecast():
+    """The recorded idle steps 5 minutes each at one poll a second, against a 400 MiB budget:
+    as PSS was read, the trend saw growth (OOM in ~49 min); the server's own memory is flat."""
+    from tests.folding import fold
+    from torch_watchdog.sidecar.config import CorrelateConfig, ForecastConfig
+    from torch_watchdog.sidecar.core.correlate import State
+    from torch_watchdog.sidecar.core.forecast import FOREVER, forecast
+    from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
+
+    def forecast_of(plain):
+        idle = _meter_recorded(polls_per_step=300, plain=plain)[:4 * 300]  # not the growth
+        obs = [Sample(t=1000.0 + t, processes=(ProcessSample(11, True, level, pss_bytes=level),),
+                      host_total_bytes=16 << 30, host_available_bytes=8 << 30)
+               for t, level in idle]
+        return forecast(fold(State(), obs, CorrelateConfig()),
+                        ForecastConfig(process_budget_bytes=400 * 2 ** 20, headroom_bytes=0))
+
+    assert forecast_of(plain=True).seconds < 3600  # before: an idle server forecast to OOM
+    assert forecast_of(plain=False).seconds == FOREVER
 
 
 def test_reader_keeps_one_descriptor_per_watched_pid_and_closes_the_rest():
@@ -365,3 +482,111 @@ def test_a_process_is_in_a_cgroup_by_the_kernels_word(tmp_path):
     found = [pid for pid in (10, 11, 12, 13, 14)
              if in_cgroup(pid, "/system.slice/llm.service", proc=str(tmp_path))]
     assert found == [10, 11]  # 14: gone
+
+
+# A process mapping a file and touching its pages (one of a server's, or a neighbour): with
+# `workers`, it forks them after allocating `hoard` MiB, and each touches the file too. It
+# prints its pids, then on a "grow N" line allocates and touches N MiB more ("map PATH": maps
+# and touches another file), and answers "ok".
+MAPPER = r"""
+import mmap, os, signal, sys
+path, workers, hoard = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def touch(path):
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    sum(m[i] for i in range(0, len(m), 4096))
+    return m
+def allocate(mib):
+    b = bytearray(mib << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    return b
+kept = [touch(path), allocate(hoard)]
+r, w = os.pipe()
+kids = []
+for _ in range(workers):
+    pid = os.fork()
+    if pid == 0:
+        kept.append(touch(path))
+        os.write(w, b"x")
+        while True:
+            signal.pause()
+    kids.append(pid)
+told = b""
+while len(told) < workers:
+    told += os.read(r, workers)
+print(" ".join(map(str, [os.getpid(), *kids])), flush=True)
+for line in sys.stdin:
+    what, arg = line.split()
+    kept.append(allocate(int(arg)) if what == "grow" else touch(arg))
+    print("ok", flush=True)
+"""
+MIB = 2 ** 20
+
+
+def _mapper(path, workers=0, hoard=0):
+    proc = subprocess.Popen([sys.executable, "-c", MAPPER, str(path), str(workers), str(hoard)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, [int(p) for p in proc.stdout.readline().split()]
+
+
+def _stop(proc):
+    import signal
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _file(path, mib):
+    with open(path, "wb") as f:
+        for i in range(mib):
+            f.write(bytes([i % 251 + 1]) * MIB)
+    return path
+
+
+def test_an_idle_server_reads_the_same_as_its_neighbours_exit_and_its_growth_at_once(tmp_path):
+    """Real processes: a server (a master holding 64 MiB, 2 forked workers) and 3 neighbours
+    map the same 96 MiB file. PSS shares its pages among all 6: as the neighbours exit, the
+    server's PSS grows though it maps nothing new (an idle server forecast to OOM); its
+    reading stays. Its forked workers' pages count once, and 200 MiB it allocates, or a file
+    it maps, show at once (carried by RSS, before any read is due, and as read)."""
+    from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, read_pss
+    data = _file(tmp_path / "lib.bin", 96)
+    server, mine = _mapper(data, workers=2, hoard=64)
+    neighbours = [_mapper(data) for _ in range(3)]
+    reader = ProcessReader()
+    every_poll, daemons = PssMeter(every_s=0.0), PssMeter()  # read each poll; every 10 s
+
+    def readings():
+        pids = set(mine) | {p for proc, ps in neighbours if proc.poll() is None for p in ps}
+        samples = reader.read(pids)
+        return [sum(p.host_bytes for p in meter.apply(samples) if p.pid in mine) / MIB
+                for meter in (every_poll, daemons)]
+
+    try:
+        start = readings()
+        pss_start = sum(read_pss(p) for p in mine) / MIB
+        rss = sum(p.rss_bytes for p in reader.read(set(mine))) / MIB
+        assert abs(start[0] - pss_start) < 2 and abs(start[1] - start[0]) < 2, (start, pss_start)
+        assert rss - start[0] > 2 * 64 * 0.9  # the master's 64 MiB once, not 3 times
+        seen = []
+        for proc, _ in neighbours:
+            _stop(proc)
+            seen.append(readings())
+        pss_end = sum(read_pss(p) for p in mine) / MIB
+        assert pss_end - pss_start > 30, (pss_start, pss_end)  # PSS: the server "grew"
+        for now in seen:  # its reading did not
+            assert all(-3 < b - a < 1 for a, b in zip(start, now)), (start, seen)
+        for what, mib in (("grow 200", 200), (f"map {_file(tmp_path / 'w.bin', 64)}", 64)):
+            before = readings()
+            server.stdin.write(what + "\n")
+            server.stdin.flush()
+            assert server.stdout.readline() == "ok\n"
+            after = readings()
+            assert all(mib - 2 < b - a < mib + 3 for a, b in zip(before, after)), \
+                (what, before, after)
+    finally:
+        reader.close()
+        for proc in [server] + [p for p, _ in neighbours]:
+            _stop(proc)

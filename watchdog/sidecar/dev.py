@@ -7,9 +7,10 @@ time (state, socket and sample log inside DIR; kept afterwards, so edits stay) a
 `DIR/env` every time: the exact environment the server needs, as `export` lines to source in
 the server's shell. Each run has a sample log of its own: the last run's is renamed
 `samples-<its last write, UTC>.jsonl` at start (the newest KEEP_LOGS kept), so
-`torch-watchdog report DIR/samples.jsonl` covers this run's servers only. The socket's
-directory is the user's own and no one else's, so the drain channel trusts it (agent/drain.py
-`dir_owner`) without `control_uid`.
+`torch-watchdog report DIR/samples.jsonl` covers this run's servers only (renamed once this
+run holds the state_dir's lock, sidecar/lock.py: a second run beside a live one renames
+nothing). The socket's directory is the user's own and no one else's, so the drain channel
+trusts it (agent/drain.py `dir_owner`) without `control_uid`.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import os
 import select
 import subprocess
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import psutil
 
@@ -357,7 +357,7 @@ def in_cgroup(pid: int, group: str, proc: str = "/proc") -> bool:
                for _, p in cgroup_lines(pid, proc) or ())
 
 
-PSS_EVERY_S = 10.0  # smaps_rollup walks every mapping: milliseconds for a torch process
+PSS_EVERY_S = 10.0  # a smaps_rollup read: 4-6 ms a torch process (results/pss_neighbours.md)
 
 
 def read_pss(pid: int) -> Optional[int]:
@@ -368,6 +368,49 @@ def read_pss(pid: int) -> Optional[int]:
         return int(text.split(b"\nPss:", 1)[1].split(None, 1)[0]) * 1024
     except (OSError, IndexError, ValueError):
         return None
+
+
+class PssParts(NamedTuple):
+    """One read of a process's smaps_rollup, its PSS split by who can share the pages.
+
+    Anonymous pages are shared only across a fork (a master's with its workers: one server's
+    processes), so their share (`anon`) moves only as the server's own processes come and go.
+    File and shared-memory pages (torch's libraries, an mmapped model) are shared with any
+    process on the host that maps them: their share (`mapped`) grows as the host's other
+    processes exit, though the server mapped nothing new. `resident` is those pages whole
+    (Rss - Anonymous); `started` the process's start (clock ticks: a pid reused is another)."""
+    anon: int
+    mapped: int
+    resident: int
+    started: Optional[int] = None
+
+
+def read_pss_parts(pid: int) -> Optional[PssParts]:
+    """The process's PssParts from /proc/<pid>/smaps_rollup; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            text = fh.read(4096)
+        started = start_ticks(pid)
+    except (OSError, IndexError, ValueError):
+        return None
+    return parse_smaps_rollup(text, started)
+
+
+def parse_smaps_rollup(text: bytes, started: Optional[int] = None) -> Optional[PssParts]:
+    """A smaps_rollup's PssParts; None without Pss and Rss. A kernel without Pss_Anon (before
+    5.3) gives the whole PSS as `mapped` and the RSS as `resident`: all of it held."""
+    fields: dict[bytes, int] = {}
+    for line in text.split(b"\n")[1:]:
+        name, _, rest = line.partition(b":")
+        value = rest.split(None, 1)
+        if value and value[0].isdigit():
+            fields[name] = int(value[0]) * 1024
+    if b"Pss" not in fields or b"Rss" not in fields:
+        return None
+    if b"Pss_Anon" not in fields:
+        return PssParts(0, fields[b"Pss"], fields[b"Rss"], started)
+    return PssParts(fields[b"Pss_Anon"], fields.get(b"Pss_File", 0) + fields.get(b"Pss_Shmem", 0),
+                    max(0, fields[b"Rss"] - fields.get(b"Anonymous", 0)), started)
 
 
 def read_cgroup_limit(pid: int, root: str = "/sys/fs/cgroup") -> Optional[int]:
@@ -394,22 +437,49 @@ def read_cgroup_limit(pid: int, root: str = "/sys/fs/cgroup") -> Optional[int]:
     return min(limits) if limits else None
 
 
+class _Held(NamedTuple):
+    read_at: float             # when smaps_rollup was read
+    base: int                  # the reading then: its anon share and its mapped pages' held
+    mapped: int                # of which its file and shared-memory pages' (held)
+    resident: int              # those pages whole, then (PssParts.resident)
+    rss: int                   # its RSS then (the process reader's)
+    started: Optional[int]     # the process's start (a pid reused is another)
+    limit: Optional[int]       # its cgroup's memory limit
+
+
 class PssMeter:
-    """PSS for host-memory mode, without paying smaps_rollup every poll: each process's PSS is
-    read every `every_s` and carried between reads by its RSS change (the pages it adds or
-    frees are its own). RSS counts a forked worker's shared pages again in every worker: 4
-    uvicorn workers summed to a server 2x its real footprint. A process that comes or goes
-    changes the others' shares of their pages (a fork shares its parent's): then every PSS
-    is read again: carried, a `gunicorn --preload` master's PSS from before its fork counted
-    its shared pages whole until its next read (benchmarks/pss_fork.py)."""
+    """A server's own memory for host-memory mode: each process's PSS, with the share of its
+    file and shared-memory pages held where the host's other processes exit.
+
+    RSS counts a forked worker's shared pages again in every worker (4 uvicorn workers summed
+    to a server 2x its real footprint); PSS splits each page among the processes mapping it.
+    But for a file page (torch's libraries) those are any processes on the host: an idle
+    server read 566 -> 594 -> 660 MiB as two other servers stopped, its workers' RSS the same,
+    and was forecast to OOM in ~1 h 39 min. USS (its private pages) does no better: a library
+    page becomes private once the last other process that mapped it exits, and a fork's pages
+    are shared, so a preloaded server's workers read a few MiB (benchmarks/pss_neighbours.py).
+
+    So each read of smaps_rollup (PssParts) takes the anonymous pages' share as it is (they
+    are shared only across a fork: a server's own processes), and the file and shared-memory
+    pages' at most what was held for them: the last read's, plus the pages the process mapped
+    since (counted whole), less those it dropped (at their held share). A share that grew
+    with the same pages mapped is the host's other processes exiting and is not taken; one that
+    fell (a fork of the server's own, another process mapping the same files) is. So a
+    neighbour's exit moves no server's reading, and a page the server adds, private or
+    mapped, is counted at once; each reading is at most the process's PSS.
+
+    Between reads (every `every_s`) each reading is carried by the process's RSS change (the
+    pages it adds or frees are its own). A process that comes or goes changes the others'
+    shares of their pages (a fork shares its parent's): then every process is read again:
+    carried, a `gunicorn --preload` master's PSS from before its fork counted its shared pages
+    whole until its next read (benchmarks/pss_fork.py)."""
 
     def __init__(self, every_s: float = PSS_EVERY_S,
-                 read: Callable[[int], Optional[int]] = read_pss,
+                 read: Callable[[int], Optional[PssParts]] = read_pss_parts,
                  clock: Callable[[], float] = time.monotonic,
                  limit: Callable[[int], Optional[int]] = read_cgroup_limit):
         self.every_s, self.read, self.clock, self.limit = every_s, read, clock, limit
-        # pid -> (read at, pss, rss then, its cgroup's memory limit): all read every `every_s`
-        self.last: dict[int, tuple[float, int, int, Optional[int]]] = {}
+        self.last: dict[int, _Held] = {}  # pid -> what its last read gave, held
         # the last call's processes, its answer, and its oldest PSS read (None: a read failed,
         # so the next call reads again)
         self._kept: Optional[tuple[tuple[ProcessSample, ...], tuple[ProcessSample, ...],
@@ -435,24 +505,37 @@ class PssMeter:
                 continue
             seen.add(p.pid)
             entry = self.last.get(p.pid)
-            if entry is None or changed or now - entry[0] >= self.every_s:
-                pss = self.read(p.pid)
-                if pss is None:
+            if entry is None or changed or now - entry.read_at >= self.every_s:
+                got = self._read(p, now, entry)
+                if got is None:
                     self.last.pop(p.pid, None)
                     out.append(p)
                     oldest = None
                     continue
-                entry = self.last[p.pid] = (now, pss, p.rss_bytes, self.limit(p.pid))
-            read_at, pss, rss_then, limit = entry
-            if oldest is not None and read_at < oldest:
-                oldest = read_at
-            out.append(dataclasses.replace(p, pss_bytes=max(0, pss + p.rss_bytes - rss_then),
-                                           mem_limit_bytes=limit))
+                entry = self.last[p.pid] = got
+            if oldest is not None and entry.read_at < oldest:
+                oldest = entry.read_at
+            out.append(dataclasses.replace(
+                p, pss_bytes=max(0, entry.base + p.rss_bytes - entry.rss),
+                mem_limit_bytes=entry.limit))
         for pid in self.last.keys() - seen:
             del self.last[pid]
         answer = tuple(out)
         self._kept = (processes, answer, oldest)
         return answer
+
+    def _read(self, p: ProcessSample, now: float, held: Optional[_Held]) -> Optional[_Held]:
+        assert p.rss_bytes is not None  # only live processes with an RSS are read
+        parts = self.read(p.pid)
+        if parts is None:
+            return None
+        mapped = parts.mapped
+        if held is not None and held.started == parts.started:
+            grown = parts.resident - held.resident
+            mapped = min(mapped, held.mapped + grown if grown >= 0 else
+                         held.mapped * parts.resident // max(held.resident, 1))
+        return _Held(now, parts.anon + mapped, mapped, parts.resident, p.rss_bytes,
+                     parts.started, self.limit(p.pid))
 
 
 def process_start_time(pid: int) -> Optional[float]:
