@@ -276,7 +276,8 @@ def valid_url(url: str) -> bool:
 def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
                out: TextIO, server: Optional[str] = None) -> int:
     """Print a running sidecar's /status.json; 1 when none answers at that address, 2 for a
-    bad --url or --config, 3 when it answers but its last poll is stale."""
+    bad --url or --config or a --server it does not know (its servers listed), 3 when it
+    answers but its last poll is stale."""
     import time
 
     from torch_watchdog.sidecar.present.status import format_terminal, stale_s
@@ -300,6 +301,12 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
               "--url/--config at the address it listens on.", file=sys.stderr)
         return 1
     now = time.time()
+    asked = (data.get("detail") or {}).get("asked")
+    if asked is not None:  # shown another server's numbers instead, it said nothing wrong
+        names = [str(r.get("server")) for r in data.get("servers") or []]
+        print(f"torch-watchdog status: no server {asked!r} on this sidecar; its servers: "
+              f"{', '.join(names) or 'none yet'}", file=sys.stderr)
+        return 2
     if as_json:
         json.dump(data, out, indent=1)
         out.write("\n")

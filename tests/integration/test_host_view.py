@@ -98,6 +98,19 @@ def test_metrics_log_and_status_say_the_cooldown(host):
     assert "detail   server storm (asked for)" in out.getvalue()
 
 
+def test_status_of_a_server_not_there_exits_2_and_the_detail_is_one_server_s(host, capsys):
+    """`status --server nosuch` exited 0 showing another server; without `--server`, the
+    detail block of one server listed another's actions."""
+    out = io.StringIO()
+    assert cli.run_status(f"http://127.0.0.1:{host.port}", None, False, out, "nosuch") == 2
+    err = capsys.readouterr().err
+    assert "no server 'nosuch' on this sidecar; its servers: growing, idle, storm" in err
+    assert out.getvalue() == ""
+    whole = status(host.port)
+    assert whole["actions"] and not whole["detail"]["chosen"]
+    assert {a["server"] for a in whole["actions"]} == {whole["detail"]["server"]}
+
+
 def test_one_number_per_fact_on_every_surface(host, tmp_path):
     """The same budget read 21.9 GiB in `status`, 22 GiB on the page, 22.5 and 22.1 GiB in
     the report."""

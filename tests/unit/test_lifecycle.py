@@ -207,3 +207,29 @@ def test_a_drained_server_keeps_its_reload_alert_until_its_new_process_is_back()
     assert poll.firing["api"]["reload"]["done"] is True
     poll = step(host, sample(1003.5, {A: (GB, 10 * GB)}, {202: {A: GB}}), CFG).poll
     assert "reload" not in poll.firing["api"] and server.reload.phase is Phase.IDLE
+
+
+def test_nearest_to_oom_is_the_forecast_then_active_causes_then_budget_share():
+    """A server at 44 % of its budget, no forecast, no cause was shown (by name) over one
+    with two active causes."""
+    from torch_watchdog.sidecar.core.forecast import Forecast
+    from torch_watchdog.sidecar.core.host import Host, Server
+
+    def server(name, seconds=None, causes=(), level=0):
+        s = Server(name, pids={len(name): 0.0}, life=Life.UP)
+        s.forecast = Forecast(GB, level, seconds_linear=seconds if seconds is not None
+                              else float("inf"))
+        s.firing = {c: {} for c in causes}
+        return s
+
+    host = Host()
+    for s in (server("a-idle", level=GB * 44 // 100),
+              server("b-storm", causes=("recompile_storm", "recompile_limit_eager_fallback"),
+                     level=GB // 10),
+              server("c-quiet", level=GB // 10)):
+        host.servers[s.name] = s
+    assert host.focus().name == "b-storm"
+    host.servers["b-storm"].firing = {}
+    assert host.focus().name == "a-idle"  # the larger share of its budget
+    host.servers["c-quiet"].forecast = Forecast(GB, GB // 10, seconds_linear=900.0)
+    assert host.focus().name == "c-quiet"  # a forecast first

@@ -193,8 +193,8 @@ def build_status(view: Optional[StatusView], now: float,
                           "rss_bytes")}
         gpus = set(v.get("gpus") or ())
         devices = tuple(d for d in s.devices if d.uuid in gpus) if gpus else s.devices
-        # the host view: every server's actions; a drill-down: its own
-        actions_of = [a for a in view.actions if not chosen or a.get("server") in (None, name)]
+        # the detail block's server's own actions (the host's: one per row, `last_action`)
+        actions_of = [a for a in view.actions if a.get("server") in (None, name)]
     graphs = {k: estimates.get(k) for k in GRAPH_KEYS if k in estimates}
     fc = {k: fc_all.get(k) for k in FORECAST_KEYS if k in fc_all}
     causes = [{"cause": c.get("cause"), "since_t": c.get("t"), "server": name,
