@@ -371,3 +371,36 @@ def test_a_failing_receiver_hook_is_counted_and_the_thread_goes_on(short_tmp):
     finally:
         em.stop()
         late.close()
+
+
+def test_no_receiver_is_told_once_and_the_first_receiver_once(short_tmp):
+    """An agent whose TORCH_WATCHDOG_SOCKET names a path where no sidecar listens said
+    nothing: its events went nowhere. One call when the first sends find no receiver, one when
+    a receiver first takes them; none for what follows (a sidecar restarted)."""
+    from tests.conftest import Collector
+
+    path = os.path.join(short_tmp, "ev.sock")
+    told: list[bool] = []
+    em = Emitter(path, None, tick_s=0.02, reconnect_s=0.1, on_link=told.append)
+    em.start()
+    try:
+        for i in range(20):  # 0.4 s of sends to no one
+            em.emit(_hb(i))
+            time.sleep(0.02)
+        assert told == [False]
+        receiver = Collector(path)
+        assert receiver.wait(lambda c: (em.emit(_hb(99)), c.of("heartbeat"))[1], 5)
+        deadline = time.monotonic() + 2
+        while told != [False, True] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        receiver.close()
+        os.unlink(path)
+        for i in range(20):  # gone again, then back: nothing more to tell
+            em.emit(_hb(i))
+            time.sleep(0.02)
+        again = Collector(path)
+        assert again.wait(lambda c: (em.emit(_hb(7)), c.of("heartbeat"))[1], 5)
+        again.close()
+        assert told == [False, True]
+    finally:
+        em.stop()

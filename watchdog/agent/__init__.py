@@ -67,7 +67,7 @@ class Agent:
                                tick_s=config.tick_s, reconnect_s=config.reconnect_s,
                                log_max_bytes=config.event_log_max_bytes, on_tick=self.tick,
                                on_error=self.on_error, drop_report_s=config.heartbeat_s,
-                               on_receiver_change=self._hello_again)
+                               on_receiver_change=self._hello_again, on_link=self._on_link)
         emit = self.emitter.emit
         self.budget = GraphBudget(torch, config.graph_budget, config.graph_budget_mode, emit)
         self.guard = RecompileGuard(torch, config.recompile_guard_after, emit)
@@ -81,6 +81,18 @@ class Agent:
                                             self.drain, self.on_error, config.reconnect_s)
                         if config.control and control else None)
         self.drainer = drain.Drainer(self, uninstall)
+
+    def _on_link(self, up: bool) -> None:
+        """One line when no sidecar listens at the socket (events go nowhere until one does),
+        one when one first takes them."""
+        path = self.config.socket_path
+        if up:
+            log.info("torch-watchdog agent: connected to the sidecar at %s", path)
+        else:
+            log.warning("torch-watchdog agent: no sidecar listens at %s: events are not sent "
+                        "until one does (start `torch-watchdog sidecar`, or set "
+                        "TORCH_WATCHDOG_SOCKET to the socket it listens on); retried every "
+                        "%g s", path, self.config.reconnect_s)
 
     def _warm(self, torch: Any) -> Any:
         from torch_watchdog.agent.warm import Warm

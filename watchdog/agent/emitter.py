@@ -63,7 +63,8 @@ class Emitter:
                  log_max_bytes: int = 64 << 20, on_tick: Optional[Callable[[], None]] = None,
                  on_error: Callable[[BaseException], None] = lambda e: None,
                  drop_report_s: float = 2.0,
-                 on_receiver_change: Optional[Callable[[], None]] = None):
+                 on_receiver_change: Optional[Callable[[], None]] = None,
+                 on_link: Optional[Callable[[bool], None]] = None):
         # every argument, first thing (nothing else is local yet): after_fork() builds the
         # child's emitter from them, whatever state __init__ comes to hold
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -76,6 +77,10 @@ class Emitter:
         self._on_error = on_error
         self._on_receiver_change = on_receiver_change
         self.receiver_changes = 0  # new receivers seen at the socket path (sidecar restarts)
+        # told once each, on the sender thread: no receiver at the path (False, at the first
+        # send that fails before any went through), a receiver took one (True, the first)
+        self._on_link = on_link
+        self._linked: Optional[bool] = None
         self._socket = _SocketSink(socket_path, reconnect_s) if socket_path else None
         self._log = (JsonLines(log_path_for(log_path, os.getpid()), reconnect_s, log_max_bytes)
                      if log_path else None)
@@ -282,6 +287,8 @@ class Emitter:
             self.sent += n if logged else 0
             return True
         result = self._socket.send(payload)
+        if self._linked is not True and self._on_link is not None:
+            self._tell_link(result != DOWN)
         if result == FULL and not self._stuck:
             self._parked, self._parked_n, self._parked_at = payload, n, time.monotonic()
             self._parked_logged = logged
@@ -293,6 +300,14 @@ class Emitter:
         if result != SENT:
             self.dropped["socket"] += n
         return True
+
+    def _tell_link(self, up: bool) -> None:
+        if self._linked is None or up:
+            self._linked = up
+            try:
+                self._on_link(up)  # type: ignore[misc]
+            except Exception as e:  # a callback's bug is the agent's error
+                self._on_error(e)
 
     def _retry_parked(self) -> bool:
         if self._socket is None or self._parked is None:  # parked only by a socket's send
