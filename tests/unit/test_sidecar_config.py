@@ -374,7 +374,7 @@ def test_servers_list_is_checked_entry_by_entry(tmp_path):
     text = "\n".join(problems)
     assert "servers[2]: a server found by its pidfile needs a name" in text
     assert "servers[2].pidfile: must be an absolute path" in text
-    assert "servers[3]: set exactly one of unit and pidfile" in text
+    assert "servers[3]: set one of unit and pidfile, not both" in text
     assert "servers: names must differ" in text
     assert "servers[5]: expected a mapping" in text
     good = tmp_path / "g.yaml"

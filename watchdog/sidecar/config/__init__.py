@@ -9,10 +9,11 @@ from torch_watchdog.sidecar.config.schema import (GPU_ATTRIBUTIONS, MIN_POLL_S, 
                                                   Config, CorrelateConfig, ForecastConfig,
                                                   GpuConfig, MiB, PolicyConfig, ReloadConfig,
                                                   ServerConfig, ServerEntry, semantic_problems,
-                                                  server_sources)
+                                                  server_budgets, server_sources)
 
 __all__ = ["GPU_ATTRIBUTIONS", "MAX_FILE_BYTES", "MAX_NODES", "MIN_POLL_S", "PSEUDO_FS",
            "RELOAD_METHODS", "SIGNALLING", "AgentSocketConfig", "AlertsConfig", "Config",
            "ConfigError", "CorrelateConfig", "ForecastConfig", "GpuConfig", "MiB",
            "PolicyConfig", "ReloadConfig", "ServerConfig", "ServerEntry", "check",
-           "from_mapping", "host_problems", "load", "semantic_problems", "server_sources"]
+           "from_mapping", "host_problems", "load", "semantic_problems", "server_budgets",
+           "server_sources"]

@@ -23,10 +23,13 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ServerEntry:
-    """One more server on this host (a replica): its name, and how its processes are found."""
+    """One more server on this host (a replica): its name, and how its processes are found;
+    or, with neither unit nor pidfile, a server its agents announce by `name`. Either may set
+    its own budget."""
     name: Optional[str] = None            # default: the unit's name
     unit: Optional[str] = None            # systemd unit whose MainPID (and children) it is
     pidfile: Optional[str] = None
+    budget_bytes: Optional[int] = None    # its memory's budget, for forecast.process_budget_bytes
 
 
 @dataclass(frozen=True)
@@ -228,21 +231,35 @@ def server_sources(config: Config,
     out: list[tuple[Optional[str], Optional[str], Optional[str]]] = []
     if config.server.unit or config.server.pidfile:
         out.append((config.server.unit or "default", config.server.unit, config.server.pidfile))
-    out += [(e.name or e.unit, e.unit, e.pidfile) for e in config.servers]
+    out += [(e.name or e.unit, e.unit, e.pidfile) for e in config.servers
+            if e.unit is not None or e.pidfile is not None]
     return out
+
+
+def server_budgets(config: Config) -> dict[str, int]:
+    """The servers given a budget of their own (`servers[].budget_bytes`), by name."""
+    return {name: e.budget_bytes for e in config.servers
+            if e.budget_bytes is not None and (name := e.name or e.unit) is not None}
 
 
 def _servers_problems(config: Config) -> list[str]:
     problems, names = [], []
     for i, e in enumerate(config.servers):
         where = f"servers[{i}]"
-        if (e.unit is None) == (e.pidfile is None):
-            problems.append(f"{where}: set exactly one of unit and pidfile")
-        if e.name is None and e.unit is None:
+        if e.unit is not None and e.pidfile is not None:
+            problems.append(f"{where}: set one of unit and pidfile, not both")
+        if e.unit is None and e.pidfile is None and (e.name is None or e.budget_bytes is None):
+            problems.append(f"{where}: set one of unit and pidfile, or name and budget_bytes "
+                            "(the budget of a server its agents announce by that name)")
+        elif e.name is None and e.unit is None:
             problems.append(f"{where}: a server found by its pidfile needs a name")
+        if e.budget_bytes is not None and e.budget_bytes <= 0:
+            problems.append(f"{where}.budget_bytes: must be > 0 bytes or null, got "
+                            f"{e.budget_bytes}")
         if e.pidfile is not None and not os.path.isabs(e.pidfile):
             problems.append(f"{where}.pidfile: must be an absolute path, got {e.pidfile!r}")
-    names = [name for name, _, _ in server_sources(config) if name]
+    names = [name for name, _, _ in server_sources(config) if name] + \
+        [e.name for e in config.servers if e.unit is None and e.pidfile is None and e.name]
     if len(set(names)) != len(names):
         problems.append(f"servers: names must differ, got {names}")
     return problems

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.config.schema import ForecastConfig, server_budgets
 from torch_watchdog.sidecar.core import correlate, labels, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core import lifecycle
@@ -207,11 +208,21 @@ def _live(host: Host, server: Server, t: float) -> None:
         server.down_since = t
 
 
+def forecast_config(cfg: Config, name: str) -> ForecastConfig:
+    """The forecast's config for one server: its own budget where `servers[]` gives it one,
+    else the host's (`forecast.process_budget_bytes`, or the device's)."""
+    budget = server_budgets(cfg).get(name)
+    if budget is None or budget == cfg.forecast.process_budget_bytes:
+        return cfg.forecast
+    return dataclasses.replace(cfg.forecast, process_budget_bytes=budget)
+
+
 def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
                  others_busy: int) -> list[Action]:
     correlate.apply(server.state, _view(server, s), cfg.correlate, cfg.gpu.attribution)
     correlate.evaluate_causes(server.state, cfg.correlate)
-    server.forecast = forecast(server.state, cfg.forecast, cfg.correlate.min_records)
+    server.forecast = forecast(server.state, forecast_config(cfg, server.name),
+                               cfg.correlate.min_records)
     actions = _recheck(server, s.t, cfg)
     held_by = _held_by(host, server, cfg, others_busy)
     actions += _decide(host, server, cfg, allow_reload=held_by is None, held_by=held_by)

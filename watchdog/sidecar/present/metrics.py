@@ -290,7 +290,8 @@ SPECS: tuple[Spec, ...] = (
          "Where the forecast's OOM is, the level at which allocation fails: on a GPU its "
          "usable memory less the 19 MiB the driver keeps; in host-memory mode the server's "
          "memory limit (its cgroup's, else what it holds plus what the host has available); "
-         "or forecast.process_budget_bytes.", _fc("budget_bytes")),
+         "or forecast.process_budget_bytes (servers[].budget_bytes for a server given its "
+         "own).", _fc("budget_bytes")),
     Spec("torch_watchdog_memory_level_bytes", GAUGE, _S,
          "The memory the forecast measures against the budget now: on a GPU the GPU's used "
          "memory (every process's); in host-memory mode, or with forecast."
