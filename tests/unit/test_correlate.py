@@ -135,6 +135,28 @@ def test_recompile_storm_comes_and_goes():
     assert "recompile_storm" not in s.active
 
 
+def test_an_active_cause_says_its_numbers_now_and_its_finding_the_first():
+    """"recompile_storm: 4 recompiles within 5 min" while the counts said 7, and "256 MiB of
+    332 MiB growth" while the server grew ~700 MiB more: the texts kept their first numbers."""
+    cfg = CorrelateConfig(storm_recompiles=4, storm_window_s=300, unexplained_bytes=200 * MB)
+    storm = run([compile_(0.0)] + [compile_(float(i), f"0/{i}") for i in (1, 2, 3, 4)], cfg)
+    assert storm.active["recompile_storm"].detail["recompiles_in_window"] == 4
+    storm = fold(storm, [compile_(float(i), f"0/{i}") for i in (5, 6, 7)]
+                 + [sample(9.0, 1000 * MB)], cfg)
+    assert storm.active["recompile_storm"].detail["recompiles_in_window"] == 7 == \
+        storm.compiles.recompiles
+    leak = run([compile_(1.0), sample(20.0, 1000 * MB), sample(25.0, 1600 * MB),
+                sample(90.0, 1600 * MB)], cfg)
+    assert leak.active["memory_growth_unexplained"].detail["growth_mb"] == 600.0
+    leak = fold(leak, [sample(100.0 + i, 1600 * MB + i * 100 * MB) for i in range(8)]
+                + [sample(200.0, 2300 * MB)], cfg)
+    assert leak.active["memory_growth_unexplained"].detail == {"unexplained_mb": 1300.0,
+                                                               "growth_mb": 1300.0}
+    # the findings (logged once, when found) keep what they said then
+    assert storm.findings[0].detail["recompiles_in_window"] == 4
+    assert leak.findings[0].detail["growth_mb"] == 600.0
+
+
 def test_steady_latency_excludes_stalls():
     calls = events.Calls(t=10.0, pid=7, name="m", calls=101, seconds=5.1, stall_calls=1,
                          stall_seconds=5.0, distinct_shapes=2, window_s=2.0)

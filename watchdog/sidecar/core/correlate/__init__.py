@@ -17,6 +17,7 @@ The server's memory is its per-process GPU memory (NVML), else the device's used
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
@@ -50,6 +51,7 @@ class State:
     """One server's state: what its agents and the sources said, in parts."""
     first_t: Optional[float] = None
     now: float = 0.0
+    refresh_at: float = -math.inf  # when the active causes' numbers are next read again
     pids: set[int] = field(default_factory=set)  # every process its events came from
     torch: Optional[str] = None                  # the torch version its agents reported
     first_hello_t: Optional[float] = None        # its warm-up counts from its first hello
@@ -209,7 +211,57 @@ def _activate(state: State, t: float, cause: str, detail: dict[str, Any]) -> Non
         state.findings.append(finding)
 
 
+# an active cause's numbers are read again this often, not at every poll: the status page is
+# rebuilt at most once a second (present/publisher.PUBLISH_S), alerts are re-sent far less often
+REFRESH_S = 1.0
+
+
+def _now_storm(state: State, cfg: CorrelateConfig) -> dict[str, Any]:
+    c = state.compiles
+    return {"recompiles_in_window": c.recompiles_in_window(state.now, cfg.storm_window_s)
+            if c.recompile_times else 0, "compile_seconds": round(c.seconds, 3)}
+
+
+def _now_fallback(state: State, cfg: CorrelateConfig) -> dict[str, Any]:
+    c = state.compiles
+    return {"recompiles": c.recompiles, "new_shapes_without_compile": c.new_shapes_after_limit}
+
+
+def _now_graphs(state: State, cfg: CorrelateConfig) -> dict[str, Any]:
+    b = state.memory.mb_per_graph
+    return {"recordings": state.records, "distinct_shapes": state.shapes.distinct} | (
+        {} if b is None else {"mb_per_graph": round(b, 4),
+                              "mb_so_far": round(b * state.records, 1)})
+
+
+def _now_unexplained(state: State, cfg: CorrelateConfig) -> dict[str, Any]:
+    mem = state.memory
+    if mem.bytes is None or mem.start is None:
+        return {}
+    return {"unexplained_mb": round(state.unexplained_bytes() / 1e6, 1),
+            "growth_mb": round((mem.bytes - mem.start) / 1e6, 1)}
+
+
+NOW = {"recompile_storm": _now_storm, "recompile_limit_eager_fallback": _now_fallback,
+       "cudagraph_per_shape": _now_graphs, "memory_growth_unexplained": _now_unexplained}
+
+
+def refresh_causes(state: State, cfg: CorrelateConfig) -> None:
+    """Each active cause's numbers as they are now, at most every REFRESH_S: its text, its
+    alert and the counts beside them say one thing ("4 recompiles within 5 min" stayed while
+    the counts said 7). Its finding, as logged when found, keeps the first numbers."""
+    if not state.active or state.now < state.refresh_at:
+        return
+    state.refresh_at = state.now + REFRESH_S
+    for cause, f in list(state.active.items()):
+        read = NOW.get(cause)
+        detail = f.detail if read is None else {**f.detail, **read(state, cfg)}
+        if detail != f.detail:
+            state.active[cause] = Finding(f.t, cause, detail)
+
+
 def evaluate_causes(state: State, cfg: CorrelateConfig) -> None:
+    refresh_causes(state, cfg)
     t, c = state.now, state.compiles
     in_window = c.recompiles_in_window(t, cfg.storm_window_s) if c.recompile_times else 0
     if in_window >= cfg.storm_recompiles:
