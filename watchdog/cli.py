@@ -284,6 +284,11 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
     from torch_watchdog.sidecar.present.web import local_url, read_status
 
     if url is None:
+        if config_path is None:  # in the directory of a `sidecar --dev`: its config
+            from torch_watchdog.sidecar import dev
+
+            here = os.path.join(dev.DEFAULT_DIR, dev.CONFIG_NAME)
+            config_path = here if os.path.isfile(here) else None
         cfg = load_config(config_path, "status")
         if cfg is None:
             return 2
@@ -366,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "server's environment and saves it in DIR/env")
     stp = command("status", "summarise a running sidecar (its /status.json)")
     stp.add_argument("--url", help="the sidecar's HTTP address, e.g. http://127.0.0.1:9464 "
-                     "(default: metrics_address and metrics_port of --config, or defaults)")
+                     "(default: metrics_address and metrics_port of --config, else of "
+                     "./.torch-watchdog/watchdog.yaml where `sidecar --dev` ran here, else "
+                     "the defaults)")
     stp.add_argument("--config", help="sidecar config (YAML) to take the port from")
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
     stp.add_argument("--server", metavar="NAME", help="one server's numbers, chart data and "

@@ -95,6 +95,24 @@ def test_status_with_a_valid_url_and_nothing_there_says_no_sidecar(capsys):
     assert "no sidecar is running" in capsys.readouterr().err
 
 
+def test_status_in_a_dev_directory_asks_the_port_its_config_says(tmp_path, monkeypatch, capsys):
+    """In the `--dev` directory plain `status` (the README's) ignored the edited metrics_port
+    and asked the default one."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a port nobody listens on: the address asked is in the message
+    port = s.getsockname()[1]
+    (tmp_path / ".torch-watchdog").mkdir()
+    (tmp_path / ".torch-watchdog" / "watchdog.yaml").write_text(f"metrics_port: {port}\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert cli.main(["status"]) == 1
+    finally:
+        s.close()
+    assert f"no sidecar is running at http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
 def test_events_reads_the_sidecars_sample_log_skipping_its_own_lines(capsys):
     path = os.path.join(ROOT, "tests", "fixtures", "h200-seed-oom-samples.jsonl.gz")
     assert cli.main(["events", path]) == 0
