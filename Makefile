@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 
 .PHONY: install demo test lint typecheck test-gpu bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile watchdog/agent/_hotpath.c
+$(VENV)/.installed: pyproject.toml setup.py Makefile watchdog/agent/_hotpath.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" numpy
