@@ -8,8 +8,9 @@ It runs as is on a CPU (a tiny stand-in model; `backend="eager"` keeps the compi
 Warm-up: each worker compiles before it takes requests, at lengths 1 and 16. The first call
 compiles the model for its static shape; the second, at a new length, makes Dynamo compile it
 again with the length dynamic (automatic dynamic shapes), and every later length reuses that
-graph. So the sidecar counts 2 compiles per worker at start, one of them a recompile: expected,
-and over before the first request.
+graph. So each worker compiles twice at start, the second time a recompile, and `status` says
+"2 compiles, 2 recompiles" for the two-worker server: expected, and over before the first
+request.
 
 Requests are checked before they reach the model: a missing or non-string `text`, an empty one
 (a (1, 0) tensor would make torch.compile fail inside Dynamo, which the sidecar would count as
