@@ -251,7 +251,10 @@ def test_agent_event_log_with_watched_shapes(tmp_path):
     assert rep["summary"]["recompile_limit"] == 8
     assert [r["max_buckets"] for r in sh["advisor"]] == [4, 8]  # never more than the limit
     assert [c["cause"] for c in rep["causes"]][-1] == "recompile_limit_eager_fallback"
-    assert "no memory samples yet" in (tmp_path / "r.html").read_text()
+    page = (tmp_path / "r.html").read_text()
+    assert "no memory samples yet" in page
+    # it compiled per size and hit its limit: not "one graph serves every size" beside that
+    assert "one graph serves" not in page and "hit its recompile limit of 8 after" in page
 
 
 # -- what a user reading the report sees (issue 9) -------------------------------------------

@@ -22,6 +22,16 @@ def test_one_alert_per_cause_with_identifying_labels_and_explaining_annotations(
     assert key == tuple(sorted(alert["labels"].items()))
 
 
+def test_the_oom_alert_s_fix_names_the_memory_that_runs_out():
+    """In host-memory mode (no GPU) the fix said "GPU memory"."""
+    def fix(source):
+        (alert,) = build({"oom_forecast": {}}, {**EST, "memory_source": source}, FC,
+                         LABELS).values()
+        return alert["annotations"]["fix"]
+    assert "GPU memory" in fix("process") and "GPU memory" in fix("device")
+    assert "GPU" not in fix("rss") and "cgroup" in fix("rss")
+
+
 def test_rfc3339():
     assert rfc3339(0.25) == "1970-01-01T00:00:00.250Z"
 

@@ -52,7 +52,22 @@ FIXES = {
 }
 
 
+# host-memory mode (no GPU: memory_source "rss"): the memory that runs out is the host's
+HOST_FIXES = {
+    "oom_forecast": "The server will run out of memory (its own, against its cgroup's limit or "
+                    "what the host has); the sidecar reloads it before then if reloads are "
+                    "enabled.",
+}
+
 CRITICAL = ("oom_forecast", "reload_failed")  # the server is about to stop, or did
+
+
+def fix(cause: str, estimates: Mapping[str, Any]) -> str:
+    """What to do, said of the memory that runs out: the GPU's, or in host-memory mode the
+    host's."""
+    if estimates.get("memory_source") == "rss" and cause in HOST_FIXES:
+        return HOST_FIXES[cause]
+    return FIXES.get(cause, "")
 
 
 def rfc3339(t: float) -> str:
@@ -122,7 +137,7 @@ def build(active: dict[str, dict[str, Any]], estimates: Mapping[str, Any],
             "labels": alert_labels,
             "annotations": {"summary": f"torch.compile watchdog: {cause.replace('_', ' ')}",
                             "description": describe(cause, detail, estimates, forecast),
-                            "fix": FIXES.get(cause, "")}}
+                            "fix": fix(cause, estimates)}}
     return out
 
 

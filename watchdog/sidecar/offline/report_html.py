@@ -379,7 +379,8 @@ def _advisor_html(sh: dict[str, Any], best: dict[str, Any], level: int) -> str:
     else:
         notes.append("Memory saved: not known (no memory per CUDA graph was measured in this "
                      "run).")
-    if now["what"] == "compiles" and before is not None and before < sh["distinct"]:
+    if now["what"] == "compiles" and before is not None and before < sh["distinct"] and \
+            limit is None:  # past its limit a server runs eager: no graph serves those sizes
         notes.append(f"The server compiled {before} time{'s' if before != 1 else ''} for "
                      f"{sh['distinct']:,} sizes (automatic dynamic shapes: one graph serves "
                      "every size) and recorded no CUDA graph: buckets save no compile here; "
@@ -387,8 +388,10 @@ def _advisor_html(sh: dict[str, Any], best: dict[str, Any], level: int) -> str:
                      "per size otherwise.")
     if limit is not None:
         notes.append(f"The server compiles per size (dynamic=False) and hit its recompile limit "
-                     f"of {limit}: no more than {limit} buckets, or the sizes past the limit "
-                     "run eager again.")
+                     f"of {limit}" + (f" after {before} compiles for {sh['distinct']:,} sizes"
+                                      if before is not None else "")
+                     + f": no more than {limit} buckets, or the sizes past the limit run eager "
+                     "again.")
     return (f"<h{level}>Bucket advisor</h{level}><p>Pad each request up to the next boundary: "
             "one CUDA graph (or compile) per bucket instead of per size.</p><table><tr>"
             "<th>buckets</th><th>boundaries</th><th>padding overhead</th>"
