@@ -111,6 +111,29 @@ def test_status_of_a_server_not_there_exits_2_and_the_detail_is_one_server_s(hos
     assert {a["server"] for a in whole["actions"]} == {whole["detail"]["server"]}
 
 
+def test_a_real_browser_shows_three_servers_each_with_its_row(host, tmp_path):
+    """Headless Chromium renders the host page: a row per server, the growing one's section
+    below. `WATCHDOG_SCREENSHOTS=DIR` keeps the screenshot (docs/screenshots/)."""
+    from tests.integration.test_status_page import run_chromium
+    import shutil
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("no chromium (.ci/run installs it)")
+    url = f"http://127.0.0.1:{host.port}/"
+    done = run_chromium(str(tmp_path), "--dump-dom", url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = re.findall(r'<tr class="server server-(\w+)" data-server="([^"]+)"', done.stdout)
+    assert sorted(name for _, name in rows) == ["growing", "idle", "storm"], rows
+    assert all(state == "up" for state, _ in rows)
+    where = os.environ.get("WATCHDOG_SCREENSHOTS")
+    if where:
+        os.makedirs(where, exist_ok=True)
+        shot = os.path.join(where, "5-three-servers.png")
+        done = run_chromium(str(tmp_path), f"--screenshot={shot}", "--window-size=1280,1500",
+                            url)
+        assert done.returncode == 0 and os.path.getsize(shot) > 10_000, done.stderr[-2000:]
+
+
 def test_one_number_per_fact_on_every_surface(host, tmp_path):
     """The same budget read 21.9 GiB in `status`, 22 GiB on the page, 22.5 and 22.1 GiB in
     the report."""
