@@ -97,6 +97,22 @@ def test_recompile_limit_hit_and_eager_fallback(agent, collector):
         assert any(e.shape == [[1, 11]] for e in collector.of("new_shape"))
 
 
+def test_the_recompile_limit_names_the_watched_module_not_torch_s_wrapper_frame(agent,
+                                                                              collector):
+    """torch.compile of a torch.nn module runs through torch's own frame `inner`
+    (external_utils.py): the limit was reported at "inner (external_utils.py:67)"."""
+    model = torch.nn.Linear(4, 4).eval()
+    compiled = wrapper.watch(torch.compile(model, dynamic=False, backend="eager"), name="proj")
+    with limit_patch(2), torch.no_grad():
+        for batch in (1, 2, 3, 4, 5):
+            compiled(torch.randn(batch, 4))
+        assert collector.wait(lambda c: len(c.of("recompile_limit")) == 1)
+    (hit,) = collector.of("recompile_limit")
+    assert not hit.function.startswith("inner"), hit.function
+    if "external_utils" in hit.function:  # the torch versions that compile a module through it
+        assert hit.function.startswith("proj (torch's wrapper frame inner (external_utils.py")
+
+
 def test_graph_break_reason(agent, collector):
     def f(x):
         x = x + 1

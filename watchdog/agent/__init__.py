@@ -74,7 +74,8 @@ class Agent:
         self.warm = self._warm(torch)
         self.hooks = TorchHooks(torch, self._compile_emit if self.warm else emit, self.on_error,
                                 on_recompile=self.guard.note_recompile,
-                                on_cudagraph_key=self.budget.note_key)
+                                on_cudagraph_key=self.budget.note_key,
+                                watched_names=lambda: sorted({w.name for w in list(watched)}))
         self.torch_version = str(torch.__version__)
         control = config.control_path or drain.default_path(config.socket_path)
         self.control = (drain.ControlClient(control, {0, os.geteuid(), config.control_uid},

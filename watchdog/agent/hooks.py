@@ -200,6 +200,21 @@ def _function_name(m: Any) -> Optional[str]:
     return f"{name}{where}"
 
 
+# torch's own frame around a compiled torch.nn module (torch._dynamo.external_utils.wrap_inline,
+# `def inner`): what Dynamo names in its recompile-limit report for torch.compile(nn.Linear(...))
+_WRAPPER_RE = re.compile(r"^inner \(external_utils\.py\b")
+
+
+def users_function(function: Optional[str], watched: list[str]) -> Optional[str]:
+    """The compiled function to name: the user's, not torch's wrapper frame. For `inner`
+    (external_utils.py), the watched model where one is, said with torch's frame."""
+    if function is None or not _WRAPPER_RE.match(function):
+        return function
+    who = watched[0] if len(watched) == 1 else \
+        ("one of " + ", ".join(watched[:3])) if watched else "a compiled torch.nn module"
+    return f"{who} (torch's wrapper frame {function})"
+
+
 def _attempt(compile_id: Optional[str]) -> Optional[int]:
     match = _ATTEMPT_RE.search(compile_id or "")
     return int(match.group(2)) if match else None
@@ -213,8 +228,10 @@ def _note_activity(kind: str) -> None:
 class TorchHooks:
     def __init__(self, torch: Any, emit: Emit, on_error: Callable[[BaseException], None],
                  on_recompile: Callable[[], None] = lambda: None,
-                 on_cudagraph_key: Callable[[Any], None] = lambda key: None):
+                 on_cudagraph_key: Callable[[Any], None] = lambda key: None,
+                 watched_names: Callable[[], list[str]] = list):
         self.torch = torch
+        self.watched_names = watched_names  # watch()'s names: who `inner` compiled
         self.emit = emit
         self.on_error = on_error
         self.on_recompile = on_recompile
@@ -389,7 +406,9 @@ class TorchHooks:
                 tls.limit_warned = False  # the warning already reported this hit
                 return
             self.emit(events.RecompileLimit(
-                t=time.time(), pid=self.pid, function=_function_name(m), limit=self._limit(),
+                t=time.time(), pid=self.pid,
+                function=users_function(_function_name(m), self.watched_names()),
+                limit=self._limit(),
                 reason=events.clip(getattr(m, "recompile_reason", None)), compile_id=compile_id))
             return
         attempt = _attempt(compile_id)
@@ -476,8 +495,9 @@ class TorchHooks:
         tls.limit_warned = True  # the metrics entry that follows (2.7+) is the same hit
         self.emit(events.RecompileLimit(
             t=time.time(), pid=self.pid,
-            function=events.clip(f"{function.group(1)} ({os.path.basename(function.group(2))})"
-                                 if function else None, 300),
+            function=events.clip(users_function(
+                f"{function.group(1)} ({os.path.basename(function.group(2))})"
+                if function else None, self.watched_names()), 300),
             limit=int(limit.group(2)) if limit else self._limit(),
             reason=events.clip(reason.group(1).strip() if reason else None), compile_id=None))
 
