@@ -448,3 +448,10 @@ def test_a_server_has_its_own_span():
     assert rep["chart"]["points"][-1][0] == 79  # the line stops where it died, not flat to 99
     page = page_text(report.render_html({**rep, "input": {**rep["input"], "bad_lines": 0}}))
     assert "server seen for 59 s (from +20 s)" in page and "over 1 min 39 s" in page
+
+
+def test_a_cause_s_numbers_read_as_words_and_units_once():
+    """The cause table read "unexplained mb 257 MiB": the unit in the name and the value."""
+    from torch_watchdog.sidecar.offline.report_html import _numbers
+    text = _numbers({"unexplained_mb": 257.0, "growth_mb": 332.0, "cause": "x"}, ("cause",))
+    assert text == "unexplained 245 MiB, growth 317 MiB"

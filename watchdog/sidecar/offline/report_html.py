@@ -324,7 +324,7 @@ LABELS = {"seconds_to_oom": "OOM in", "seconds_to_oom_earliest": "at the earlies
 def _label(key: str) -> str:
     if key in LABELS:
         return LABELS[key]
-    for suffix in ("_bytes_per_s", "_bytes"):
+    for suffix in ("_bytes_per_s", "_bytes", "_mb"):  # the value says its unit ("257 MiB")
         if key.endswith(suffix):
             key = key[: -len(suffix)] + (" per s" if suffix == "_bytes_per_s" else "")
     return key.replace("_", " ")
