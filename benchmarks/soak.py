@@ -10,8 +10,15 @@ a `calls` report every 2 s, with a few MiB of ballast besides. Each lives a rand
 some exit normally (their final heartbeat sent, as the agent's atexit does), some are
 SIGKILLed; 8-12 are alive at a time (a target drawn again every 30 s), over a pool of server
 names, a name sometimes taken again soon after its process died. The sidecar is SIGTERMed and
-started again with the same config (same state_dir) mid-run (`--restarts`, in the run's first
-half, so the last incarnation has the longest stretch).
+started again with the same config (same state_dir) early in the run (`--restart-at`, minutes
+into the churn: the last incarnation has the longest stretch, and starts from what
+servers.json and reloads.json kept).
+
+The RSS slope is read after a warm-up (`--warmup-min`, 12) of each incarnation: a stopped
+server is kept 10 minutes (RETAIN_S, core/lifecycle.py) and an agent lives up to 2, so the
+number of servers held grows for the first 12 minutes of churn, then holds (a bounded
+state fills its bound first; that fill is no leak). An incarnation too short for it is
+fitted over its last 60 %.
 
 `--steady N`: N long-lived servers for the whole run instead, no churn, no kill, no restart.
 
@@ -30,7 +37,8 @@ Targets (the issue): slope < 5 MiB/h after warm-up; servers held at the end = li
 recently stopped only; idle CPU unchanged.
 
     python benchmarks/soak.py [--minutes 26] [--steady N] [--seed 1] [--names 200]
-        [--restarts 1] [--sample-s 5] [--warmup-min 3] [--idle-s 30] [--json PATH] [--keep]
+        [--restart-at 2 ...] [--sample-s 5] [--warmup-min 12] [--idle-s 30] [--tracemalloc]
+        [--json PATH] [--keep]
     python benchmarks/soak.py --minutes 2          # a smoke run
 
 Figures: benchmarks/results/soak.md.
@@ -38,6 +46,7 @@ Figures: benchmarks/results/soak.md.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import random
@@ -60,7 +69,8 @@ FUNCTION = "forward"
 HELLO_EVERY_S = 30.0      # the agent's hello_every_s default
 HEARTBEAT_S = 2.0         # the agent's heartbeat_s default
 NEW_SIZES_FOR_S = 20.0    # new input sizes (a CUDA graph each) during this first part of a life
-RECENT_S = (60.0, 300.0)  # "recently stopped": within these
+RECENT_S = (60.0, 300.0, 600.0)  # "recently stopped": within these (600: RETAIN_S)
+TRACE_EVERY_S = 60.0      # --tracemalloc: a heap snapshot this often
 
 
 # -- one plain-socket agent (a process of its own) ---------------------------------------------
@@ -87,7 +97,14 @@ def agent_main(sock: str, name: str, lifetime: float, seed: int) -> int:
                             watched=[FUNCTION], argv=f"soak-agent {name}", server=name,
                             ppid=os.getppid())
 
-    em = Emitter(sock, None, tick_s=0.1, reconnect_s=1.0)
+    def hello_again() -> None:
+        # as the agent does: a new sidecar at the socket path hears the hello at once
+        em.emit(hello())
+
+    kw: dict[str, Any] = {}
+    if "on_receiver_change" in inspect.signature(Emitter).parameters:  # older trees: no such
+        kw["on_receiver_change"] = hello_again
+    em = Emitter(sock, None, tick_s=0.1, reconnect_s=1.0, **kw)
     em.emit(hello())
     em.start()
     ballast = bytearray(rng.randint(4, 24) * MIB)  # written: it counts in RSS and PSS
@@ -144,8 +161,8 @@ def free_port() -> int:
 class Sidecar:
     """The real daemon, one incarnation after another, on one config and state_dir."""
 
-    def __init__(self, workdir: str):
-        self.workdir = workdir
+    def __init__(self, workdir: str, trace_dir: Optional[str] = None):
+        self.workdir, self.trace_dir = workdir, trace_dir
         self.port = free_port()
         self.sock = os.path.join(workdir, "ev.sock")
         self.config = os.path.join(workdir, "watchdog.yaml")
@@ -161,9 +178,12 @@ class Sidecar:
     def start(self) -> None:
         self.incarnation += 1
         log = open(os.path.join(self.workdir, f"sidecar-{self.incarnation}.log"), "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
-                                      "--config", self.config], cwd=ROOT, stderr=log,
-                                     stdout=subprocess.DEVNULL)
+        cmd = [sys.executable, "-m", "torch_watchdog.cli"]
+        if self.trace_dir:  # the daemon itself, under tracemalloc
+            cmd = [sys.executable, os.path.abspath(__file__), "--traced-sidecar",
+                   os.path.join(self.trace_dir, f"{self.incarnation}"), str(TRACE_EVERY_S)]
+        self.proc = subprocess.Popen([*cmd, "sidecar", "--config", self.config], cwd=ROOT,
+                                     stderr=log, stdout=subprocess.DEVNULL)
         log.close()
         self.ps = psutil.Process(self.proc.pid)
         deadline = time.monotonic() + 60
@@ -213,6 +233,59 @@ class Sidecar:
                             key += f" {entry.get('action')}/{entry.get('reason')}"
                     counts[key] = counts.get(key, 0) + 1
         return counts
+
+
+# -- the heap's growth (--tracemalloc) ------------------------------------------------------
+def traced_sidecar(prefix: str, every: float, argv: list[str]) -> None:
+    """The daemon (`python -m torch_watchdog.cli ARGV`) with tracemalloc on (one frame: by
+    line), a snapshot dumped to PREFIX-<seconds since start>.snap every `every` seconds."""
+    import runpy
+    import tracemalloc
+
+    tracemalloc.start(1)
+    t0 = time.monotonic()
+
+    def dump() -> None:
+        while True:
+            time.sleep(every)
+            snap = tracemalloc.take_snapshot()
+            path = f"{prefix}-{time.monotonic() - t0:07.0f}.snap"
+            snap.dump(path + ".tmp")
+            os.replace(path + ".tmp", path)
+
+    threading.Thread(target=dump, daemon=True, name="soak-tracemalloc").start()
+    sys.argv = ["torch_watchdog.cli", *argv]
+    runpy.run_module("torch_watchdog.cli", run_name="__main__", alter_sys=True)
+
+
+def heap_growth(trace_dir: str, incarnation: int, warmup_s: float, top: int = 12,
+                ) -> Optional[dict[str, Any]]:
+    """The incarnation's heap growth from its first snapshot after the warm-up to its last, by
+    line: the top lines, each with its share of the growth."""
+    import tracemalloc
+
+    snaps = sorted(f for f in os.listdir(trace_dir)
+                   if f.startswith(f"{incarnation}-") and f.endswith(".snap"))
+    timed = [(float(f.split("-")[1].split(".")[0]), f) for f in snaps]
+    after = [x for x in timed if x[0] >= warmup_s]
+    if len(after) < 2:
+        return None
+    (t_a, a), (t_b, b) = after[0], after[-1]
+    keep = [tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
+    first = tracemalloc.Snapshot.load(os.path.join(trace_dir, a)).filter_traces(keep)
+    last = tracemalloc.Snapshot.load(os.path.join(trace_dir, b)).filter_traces(keep)
+    diff = last.compare_to(first, "lineno")
+    growth = sum(d.size_diff for d in diff)
+    return {"from_s": t_a, "to_s": t_b, "heap_first_mib": round(sum(
+        s.size for s in first.statistics("filename")) / MIB, 2),
+        "growth_mib": round(growth / MIB, 2),
+        "growth_mib_per_h": round(growth / MIB / ((t_b - t_a) / 3600), 1),
+        "top": [{"where": f"{d.traceback[0].filename.replace(ROOT + '/', '')}:"
+                          f"{d.traceback[0].lineno}", "kib": round(d.size_diff / 1024, 1),
+                 "blocks": d.count_diff,
+                 "share": round(d.size_diff / growth, 3) if growth > 0 else None}
+                for d in diff[:top]]}
 
 
 # -- the fleet -----------------------------------------------------------------------------------
@@ -342,13 +415,13 @@ def fit(points: list[tuple[float, float]]) -> Optional[dict[str, float]]:
 
 
 def slopes(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
-    """Per incarnation: RSS MiB/h after its warm-up (at most 40 % of its stretch, for a short
-    run), least squares; and its first and last RSS."""
+    """Per incarnation: RSS MiB/h after its warm-up (its first 40 % where it lasted less than
+    the warm-up and 5 minutes more), least squares; and its first and last RSS."""
     out = []
     for inc in sorted({s["incarnation"] for s in samples}):
         mine = [s for s in samples if s["incarnation"] == inc]
         span = mine[-1]["since_start_s"] - mine[0]["since_start_s"]
-        skip = min(warmup_s, 0.4 * span)
+        skip = warmup_s if span >= warmup_s + 300 else 0.4 * span
         kept = [s for s in mine if s["since_start_s"] >= skip]
         f = fit([(s["since_start_s"] / 3600, s["rss"] / MIB) for s in kept])
         out.append({"incarnation": inc, "stretch_min": round(span / 60, 1),
@@ -394,7 +467,11 @@ def held(sidecar: Sidecar, fleet: Fleet) -> dict[str, Any]:
 # -- the run -----------------------------------------------------------------------------------
 def run(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
     rng = random.Random(a.seed)
-    sidecar = Sidecar(workdir)
+    trace_dir = None
+    if a.tracemalloc:
+        trace_dir = os.path.join(workdir, "heap")
+        os.makedirs(trace_dir)
+    sidecar = Sidecar(workdir, trace_dir)
     fleet = Fleet(sidecar.sock, rng, a.names)
     result: dict[str, Any] = {"args": vars(a), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                               "load_avg_start": os.getloadavg()}
@@ -409,8 +486,7 @@ def run(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
         sampler.start()
         churn_s = a.minutes * 60
         t0 = time.monotonic()
-        restart_at = [] if a.steady else [
-            churn_s * (i + 1) / (2 * (a.restarts + 1)) for i in range(a.restarts)]
+        restart_at = [] if a.steady else sorted(m * 60 for m in a.restart_at)
         restarts: list[dict[str, Any]] = []
         if a.steady:
             for _ in range(a.steady):
@@ -471,6 +547,9 @@ def run(a: argparse.Namespace, workdir: str) -> dict[str, Any]:
         result["load_avg_end"] = os.getloadavg()
         result["sidecar_log"] = sidecar.log_counts()
         result["samples"] = sampler.samples
+        if trace_dir:
+            result["heap_growth"] = [heap_growth(trace_dir, i, a.warmup_min * 60)
+                                     for i in range(1, sidecar.incarnation + 1)]
     finally:
         sampler.halt.set()
         fleet.stop_all(signal.SIGKILL)
@@ -492,11 +571,23 @@ def report(r: dict[str, Any]) -> None:
           f"a core; RSS idle {r['rss_idle_before_mib']} -> {r['rss_idle_after_mib']} MiB")
     print("servers listed over time (min, rows):", r["servers_listed_over_time"])
     print("sidecar log:", json.dumps(r["sidecar_log"]))
+    for i, h in enumerate(r.get("heap_growth") or (), 1):
+        if h is None:
+            continue
+        print(f"heap of sidecar #{i} (tracemalloc), {h['from_s'] / 60:.1f} -> "
+              f"{h['to_s'] / 60:.1f} min: {h['heap_first_mib']} MiB, +{h['growth_mib']} MiB "
+              f"({h['growth_mib_per_h']} MiB/h); top lines:")
+        for x in h["top"]:
+            share = "" if x["share"] is None else f", {100 * x['share']:.0f} %"
+            print(f"  {x['where']}: {x['kib']:+} KiB, {x['blocks']:+} blocks{share}")
     print("load average: start", [round(x, 2) for x in r["load_avg_start"]], "end",
           [round(x, 2) for x in r["load_avg_end"]])
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--traced-sidecar":
+        traced_sidecar(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--agent":
         sock, name, lifetime, seed = sys.argv[2:6]
         return agent_main(sock, name, float(lifetime), int(seed))
@@ -511,13 +602,17 @@ def main() -> int:
     p.add_argument("--life-min", type=float, default=20.0)
     p.add_argument("--life-max", type=float, default=120.0)
     p.add_argument("--kill-share", type=float, default=0.22, help="agents SIGKILLed")
-    p.add_argument("--restarts", type=int, default=1, help="sidecar restarts (SIGTERM)")
+    p.add_argument("--restart-at", type=float, nargs="*", default=[2.0],
+                   help="minutes into the churn: a sidecar restart (SIGTERM) at each")
     p.add_argument("--sample-s", type=float, default=5.0)
-    p.add_argument("--warmup-min", type=float, default=3.0,
+    p.add_argument("--warmup-min", type=float, default=12.0,
                    help="left out of each incarnation's RSS fit")
     p.add_argument("--idle-s", type=float, default=30.0)
     p.add_argument("--settle-s", type=float, default=10.0,
                    help="before each idle measurement")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="the sidecar under tracemalloc: its heap's growth by line (its RSS and "
+                        "CPU then are not the daemon's own)")
     p.add_argument("--json", help="write every figure and sample here")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     a = p.parse_args()
