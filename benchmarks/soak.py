@@ -281,11 +281,17 @@ def heap_growth(trace_dir: str, incarnation: int, warmup_s: float, top: int = 12
         s.size for s in first.statistics("filename")) / MIB, 2),
         "growth_mib": round(growth / MIB, 2),
         "growth_mib_per_h": round(growth / MIB / ((t_b - t_a) / 3600), 1),
-        "top": [{"where": f"{d.traceback[0].filename.replace(ROOT + '/', '')}:"
-                          f"{d.traceback[0].lineno}", "kib": round(d.size_diff / 1024, 1),
+        "top": [{"where": f"{_short_path(d.traceback[0].filename)}:{d.traceback[0].lineno}",
+                 "kib": round(d.size_diff / 1024, 1),
                  "blocks": d.count_diff,
                  "share": round(d.size_diff / growth, 3) if growth > 0 else None}
                 for d in diff[:top]]}
+
+
+def _short_path(path: str) -> str:
+    """torch_watchdog/… for the package's files, wherever it was imported from."""
+    i = path.rfind("torch_watchdog/")
+    return path[i:] if i >= 0 else path
 
 
 # -- the fleet -----------------------------------------------------------------------------------
