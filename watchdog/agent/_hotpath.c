@@ -42,8 +42,9 @@
 #define DEPTH 32
 
 /* copies of settings.current.stall_s and .route_eager (every call reads them), kept by
- * configure(), which settings.configure() calls through settings.COPIES */
-static double stall_s = 0.05;
+ * configure(), which settings.configure() calls through settings.COPIES and calls.py calls
+ * once at import: no default of its own here (settings.STALL_S is the one) */
+static double stall_s = 0.0;
 static int route_eager = 0;    /* every call takes the Python path */
 static PyObject *str_shape;    /* "shape", interned */
 

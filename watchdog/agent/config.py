@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from torch_watchdog.agent.identity import check_name
+from torch_watchdog.agent.settings import MAX_SHAPES, STALL_S
 from torch_watchdog.events import DEFAULT_SOCKET
 
 BUDGET_MODES = ("auto", "capture_sizes", "eager")
@@ -33,8 +34,8 @@ class AgentConfig:
     hello_every_s: float = 30.0                   # re-sent this often; at once to a sidecar
                                                   # that restarted (emitter.py)
     reconnect_s: float = 1.0                      # retry period for a dead socket / log
-    stall_threshold_s: float = 0.05               # a call at least this slow is a stall
-    max_shapes: int = 65_536                      # distinct shapes remembered per watched callable
+    stall_threshold_s: float = STALL_S            # a call at least this slow is a stall
+    max_shapes: int = MAX_SHAPES                  # distinct shapes remembered per watched callable
     graph_budget: int = 0                         # 0: off; else stop new cudagraph sizes after N
     graph_budget_mode: str = "auto"               # auto | capture_sizes (torch>=2.9) | eager
     recompile_guard_after: int = 0                # 0: off; else eager_on_recompile after N

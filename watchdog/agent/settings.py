@@ -30,10 +30,16 @@ class Settings:
         self.route_eager: Any = False
 
 
+# The stall threshold's one default (agent/config.py's `stall_threshold_s`, the C path's copy
+# through configure()): a call at least this slow is a stall.
+STALL_S = 0.05
+MAX_SHAPES = 65_536  # distinct shapes remembered per watched callable, by default
+
 # What every watched callable is told with no agent installed; install() and the mitigations
 # change the settings through configure(), their only writer.
-INERT: dict[str, Any] = {"emit": _discard, "emit_later": None, "stall_ns": 50_000_000,
-                         "max_shapes": 65_536, "route_eager": False}
+INERT: dict[str, Any] = {"emit": _discard, "emit_later": None,
+                         "stall_ns": round(STALL_S * 1e9), "max_shapes": MAX_SHAPES,
+                         "route_eager": False}
 current = Settings()
 
 # Called with `current` after each change: the C hot path keeps its own copy of the stall
