@@ -102,7 +102,7 @@ class Publisher:
         self._label_seen.update({label: now for label, _ in self.server_actions
                                  if label not in self._label_seen})
         gone = {label for label, seen in self._label_seen.items()
-                if now - seen > ACTIONS_KEPT_S or now < seen}
+                if now - seen > ACTIONS_KEPT_S}
         if gone:
             for key in [k for k in self.server_actions if k[0] in gone]:
                 del self.server_actions[key]
