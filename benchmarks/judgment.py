@@ -43,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "corpus"))
 
+import peers  # noqa: E402
 import stretch  # noqa: E402
 from torch_watchdog import events  # noqa: E402
 from torch_watchdog.sidecar.config import Config  # noqa: E402
@@ -57,15 +58,25 @@ FLAT = {"bucketed-control", "plateau-99.5", "sawtooth", "shared-flat"}
 GOOD = {"hit", "ok"}
 SCALES = (1, 10, 60, 360)
 AT_LEADS = (1, 2, 5, 10)          # calibration: this many reload_lead_s before the OOM
-X360 = ("leak-medium", "gpt2-variable-seq-2")   # one leak, one graph growth at ~10 h
+# one leak, one graph growth at ~10 h (the corpus's; the held-out corpus's)
+X360 = ("leak-medium", "gpt2-variable-seq-2", "slow-leak", "llama-variable-seq")
+HELD_OUT = os.path.join(ROOT, "tests", "fixtures", "heldout")
 ALERT_VISIBLE_S = 1800.0          # growth visible this long: the alert must come ...
 ALERT_MIN_LEAD_S = 1500.0         # ... this long before the OOM
 # straight ramps, where predicted/actual must be within CALIBRATED at 2-10 x the lead
 # graph growth that saturates under the budget: stretched too (no alert at any pace)
-PLATEAUS = {"resnet-variable-images", "gpt2-saturating"}
-RAMPS = {"fragmentation", "kv-cache-growth", "leak-small", "leak-medium", "leak-large"}
+PLATEAUS = {"resnet-variable-images", "gpt2-saturating", "vit-variable-res"}
+RAMPS = {"fragmentation", "kv-cache-growth", "leak-small", "leak-medium", "leak-large",
+         "slow-leak", "static-kv-cache", "tenant-bert"}
 CALIBRATED = (0.75, 1.33)
 MEDIAN_SLACK = 0.05               # --check: the median |log2(pred/actual)| may wobble this much
+
+
+def use_corpus(path: str) -> None:
+    """Score the corpus in `path` (its labels.json and sample logs) from now on; replays in
+    worker processes (forked) see it too."""
+    global CORPUS
+    CORPUS = os.path.abspath(path)
 
 
 def labels() -> dict[str, Any]:
@@ -132,12 +143,8 @@ def replay(name: str, k: int
            ) -> tuple[dict[str, Any], step.Host, list, _Watch, Config, int, float]:
     """One corpus file at scale k through the daemon's step: its label (moved), the host, the
     actions, what was watched, the config last in force, the polls, and the wall seconds."""
-    label = labels()[name]
     started = time.perf_counter()
-    observations: Iterable[Any] = Reader(os.path.join(CORPUS, label["file"]))
-    if k != 1:
-        observations = stretch.stretch(observations, *stretch.window(label), k)
-        label = stretch.stretched_label(label, k)
+    label, observations = observations_of(name, k)
     config, host, actions = Config(), step.Host(), []
     watch: Optional[_Watch] = None
     polls = 0
@@ -174,37 +181,103 @@ def score_file(name: str, k: int = 1) -> dict[str, Any]:
         row: dict[str, Any] = {"scenario": truth["scenario"], "file": name, "scale": k,
                                "server": server, "oom": oom is not None,
                                "reloads": len(reloads), "alerts": alerts}
+        row.update(verdict(truth, reloads[0].t if reloads else None, first, lead_s,
+                           bool(alerts)))
         if oom is not None:
-            oracle = oom - max(first, oom - lead_s)
-            lead = round(oom - reloads[0].t, 1) if reloads else None
             visible = truth["growth_visible_s"]
             alerted = [a.t for a in before if a.kind.value == "alert"
                        and a.reason == "oom_forecast"]
-            row.update(growth_visible_s=visible, lead_s=lead, oracle_lead_s=round(oracle, 1),
-                       in_targets=visible >= VISIBLE_S,
-                       too_early=lead is not None and lead > max(3 * lead_s, 0.1 * visible),
-                       alert_lead_s=round(oom - alerted[0], 1) if alerted else None,
-                       forecast_alerts=len(alerted),
-                       calibration=watch.got.get(pid, []))
+            row.update(alert_lead_s=round(oom - alerted[0], 1) if alerted else None,
+                       forecast_alerts=len(alerted), calibration=watch.got.get(pid, []))
             if visible >= ALERT_VISIBLE_S:
                 row["alert_in_time"] = bool(alerted) and oom - alerted[0] >= ALERT_MIN_LEAD_S
-            if visible == 0.0:
-                row["verdict"] = "false reload" if reloads else "ok"
-            elif lead is None:
-                row["verdict"] = "missed"
-            elif lead >= MIN_LEAD_S and lead >= 0.5 * oracle:
-                row["verdict"] = "hit"
-            else:
-                row["verdict"] = "late"
-        else:
-            row["verdict"] = "false reload" if reloads else \
-                "false alert" if alerts and truth["scenario"] in FLAT else "ok"
         rows.append(row)
     return {"rows": rows, "wall_s": round(wall, 1), "polls": polls}
 
 
+def verdict(truth: dict[str, Any], reload_t: Optional[float], first: float, lead_s: float,
+            alerted: bool = False) -> dict[str, Any]:
+    """A server's verdict from its first reload before the OOM (or the run's end), the
+    sidecar's or a peer's: the lead, the oracle's, too early, hit/late/missed/false reload."""
+    oom = truth["oom_t"]
+    if oom is None:
+        return {"verdict": "false reload" if reload_t is not None else
+                "false alert" if alerted and truth["scenario"] in FLAT else "ok"}
+    oracle = oom - max(first, oom - lead_s)
+    lead = None if reload_t is None else round(oom - reload_t, 1)
+    visible = truth["growth_visible_s"]
+    out: dict[str, Any] = {
+        "growth_visible_s": visible, "lead_s": lead, "oracle_lead_s": round(oracle, 1),
+        "in_targets": visible >= VISIBLE_S,
+        "too_early": lead is not None and lead > max(3 * lead_s, 0.1 * visible)}
+    if visible == 0.0:
+        out["verdict"] = "false reload" if lead is not None else "ok"
+    elif lead is None:
+        out["verdict"] = "missed"
+    elif lead >= MIN_LEAD_S and lead >= 0.5 * oracle:
+        out["verdict"] = "hit"
+    else:
+        out["verdict"] = "late"
+    return out
+
+
+def observations_of(name: str, k: int) -> tuple[dict[str, Any], Iterable[Any]]:
+    """A corpus file's label and observations at scale k (stretched, the label moved)."""
+    label = labels()[name]
+    observations: Iterable[Any] = Reader(os.path.join(CORPUS, label["file"]))
+    if k != 1:
+        observations = stretch.stretch(observations, *stretch.window(label), k)
+        label = stretch.stretched_label(label, k)
+    return label, observations
+
+
+def score_peers(name: str, k: int = 1) -> list[dict[str, Any]]:
+    """Each peer rule (benchmarks/peers.py) on a corpus file at scale k, per server, with the
+    sidecar's verdicts: its first firing before the OOM (or the run's end) as its reload."""
+    label, observations = observations_of(name, k)
+    lead_s = Config().policy.reload_lead_s   # the corpus's sidecars ran the default lead
+    pids = [int(p) for p in label["servers"]]
+    series = peers.scrapes(observations, pids)
+    rows = []
+    for pid_s, truth in sorted(label["servers"].items()):
+        got = series[int(pid_s)]
+        if not got:
+            continue
+        end = truth["oom_t"] if truth["oom_t"] is not None else truth["end_t"]
+        before = [(t, v) for t, v in got if t < end]
+        for peer, fired in peers.fire_times(before, truth["budget_bytes"], got[0][0],
+                                             lead_s).items():
+            row = {"peer": peer, "scenario": truth["scenario"], "file": name, "scale": k,
+                   "oom": truth["oom_t"] is not None, "fired_t": fired}
+            row.update(verdict(truth, fired, truth["compiled_t"], lead_s,
+                               alerted=fired is not None))
+            rows.append(row)
+    return rows
+
+
+def peer_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per peer at one scale: the sidecar's summary fields that a firing time gives."""
+    out = {}
+    for peer in peers.PEERS:
+        mine = [r for r in rows if r["peer"] == peer]
+        target = [r for r in mine if r.get("in_targets")]
+        out[peer] = {
+            "recall": f"{sum(r['verdict'] == 'hit' for r in target)}/{len(target)}",
+            "false_reloads": sum(r["verdict"] == "false reload" for r in mine),
+            "fired_on_flat_controls": sum(r["fired_t"] is not None for r in mine
+                                          if r["scenario"] in FLAT),
+            "too_early": sum(bool(r.get("too_early")) for r in mine),
+            "late": sum(r["verdict"] == "late" for r in mine),
+            "median_lead_over_oracle": peers.lead_ratio_median(mine)}
+    return out
+
+
 def _score(job: tuple[str, int]) -> dict[str, Any]:
     return score_file(*job)
+
+
+def _score_peers(job: tuple[str, int]) -> list[dict[str, Any]]:
+    return score_peers(*job)
 
 
 def abs_log2(predicted: Optional[float], actual: float) -> float:
@@ -242,18 +315,22 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                or r.get("growth_visible_s") == 0.0)}
 
 
-def scoreboard(scales: Iterable[int] = SCALES, jobs: Optional[int] = None,
-               only: Optional[list[str]] = None) -> dict[str, Any]:
-    todo = [j for j in plan(scales, labels()) if not only or j[0] in only]
+def _map(fn: Any, todo: list[tuple[str, int]], jobs: Optional[int]) -> dict:
     workers = min(len(todo), jobs or os.cpu_count() or 1)
+    if workers <= 1:
+        return {j: fn(j) for j in todo}
+    # the longest first: a x360 replay is most of the work
+    order = sorted(todo, key=lambda j: -j[1])
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return dict(zip(order, pool.map(fn, order, chunksize=1)))
+
+
+def scoreboard(scales: Iterable[int] = SCALES, jobs: Optional[int] = None,
+               only: Optional[list[str]] = None, with_peers: bool = False) -> dict[str, Any]:
+    todo = [j for j in plan(scales, labels()) if not only or j[0] in only]
     started = time.perf_counter()
-    if workers > 1:
-        # the longest first: a x360 replay is most of the work
-        order = sorted(todo, key=lambda j: -j[1])
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            done = dict(zip(order, pool.map(_score, order, chunksize=1)))
-    else:
-        done = {j: _score(j) for j in todo}
+    done = _map(_score, todo, jobs)
+    peer_rows = _map(_score_peers, todo, jobs) if with_peers else {}
     board: dict[str, Any] = {"scales": {}}
     for k in sorted({k for _, k in todo}):
         rows = [row for j in todo if j[1] == k for row in done[j]["rows"]]
@@ -261,6 +338,9 @@ def scoreboard(scales: Iterable[int] = SCALES, jobs: Optional[int] = None,
                                    "replay": {n: {"polls": done[(n, kk)]["polls"],
                                                   "wall_s": done[(n, kk)]["wall_s"]}
                                               for n, kk in todo if kk == k}}
+        if with_peers:
+            mine = [row for j in todo if j[1] == k for row in peer_rows[j]]
+            board["scales"][str(k)]["peers"] = {"summary": peer_summary(mine), "rows": mine}
     board["wall_s"] = round(time.perf_counter() - started, 1)
     return board
 
@@ -376,6 +456,104 @@ def table(board: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+SWEPT = ("trend", "horizons", "forecast", "policy")   # the forecast path's modules (issue 51)
+SWEEP_FACTORS = (0.5, 1.5)
+
+
+def constants() -> list[tuple[str, str, float]]:
+    """The forecast path's tuned numbers: every module-level int or float (not a flag, not a
+    tuple) named in capitals in core/{trend,horizons,forecast,policy}.py."""
+    import importlib
+
+    out = []
+    for short in SWEPT:
+        mod = importlib.import_module(f"torch_watchdog.sidecar.core.{short}")
+        for name, value in vars(mod).items():
+            if name.isupper() and isinstance(value, (int, float)) and \
+                    not isinstance(value, bool) and math.isfinite(value):
+                out.append((short, name, value))
+    return out
+
+
+def _moved(value: float, factor: float) -> float:
+    if isinstance(value, int):
+        return max(1, round(value * factor)) if value >= 1 else round(value * factor)
+    return value * factor
+
+
+def _sweep_one(job: tuple[Optional[tuple[str, str, float]], float, tuple[str, ...],
+                          tuple[int, ...]]) -> dict[str, Any]:
+    """One constant moved by one factor (None: the baseline), the boards at `scales` of each
+    corpus replayed in this (forked, one-job) process: each row's verdict and lead."""
+    import importlib
+
+    const, factor, corpora, scales = job
+    if const is not None:
+        short, name, value = const
+        setattr(importlib.import_module(f"torch_watchdog.sidecar.core.{short}"), name,
+                _moved(value, factor))
+    got = {}
+    for corpus in corpora:
+        use_corpus(corpus)
+        for name_k in plan(scales, labels()):
+            for r in score_file(*name_k)["rows"]:
+                key = f"{os.path.basename(corpus)} x{r['scale']} {r['file']}/{r['scenario']}"
+                got[key] = (r["verdict"], r.get("lead_s"))
+    return got
+
+
+def sweep(scales: Iterable[int], corpora: Iterable[str], jobs: Optional[int]) -> str:
+    """`--sweep`: each constant of the forecast path moved to 0.5x and 1.5x, alone, and the
+    verdicts (and leads, by more than 1 s) that change against the baseline, at `scales` of
+    each corpus. A constant whose moves change nothing is one the board does not ask for."""
+    todo: list[Any] = [(None, 1.0, tuple(corpora), tuple(scales))]
+    todo += [(c, f, tuple(corpora), tuple(scales)) for c in constants() for f in SWEEP_FACTORS]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(min(len(todo), jobs or os.cpu_count() or 1), maxtasksperchild=1) as pool:
+        results = pool.map(_sweep_one, todo, chunksize=1)
+    base = results[0]
+    lines, idle = [], []
+    for (const, factor, _, _), got in zip(todo[1:], results[1:]):
+        short, name, value = const
+        verdicts = [f"{k}: {base[k][0]} -> {v[0]}" for k, v in got.items() if v[0] != base[k][0]]
+        leads = [k for k, v in got.items() if v[0] == base[k][0] and
+                 (v[1] is None) != (base[k][1] is None) or
+                 (v[1] is not None and base[k][1] is not None and abs(v[1] - base[k][1]) > 1)]
+        lines.append(f"{short}.{name} = {value:g} x{factor:g} ({_moved(value, factor):g}): "
+                     f"{len(verdicts)} verdicts, {len(leads)} leads changed")
+        lines += [f"    {v}" for v in verdicts]
+        if not verdicts and not leads:
+            idle.append(f"{short}.{name}")
+    names = sorted({f"{c[0]}.{c[1]}" for c in constants()})
+    unmoved = [n for n in names if idle.count(n) == len(SWEEP_FACTORS)]
+    lines += ["", f"{len(names)} constants; changing nothing at either move: "
+              f"{', '.join(unmoved) or 'none'}"]
+    return "\n".join(lines)
+
+
+def peer_table(board: dict[str, Any]) -> str:
+    """The peers' rows beside the sidecar's, per scale (empty without --peers)."""
+    if not any("peers" in b for b in board["scales"].values()):
+        return ""
+    out = ["", "### Peers: the sidecar against the rules SREs write instead", "",
+           "| scale | rule | recall | late | false reloads | fired on flat controls | "
+           "too early | median lead/oracle of hits |", "| --- | --- | --- | --- | --- | --- | "
+           "--- | --- |"]
+    for k, b in board["scales"].items():
+        rows = b["rows"]
+        ours = {"recall": b["recall"], "false_reloads": b["false_reloads"],
+                "late": sum(r["verdict"] == "late" for r in rows),
+                "fired_on_flat_controls": sum(r["reloads"] > 0 for r in rows
+                                              if r["scenario"] in FLAT),
+                "too_early": b["too_early"],
+                "median_lead_over_oracle": peers.lead_ratio_median(rows)}
+        for name, p in [("the sidecar", ours), *b.get("peers", {}).get("summary", {}).items()]:
+            ratio = "-" if p["median_lead_over_oracle"] is None else p["median_lead_over_oracle"]
+            out.append(f"| x{k} | {name} | {p['recall']} | {p['late']} | {p['false_reloads']} | "
+                       f"{p['fired_on_flat_controls']} | {p['too_early']} | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
@@ -383,9 +561,21 @@ def main() -> int:
     p.add_argument("--scales", type=int, nargs="+", default=list(SCALES))
     p.add_argument("--only", nargs="+", help="corpus files (labels.json names)")
     p.add_argument("--jobs", type=int, help="replays at once (default: one per CPU)")
+    p.add_argument("--peers", action="store_true",
+                   help="score the rules SREs write instead beside it (benchmarks/peers.py)")
+    p.add_argument("--sweep", action="store_true",
+                   help="move each forecast constant to 0.5x and 1.5x: which verdicts change "
+                        "(at --scales; the corpus and the held-out runs)")
+    p.add_argument("--corpus", default=CORPUS,
+                   help=f"a corpus folder with its labels.json (held out: {HELD_OUT})")
     a = p.parse_args()
-    board = scoreboard(a.scales, a.jobs, a.only)
-    print(json.dumps(board, indent=1) if a.json else table(board))
+    if a.sweep:
+        print(sweep(a.scales, [a.corpus, HELD_OUT] if a.corpus == CORPUS else [a.corpus],
+                    a.jobs))
+        return 0
+    use_corpus(a.corpus)
+    board = scoreboard(a.scales, a.jobs, a.only, a.peers)
+    print(json.dumps(board, indent=1) if a.json else table(board) + peer_table(board))
     if a.check:
         with open(a.check) as fh:
             worse = regressions(board, json.load(fh))

@@ -33,7 +33,8 @@ SERVER = os.path.join(ROOT, "benchmarks", "corpus", "server.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "corpus"))
 
 # sidecar -> the servers it watches (named when more than one); the rest watch one each
-SHARED = {"shared-gpu": ["shared-grows", "shared-flat"]}
+SHARED = {"shared-gpu": ["shared-grows", "shared-flat"],
+          "two-tenants": ["tenant-llama", "tenant-bert"]}
 
 
 def free_port() -> int:
@@ -60,7 +61,8 @@ class Run:
         self.sock = os.path.join(self.dir, "ev.sock")
         self.cfg = os.path.join(self.dir, "watchdog.yaml")
         self.port = free_port()
-        self.budget = None
+        self.budgets: dict[str, int] = {}   # server -> its emulated GPU's bytes, once taken
+        self.real = False                    # the device's own budget: nothing to tell
         self.write_config()
         self.log = open(os.path.join(self.dir, "sidecar.log"), "w")
         self.sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
@@ -89,7 +91,14 @@ class Run:
         return os.path.join(self.dir, f"progress-{server}.jsonl")
 
     def write_config(self) -> None:
-        budget = f"forecast: {{process_budget_bytes: {self.budget}}}\n" if self.budget else ""
+        """One server: its budget as forecast.process_budget_bytes; several on one GPU (each
+        its own emulated GPU): each its own (servers[].budget_bytes)."""
+        budget = ""
+        if len(self.servers) == 1 and self.budgets:
+            budget = f"forecast: {{process_budget_bytes: {self.budgets[self.servers[0]]}}}\n"
+        elif self.budgets:
+            budget = "servers: [" + ", ".join(
+                f"{{name: {n}, budget_bytes: {b}}}" for n, b in self.budgets.items()) + "]\n"
         with open(self.cfg + ".tmp", "w") as fh:
             fh.write(f"""metrics_port: {self.port}
 state_dir: {self.dir}/state
@@ -101,13 +110,13 @@ policy: {{dry_run: true}}
 
     def check(self) -> bool:
         """Hand a new budget to the sidecar; True once every server has exited a while ago."""
-        if self.budget is None:
-            got = next((p for p in progress(self.progress_path(self.servers[0]))
+        for server in [s for s in self.servers if s not in self.budgets and not self.real]:
+            got = next((p for p in progress(self.progress_path(server))
                         if p["kind"] == "budget"), None)
-            if got is not None and got.get("real"):  # the device's own: nothing to tell
-                self.budget = False
+            if got is not None and got.get("real"):
+                self.real = True
             elif got is not None:
-                self.budget = got["bytes"]
+                self.budgets[server] = got["bytes"]
                 self.write_config()
                 self.sidecar.send_signal(signal.SIGHUP)
         if self.ended_at is None and all(p.poll() is not None for p in self.procs.values()):
@@ -169,7 +178,16 @@ def main() -> int:
     if a.alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf
     started = time.monotonic()
-    prewarm = () if a.real_oom is not None else ("bucketed-control", "resnet-variable-images")
+    grouped = {name: servers for name, servers in SHARED.items()}
+    in_group = {s for servers in SHARED.values() for s in servers}
+    grouped.update({s: [s] for s in SCENARIOS if s not in in_group})
+    if a.only:
+        grouped = {k: v for k, v in grouped.items() if k in a.only}
+    # one prewarm per model the runs use (its variable-size scenario where it has one)
+    models = {SCENARIOS[s]["model"] for servers in grouped.values() for s in servers}
+    prewarm = () if a.real_oom is not None else tuple(
+        next((s for s, sc in SCENARIOS.items() if sc["model"] == m and sc.get("traffic")),
+             next(s for s, sc in SCENARIOS.items() if sc["model"] == m)) for m in sorted(models))
     warm = [subprocess.Popen([sys.executable, SERVER, "--scenario", s, "--prewarm", "--socket",
                               os.path.join(base, "none.sock"), "--progress",
                               os.path.join(base, f"prewarm-{s}.jsonl"), "--event-log",
@@ -178,11 +196,6 @@ def main() -> int:
     for w in warm:
         w.wait()
     print(f"prewarm {time.monotonic() - started:.0f} s", flush=True)
-    grouped = {name: servers for name, servers in SHARED.items()}
-    in_group = {s for servers in SHARED.values() for s in servers}
-    grouped.update({s: [s] for s in SCENARIOS if s not in in_group})
-    if a.only:
-        grouped = {k: v for k, v in grouped.items() if k in a.only}
     os.makedirs(a.out, exist_ok=True)
     if a.real_oom is not None:
         summary = {}

@@ -41,6 +41,14 @@ WHAT = {
     "bucketed-control": "bucketed GPT-2, flat",
     "batchseq-growth": "variable batch (1-4) x seq_len (32-512), 6 requests/s",
     "gpt2-saturating": "385 seq_lens (16-400): the graphs plateau under the device's memory",
+    "llama-variable-seq": "a Llama-style decoder (8 layers), variable seq_len: a graph per size",
+    "bert-variable-seq": "BERT-base, variable seq_len (8-512): a graph per size",
+    "bert-variable-seq-paced": "the same at 4 requests/s",
+    "vit-variable-res": "ViT-S/16, batch 4 at 97 resolutions (64-448): a graph per resolution",
+    "static-kv-cache": "a Llama-style decoder, a static KV cache (1024 positions) per session",
+    "tenant-llama": "two tenants on one GPU: the Llama-style one, variable seq_len",
+    "tenant-bert": "two tenants on one GPU: the BERT one, keeping 4 MiB every second",
+    "slow-leak": "bucketed GPT-2 keeping 1 MiB every 3 s: minutes to the OOM",
 }
 NO_TREND = {"huge-request"}   # runs out of memory with nothing growing before
 

@@ -1,5 +1,6 @@
-"""One scenario of the judgment corpus: a real model (HF GPT-2 or timm ResNet-50) under
-`reduce-overhead` with the agent, served until it runs out of memory or is stopped.
+"""One scenario of the judgment corpus: a real model (HF GPT-2, a Llama-style decoder, BERT-base;
+timm ResNet-50, ViT-S) under `reduce-overhead` with the agent, served until it runs out of
+memory or is stopped.
 
 The GPU it runs out of is emulated, so that many scenarios can be recorded side by side on one
 large GPU: once warm, the server takes a budget of `--headroom-mib` above its NVML memory (the
@@ -71,6 +72,20 @@ SCENARIOS: dict[str, dict] = {
     # 385 sizes whose graphs fit under the budget: the shape space saturates, no OOM
     "gpt2-saturating": {"model": "gpt2", "headroom": 450, "traffic": "variable",
                         "sizes": (16, 401, 1)},
+    # held out (issue 51): architectures and growth the runs above lack, recorded and scored
+    # before any forecast change they prompt (tests/fixtures/heldout)
+    "llama-variable-seq": {"model": "llama", "headroom": 500, "traffic": "variable"},
+    "bert-variable-seq": {"model": "bert", "headroom": 300, "traffic": "variable",
+                          "sizes": (8, 513, 1)},
+    "bert-variable-seq-paced": {"model": "bert", "headroom": 300, "traffic": "variable",
+                                "sizes": (8, 513, 1), "rate": 4.0},
+    "vit-variable-res": {"model": "vit", "headroom": 300, "traffic": "variable",
+                         "sizes": (64, 449, 4), "batch": (4,)},
+    # a static KV cache per session (max_cache_len 1024, preallocated): a fixed step per session
+    "static-kv-cache": {"model": "llama", "headroom": 900, "static_sessions": (1024, 5.0)},
+    "tenant-llama": {"model": "llama", "headroom": 400, "traffic": "variable"},
+    "tenant-bert": {"model": "bert", "headroom": 500, "leak": (4.0, 1.0), "sizes": (8, 513, 1)},
+    "slow-leak": {"model": "gpt2", "headroom": 40, "leak": (1.0, 3.0)},   # minutes to the OOM
 }
 
 stopping = False
@@ -81,6 +96,39 @@ def put(fh, kind: str, **fields) -> None:
     fh.flush()
 
 
+class Logits(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids):
+        return self.m(input_ids=ids, use_cache=False).logits
+
+
+class Hidden(Logits):
+    def forward(self, ids):
+        return self.m(input_ids=ids).last_hidden_state
+
+
+def static_cache(model, ids, max_len: int) -> list:
+    """One session's static KV cache: per layer a key and a value buffer of `max_len`
+    positions, allocated whole at the session's start (as transformers' StaticCache does),
+    the prompt's keys and values copied in."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+    dim = cfg.hidden_size // cfg.num_attention_heads
+    bufs = [torch.zeros(2, ids.shape[0], heads, max_len, dim, dtype=torch.half, device="cuda")
+            for _ in range(cfg.num_hidden_layers)]
+    try:
+        past = model(input_ids=ids, use_cache=True).past_key_values
+        for buf, layer in zip(bufs, past.layers):
+            buf[0, :, :, :ids.shape[1]].copy_(layer.keys)
+            buf[1, :, :, :ids.shape[1]].copy_(layer.values)
+    except Exception:   # the memory is the buffers'; a cache API of another version
+        pass
+    return bufs
+
+
 def build(kind: str):
     """The model, fp16 on the GPU, and a call that runs it on a size."""
     if kind == "gpt2":
@@ -89,17 +137,31 @@ def build(kind: str):
         model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12,
                                            n_positions=1024)).cuda().half().eval()
 
-        class Logits(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, ids):
-                return self.m(input_ids=ids, use_cache=False).logits
-
         wrapped = Logits(model)
         return model, wrapped, lambda n, b=1: torch.randint(0, 50000, (b, n), device="cuda")
+    if kind == "llama":   # a Llama-style decoder (RMSNorm, rotary, SwiGLU), 8 layers
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(
+            hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+            max_position_embeddings=2048)).cuda().half().eval()
+        return model, Logits(model), lambda n, b=1: torch.randint(0, 32000, (b, n),
+                                                                   device="cuda")
+    if kind == "bert":   # a BERT-base encoder: the last hidden states
+        from transformers import BertConfig, BertModel
+
+        model = BertModel(BertConfig()).cuda().half().eval()
+        return model, Hidden(model), lambda n, b=1: torch.randint(0, 30000, (b, n),
+                                                                   device="cuda")
     import timm
+
+    if kind == "vit":   # ViT-S/16 at any resolution (position embeddings resampled, padded)
+        model = timm.create_model("vit_small_patch16_224", pretrained=False,
+                                  dynamic_img_size=True, dynamic_img_pad=True)
+        model = model.cuda().half().eval()
+        return model, model, lambda n, b=1: torch.randn(b, 3, n, n, device="cuda",
+                                                        dtype=torch.half)
 
     model = timm.create_model("resnet50", pretrained=False).cuda().half().eval()
     model = model.to(memory_format=torch.channels_last)
@@ -185,8 +247,8 @@ def main() -> int:
     served = agent.watch(torch.compile(module, mode="reduce-overhead"), name=sc["model"])
     budget = Budget()
     rng = random.Random(a.seed)
-    gpt2 = sc["model"] == "gpt2"
-    sizes = list(range(*sc.get("sizes", (32, 1025, 1) if gpt2 else (96, 641, 4))))
+    tokens = sc["model"] in ("gpt2", "llama", "bert")
+    sizes = list(range(*sc.get("sizes", (32, 1025, 1) if tokens else (96, 641, 4))))
     batches = sc.get("batch", (1,))
 
     taken: list[int] = []  # the budget's bytes, once taken
@@ -202,7 +264,7 @@ def main() -> int:
         kept.append(ballast)
         put(fh, "budget", bytes=reach, headroom=reach - budget.used(), real=True,
             ballast=ballast.numel())
-    buckets = SEQ_BUCKETS if gpt2 else [224]
+    buckets = [b for b in SEQ_BUCKETS if b <= max(sizes)] if tokens else [224]
     i, kept, sessions = 0, [], {}
     try:
         with torch.no_grad():
@@ -284,6 +346,9 @@ def main() -> int:
                     n = next((b for b in buckets if b >= n), buckets[-1])
                 ids = make(n, rng.choice(batches) if warm else 1)
                 served(ids)
+                if warm and sc.get("static_sessions") and now - last >= sc["static_sessions"][1]:
+                    last = now
+                    sessions[i] = static_cache(model, ids[:, :256], sc["static_sessions"][0])
                 if warm and sc.get("sessions") and now - last >= 1.5:  # a session's cache, kept
                     last = now
                     sessions[i] = model(input_ids=ids[:, :256], use_cache=True).past_key_values
