@@ -84,8 +84,12 @@ def main() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         stop.set()
+    # loopback only: Ray takes the interface address for its node otherwise (and turns a
+    # 127.0.0.1 it is given into that address, unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0,
+    # which the test sets: ray/_private/services.py, resolve_ip_for_localhost)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * MB,
-             _temp_dir=os.path.join(args.tmp, "ray"), log_to_driver=False)
+             _temp_dir=os.path.join(args.tmp, "ray"), log_to_driver=False,
+             _node_ip_address="127.0.0.1")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         serve.run(Model.bind(args.tmp), name="llm", route_prefix="/")

@@ -17,6 +17,7 @@ the sidecar's sample log replayed takes the same decisions. `pytest -s` prints t
 from __future__ import annotations
 
 import glob
+import ipaddress
 import json
 import os
 import signal
@@ -114,6 +115,13 @@ def reload_entry(tmp: str) -> Optional[dict]:
     return entries[-1] if entries else None
 
 
+def loopback(ip: str) -> bool:
+    """127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address (::ffff:127.0.0.1)."""
+    a = ipaddress.ip_address(ip)
+    mapped = getattr(a, "ipv4_mapped", None)
+    return (mapped or a).is_loopback
+
+
 class Family:
     """Every process the driver started (Ray's GCS, raylet, workers, Serve's actors), noted
     while they run, so that none outlives the test: Ray's workers lead process groups of their
@@ -135,6 +143,23 @@ class Family:
     def run(self) -> None:
         while not self.stop.wait(0.5):
             self.note()
+
+    def off_loopback(self) -> list[str]:
+        """The family's TCP and UDP sockets with an address that is not loopback: a peer's
+        (any), or its own on a connected socket (`ss -tunp` of its processes). A listener on
+        every address is not a connection, and is left to Ray."""
+        out = []
+        for p in [self.seen.get(self.root) or psutil.Process(self.root), *self.seen.values()]:
+            try:
+                conns = p.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            for c in conns:
+                ips = [c.raddr.ip] if c.raddr else []
+                ips += [c.laddr.ip] if c.raddr and c.laddr else []
+                if any(not loopback(ip) for ip in ips):
+                    out.append(f"pid {p.pid}: {c.laddr} -> {c.raddr} {c.status}")
+        return out
 
     def kill(self, grace_s: float = 15.0) -> list[str]:
         """What is left of them `grace_s` after the driver stopped, SIGKILLed; returns them
@@ -159,7 +184,8 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
     cfg, mport, port = os.path.join(tmp, "w.yaml"), free_port(), free_port()
     sidecar_config(cfg, tmp, sock, mport, 1 << 40)  # no budget yet: start-up is growth
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_WATCHDOG_", "RAY_"))}
-    env.update(PYTHONPATH=with_root(), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+    env.update(PYTHONPATH=with_root(), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")   # the node's address: loopback
     err = open(os.path.join(tmp, "sidecar.err"), "w")
     out = open(os.path.join(tmp, "driver.log"), "w")
     sidecar = subprocess.Popen([sys.executable, "-m", "torch_watchdog.cli", "sidecar",
@@ -184,6 +210,8 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
              {(n, ps[0]) for n, ps in before.items()}, 30, "both replicas served the client")
         for r in client.served():
             assert r["server"] == f"serve:{r['app']}/{r['deployment']}/{r['rank']}", r
+        family.note()
+        assert family.off_loopback() == [], "Ray talks beyond loopback"
         grower, other = before["serve:llm/Model/1"][0], before["serve:llm/Model/0"][0]
 
         # a budget just above the replicas' memory now; then one of them grows toward it
@@ -213,6 +241,8 @@ def test_a_growing_replica_is_replaced_by_serve_and_the_other_one_is_untouched(s
         wait(lambda: {r["pid"] for r in client.served(began)} >= {new, other}, 30,
              "both replicas serving after the reload")
         assert after["serve:llm/Model/0"] == [other] and psutil.pid_exists(other)
+        family.note()
+        assert family.off_loopback() == [], "Ray talks beyond loopback"
         end = began + entry["seconds"] + 3
         wait(lambda: max(r[0] for r in client.done) > end, 30, "requests after the reload")
         client.stop.set()
