@@ -175,6 +175,58 @@ def collector(short_tmp):
     c.close()
 
 
+# Tiers by cost (issue 53): `pytest -m "not slow"` is the inner loop; `make test` (CI) runs
+# both. Slow: every test outside tests/unit (real servers, sockets, systemd, a GPU), and the unit
+# files that start processes, sleep for real, or replay the corpus (the scoreboard, the golden
+# replays) or a stateful search (the lifecycles). In the fast tier a test that starts a
+# process or sleeps fails, saying so: move it to a fake (a clock, a fake NVML) or list its file.
+SLOW_DIRS = ("chaos", "gpu", "integration", "systemd")
+SLOW_UNIT = {"test_bad_inputs.py", "test_cli.py", "test_control.py", "test_daemon.py",
+             "test_dev.py", "test_emitter.py", "test_imports.py", "test_judgment.py",
+             "test_lifecycle_machine.py", "test_metrics.py", "test_nvml.py", "test_process.py",
+             "test_receiver.py", "test_reload.py", "test_replay.py", "test_replay_golden.py",
+             "test_serve.py", "test_timing.py"}
+TESTS = os.path.join(ROOT, "tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = os.path.relpath(str(item.fspath), TESTS).split(os.sep)
+        if parts[0] in SLOW_DIRS or (parts[0] == "unit" and parts[-1] in SLOW_UNIT):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier(request, monkeypatch):
+    """A fast-tier test neither starts a process nor sleeps in its own code (the code under
+    test may: a sender thread's backoff, Inductor's compiler)."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    real_sleep, real_init = time.sleep, subprocess.Popen.__init__
+
+    def sleep(seconds: float) -> None:
+        import sys
+        if sys._getframe(1).f_code.co_filename.startswith(TESTS):
+            raise AssertionError(f"a fast-tier test slept {seconds} s: use a fake clock, or "
+                                 f"add {os.path.basename(str(request.node.fspath))} to "
+                                 "SLOW_UNIT (tests/conftest.py)")
+        real_sleep(seconds)
+
+    def popen(self, *args, **kwargs):
+        import sys
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+            frame = frame.f_back   # subprocess.run -> Popen: who called it
+        if frame is not None and frame.f_code.co_filename.startswith(TESTS):
+            raise AssertionError(f"a fast-tier test started a process "
+                                 f"({args[0] if args else ''}): add "
+                                 f"{os.path.basename(str(request.node.fspath))} to SLOW_UNIT")
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+
+
 @pytest.fixture(autouse=True)
 def _structlog_defaults():
     """`torch-watchdog sidecar` run in-process configures structlog for its stderr, which

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "watchdog")
 
 
@@ -115,6 +117,21 @@ def test_the_core_reads_no_source_and_acts_on_nothing():
     bad = {m: sorted(t for t in ts if t.startswith(io))
            for m, ts in graph().items() if m.startswith("torch_watchdog.sidecar.core")}
     assert {m: t for m, t in bad.items() if t} == {}
+
+
+def test_the_core_reads_the_config_schema_alone():
+    """The core decides on config values; reading a file (config.loading) and checking the
+    host (config.files) are the daemon's and the CLI's. The package's face loads those two
+    only when their names are first asked for."""
+    face = "torch_watchdog.sidecar.config"
+    bad = {m: sorted(t for t in ts if t.startswith(face) and t != f"{face}.schema")
+           for m, ts in graph().items() if m.startswith("torch_watchdog.sidecar.core")}
+    assert {m: t for m, t in bad.items() if t} == {}
+    from torch_watchdog.sidecar import config
+    from torch_watchdog.sidecar.config import files, loading
+    assert config.load is loading.load and config.host_problems is files.host_problems
+    with pytest.raises(AttributeError, match="no attribute 'lod'"):
+        config.lod  # noqa: B018
 
 
 def test_importing_the_package_and_its_schema_pulls_in_nothing_heavy():

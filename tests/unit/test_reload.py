@@ -17,7 +17,7 @@ from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, ReloadLog
 from torch_watchdog.sidecar.actions.reloading import Reloader
 from torch_watchdog.sidecar.actions.executors import post_hook, run_command, signal_processes
 from torch_watchdog.sidecar.actions.identity import refusal
-from torch_watchdog.sidecar.sources.process import process_start_time
+from torch_watchdog.procfs import process_start_time
 from torch_watchdog.sidecar.config import Config, PolicyConfig
 from torch_watchdog.sidecar.core.observations import ReloadHistory, ReloadOutcome
 from torch_watchdog.sidecar.core import policy, step

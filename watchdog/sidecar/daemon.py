@@ -21,6 +21,7 @@ import traceback
 from operator import attrgetter
 from typing import Any, Callable, Optional, TypeVar
 
+from torch_watchdog.procfs import process_start_time
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.offline import sample_log
 from torch_watchdog.sidecar.actions import control
@@ -38,7 +39,7 @@ from torch_watchdog.sidecar.present.metrics import serve, stop
 from torch_watchdog.sidecar.present.publisher import Publisher
 from torch_watchdog.sidecar.present.snapshot import Snapshot
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
-from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, process_start_time
+from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter
 from torch_watchdog.sidecar.sources.receiver import Receiver
 
 _PID = attrgetter("pid")

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import psutil
 from torch_watchdog.sidecar.actions.identity import refusal
-from torch_watchdog.sidecar.sources.process import process_start_time
+from torch_watchdog.procfs import process_start_time
 from torch_watchdog.sidecar.config import Config
 from torch_watchdog.sidecar.core.observations import ReloadOutcome
 from torch_watchdog.sidecar.sockets import remove_stale_socket

@@ -8,7 +8,7 @@ from typing import Optional
 
 import psutil
 
-from torch_watchdog.sidecar.sources.process import process_start_time
+from torch_watchdog.procfs import process_start_time
 
 # A pid's start time read twice for the same process differs by rounding (clock ticks, 10 ms)
 # and by a step of the wall clock in between; a reused pid starts later by far more than this.

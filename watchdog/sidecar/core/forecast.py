@@ -24,7 +24,7 @@ from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, cast
 
-from torch_watchdog.sidecar.config import ForecastConfig
+from torch_watchdog.sidecar.config.schema import ForecastConfig
 from torch_watchdog.sidecar.core import horizons
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.results import ForecastView

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from torch_watchdog.sidecar.config import PolicyConfig
+from torch_watchdog.sidecar.config.schema import PolicyConfig
 from torch_watchdog.sidecar.core.correlate import State
 from torch_watchdog.sidecar.core.forecast import Forecast
 from torch_watchdog.sidecar.core.results import ActionKind, Held, Verdict

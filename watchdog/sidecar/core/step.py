@@ -22,8 +22,7 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.config import Config
-from torch_watchdog.sidecar.config.schema import ForecastConfig, server_budgets
+from torch_watchdog.sidecar.config.schema import Config, ForecastConfig, server_budgets
 from torch_watchdog.sidecar.core import correlate, labels, policy
 from torch_watchdog.sidecar.core.forecast import Forecast, forecast
 from torch_watchdog.sidecar.core import lifecycle

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.config import Config
+from torch_watchdog.sidecar.config.schema import Config
 from torch_watchdog.sidecar.core import correlate, policy
 from torch_watchdog.sidecar.core.host import DEFAULT_SERVER, Host, Server, owner_of
 from torch_watchdog.sidecar.core.results import (FindingView, HostOutcome, ProcessTotals,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from torch_watchdog.procfs import process_start_time
 from torch_watchdog.sidecar import config as config_mod
-from torch_watchdog.sidecar.sources.process import children_of, process_start_time, \
-    read_pidfile, unit_main_pid, unit_pids
+from torch_watchdog.sidecar.sources.process import children_of, read_pidfile, unit_main_pid, \
+    unit_pids
 
 UNIT_LOOKUP_S = 5.0
 # ... and at most this often when an agent the lookup does not place said hello: the new

@@ -536,21 +536,3 @@ class PssMeter:
                          held.mapped * parts.resident // max(held.resident, 1))
         return _Held(now, parts.anon + mapped, mapped, parts.resident, p.rss_bytes,
                      parts.started, self.limit(p.pid))
-
-
-def process_start_time(pid: int) -> Optional[float]:
-    """When `pid` started, wall-clock seconds, to a clock tick (10 ms); None when there is no
-    such process. psutil's create_time() adds /proc/stat's btime, whole seconds: up to 1 s
-    early, enough for a pid reused within that second to look older
-    than the decision. The process's age on the boot clock, both read now, is exact."""
-    try:
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / _CLK_TCK
-        return time.time() - age
-    except (OSError, IndexError, ValueError, AttributeError):  # not Linux, or gone
-        try:
-            return float(psutil.Process(pid).create_time())
-        except psutil.Error:
-            return None
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from torch_watchdog import events
-from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.config.schema import CorrelateConfig
 from torch_watchdog.sidecar.core.correlate.calls import Calls
 from torch_watchdog.sidecar.core.correlate.compiles import Compiles
 from torch_watchdog.sidecar.core.correlate.losses import Losses

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, cast
 
-from torch_watchdog.sidecar.config import CorrelateConfig
+from torch_watchdog.sidecar.config.schema import CorrelateConfig
 from torch_watchdog.sidecar.core import horizons
 from torch_watchdog.sidecar.core.observations import ProcessSample, Sample
 from torch_watchdog.sidecar.core.trend import Trend
