@@ -20,7 +20,7 @@ checks (count, time: the comparison's cost). Memory in the window, broken down: 
 device's used memory on a GPU, cudaMemGetInfo, as NVML sees it; RSS on a CPU), the caching
 allocator's reserved bytes (`reserved_growth_bytes`), and for the agent's padding the checks'
 private pool (`check_memory_in_window`: its mode, its reserved bytes at both ends, the checks
-run and skipped in the window; agent/pad.py CheckMemory).
+run and skipped in the window; agent/pad/memory.py CheckMemory).
 
     python benchmarks/padding.py                 # CPU (CI size): tiny model, ~35 s a variant
     python benchmarks/padding.py --gpu           # CUDA: 12 layers x 768, fp16, lengths 16-2048,
@@ -151,7 +151,7 @@ def reserved(torch, device: str) -> Optional[int]:
 
 
 def check_memory(torch, fn) -> dict:
-    """The padded model's check bookkeeping (agent/pad.py CheckMemory): the pool mode, the
+    """The padded model's check bookkeeping (agent/pad/memory.py CheckMemory): the pool mode, the
     checks run and skipped, and what the checks' pool holds now (a "released" pool holds
     nothing between checks; a "kept" one its segments). Never raises: a benchmark row."""
     try:

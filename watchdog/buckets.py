@@ -1,6 +1,6 @@
 """Bucket advisor: the padding buckets that cover observed input sizes with fewest padding tokens.
 
-Pure and stdlib only: the sidecar's report and the agent's padding (agent/pad.py) both use it
+Pure and stdlib only: the sidecar's report and the agent's padding (agent/pad/) both use it
 (it lives beside events.py so that the agent imports nothing of the sidecar's).
 """
 from __future__ import annotations

@@ -250,7 +250,7 @@ class Padding(Event):
     check_seconds: float          # the time those unpadded runs and comparisons took
     max_error: dict[str, float]   # the largest relative error seen, per output dtype
     recordings_saved: int         # lengths served through a bucket less the buckets used
-    # where the checks' unpadded runs allocate (agent/pad.py CheckMemory); None on a CPU
+    # where the checks' unpadded runs allocate (agent/pad/memory.py CheckMemory); None on a CPU
     check_pool: Optional[str] = None        # "released" | "kept" | "shared"
     check_pool_bytes: Optional[int] = None  # the largest a check's allocations reserved
     check_left_bytes: Optional[int] = None  # reserved memory sampled checks left behind

@@ -1,4 +1,4 @@
-"""On a real GPU: the padding checks' private pool (agent/pad.py CheckMemory) keeps the caching
+"""On a real GPU: the padding checks' private pool (agent/pad/memory.py) keeps the caching
 allocator's reserved memory flat after warm-up, and only the checking thread allocates into it.
 
 Run on the GPU machine:  python -m pytest -q -m gpu tests/gpu/test_gpu_pad_memory.py

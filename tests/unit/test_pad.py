@@ -1,4 +1,4 @@
-"""The agent's opt-in padding (agent/pad.py): exact for a causal model under a real
+"""The agent's opt-in padding (agent/pad/): exact for a causal model under a real
 torch.compile, refused for a model that right padding changes, outputs sliced back whatever
 their container, a plan that only grows, lengths above the plan served as they come."""
 import collections
@@ -514,7 +514,7 @@ def test_without_a_private_pool_checks_run_in_the_shared_allocator_and_say_so(
 def test_a_pool_that_fails_falls_back_to_the_shared_allocator(emitted, monkeypatch):
     monkeypatch.setattr(pad.CheckMemory, "_device", staticmethod(lambda a, k: 0))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
-    monkeypatch.setattr(pad, "pool_unavailable", lambda: None)  # as if this torch had one
+    monkeypatch.setattr(pad.memory, "pool_unavailable", lambda: None)  # as if this torch had one
 
     padded = watch(lambda x: x * 3, "bad-pool", pad=pad.Tokens(buckets=(16,)))
     x = ids(5)

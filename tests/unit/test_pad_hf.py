@@ -1,4 +1,4 @@
-"""The agent's padding (agent/pad.py) on real Hugging Face `transformers` models, built from tiny
+"""The agent's padding (agent/pad/) on real Hugging Face `transformers` models, built from tiny
 configs with random weights (fp32, CPU): each case exact or refused, never a padded answer the
 checks did not cover. What a user would notice: the returned KV cache's length, one decoding
 step from it, the logits and hidden states against the same model unpadded."""

@@ -220,7 +220,7 @@ def _rewatch(fn: Callable, name: str) -> "Watched":
 
 def watch(fn: Callable, name: Optional[str] = None, pad: Any = None) -> Watched:
     """Wrap a model or function: per-call shape and wall time, new shapes and stalls as events.
-    `pad`: opt-in bucketed padding (pad.py) around the watched model; None: none."""
+    `pad`: opt-in bucketed padding (agent/pad/) around the watched model; None: none."""
     import torch  # the server has it; importing torch_watchdog.agent alone must not
 
     if pad is not None:  # a wrapper around the Watched: the Watched's own path is unchanged

@@ -43,7 +43,7 @@ FIXES = {
     "padding_refused": "Right padding changed the model's outputs at real positions (e.g. "
                        "pooling over the sequence without a mask), so the agent turned it off "
                        "and the model runs unpadded: pass the attention mask, or pad in a way "
-                       "that is exact (agent/pad.py Custom), then restart the server.",
+                       "that is exact (torch_watchdog.agent.pad.Custom), then restart the server.",
     "reload_failed": "The server did not come back after the reload (no agent hello in "
                      "reload.hello_timeout_s): check that it runs and serves, and that its "
                      "supervisor (systemd Restart=, the master) restarts it.",

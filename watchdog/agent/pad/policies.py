@@ -1,4 +1,4 @@
-"""How a call is padded (agent/pad.py pads a watched model with one): a `Policy` reads a
+"""How a call is padded (padded.py pads a watched model with one): a `Policy` reads a
 call's real length(s), pads its arguments to a bucket and cuts the output back. `Tokens` for
 token ids and the keywords along the sequence (masks, positions, token types, an
 encoder-decoder's decoder inputs), `Custom` from three functions of your own."""
@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_watchdog.agent import pad_outputs as outputs
+from torch_watchdog.agent.pad import outputs
 
 CHECK_MEMORY_BYTES = 256 << 20  # default cap on what sampled checks may leave reserved
 EDGE = "edge"                 # a fill: the keyword's last value, repeated (position ids)
