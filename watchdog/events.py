@@ -219,10 +219,11 @@ class Dropped(Event):
 
 @dataclass(frozen=True)
 class Mitigation(Event):
-    name: str                     # "graph_budget", "recompile_guard" or "padding"
-    action: str                   # "engaged" or "unavailable"; padding: "engaged" (a first
-                                  # plan), "plan" (buckets added), "refused" (padding changed an
-                                  # output, or failed: off for that model), "signature_off" (a
+    name: str                     # "graph_budget", "freeze", "recompile_guard" or "padding"
+    action: str                   # "engaged" or "unavailable" (freeze: also "released");
+                                  # padding: "engaged" (a first plan), "plan" (buckets
+                                  # added), "refused" (padding changed an output, or
+                                  # failed: off for that model), "signature_off" (a
                                   # padded call failed where the unpadded one did not: off for
                                   # that call signature), "caller_error" (a call failed padded
                                   # and unpadded alike: the caller's; padding stays on; once per

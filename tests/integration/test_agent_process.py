@@ -158,3 +158,66 @@ def test_a_restarted_sidecar_hears_the_hello_at_once_not_30_s_later(short_tmp, d
         old.close()
         if new is not None:
             new.close()
+
+
+# A server with the agent whose graphs for sizes 4 and 5 are recorded (on a GPU the cudagraph
+# log reports each size key; on CPU the server reports two), then serving: it prints what torch
+# reads on every call whenever that changes.
+FROZEN_SERVER = r"""
+import sys, time, torch
+import torch_watchdog.agent as agent
+a = agent.install(socket_path=sys.argv[1], tick_s=0.02)
+model = agent.watch(torch.compile(torch.nn.Linear(8, 8), dynamic=False, backend="eager"))
+a.budget.note_key(4)
+a.budget.note_key(5)
+triton = torch._inductor.config.triton
+def state():
+    if hasattr(triton, "cudagraph_capture_sizes"):
+        sizes = triton.cudagraph_capture_sizes
+        return None if sizes is None else sorted(map(repr, sizes))
+    return "eager" if agent.settings.current.route_eager else None
+print("serving", state(), flush=True)
+seen, deadline = state(), time.monotonic() + 60
+while time.monotonic() < deadline:
+    with torch.no_grad():
+        model(torch.randn(int(time.monotonic() * 10) % 7 + 1, 8))   # new sizes keep coming
+    if state() != seen:
+        seen = state()
+        print("now", seen, flush=True)
+        if seen is None:
+            break
+    time.sleep(0.02)
+"""
+
+
+def test_the_sidecar_freezes_recording_over_the_control_channel_and_unfreezes_it(collector):
+    """The freeze remedy's agent end (issue 52): the sidecar's control server asks a serving
+    agent to stop recording CUDA graphs for new sizes. The agent sets what torch reads on every
+    call (`cudagraph_capture_sizes` to the sizes recorded so far, 2.9+; older: unseen shapes to
+    the uncompiled model), says so in a `mitigation` event and keeps serving; `unfreeze` puts
+    torch's setting back."""
+    from torch_watchdog.sidecar.actions.control import ControlServer
+
+    ctl = ControlServer(collector.path + ".ctl")
+    env = dict(os.environ, PYTHONPATH=with_root())
+    proc = subprocess.Popen([sys.executable, "-c", FROZEN_SERVER, collector.path], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().split() == ["serving", "None"]
+        assert collector.wait(lambda c: proc.pid in ctl.connected(), 30)
+        assert ctl.tell({proc.pid}, "freeze") == ([proc.pid], [])
+        assert collector.wait(lambda c: any(m.name == "freeze" for m in c.of("mitigation")), 10)
+        m = next(m for m in collector.of("mitigation") if m.name == "freeze")
+        assert m.action == "engaged" and m.detail.startswith("2 sizes recorded"), m.detail
+        frozen = proc.stdout.readline().strip()
+        assert frozen in ("now ['4', '5']", "now eager"), frozen   # None is in the set too
+        assert ctl.tell({proc.pid}, "unfreeze") == ([proc.pid], [])
+        assert proc.stdout.readline().strip() == "now None"
+        assert collector.wait(lambda c: any(m.action == "released"
+                                            for m in c.of("mitigation")), 10)
+        assert proc.wait(30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        ctl.close()

@@ -434,3 +434,32 @@ def test_padding_reaches_the_sidecar_socket_with_its_refusal_and_totals(collecto
         assert not last["pooled"].on
     finally:
         agent_mod.uninstall()
+
+
+
+@pytest.mark.skipif(not hasattr(torch._inductor.config.triton, "cudagraph_capture_sizes"),
+                    reason="cudagraph_capture_sizes needs torch >= 2.9")
+def test_a_graph_budget_met_on_one_serving_thread_holds_on_every_thread():
+    """torch keeps a config setting per thread (2.13: a ContextVar): the budget met on one
+    serving thread must stop recordings on the others and on threads started later."""
+    import threading
+
+    from torch_watchdog.agent.mitigation import GraphBudget
+
+    triton = torch._inductor.config.triton
+    said: list = []
+    budget = GraphBudget(torch, 2, "auto", said.append)
+    seen: dict = {}
+    try:
+        t = threading.Thread(target=lambda: (budget.note_key(4), budget.note_key(5)))
+        t.start()
+        t.join()
+        later = threading.Thread(target=lambda: seen.update(later=triton.cudagraph_capture_sizes))
+        later.start()
+        later.join()
+        for sizes in (triton.cudagraph_capture_sizes, seen["later"]):
+            assert sizes is not None and 4 in sizes and 5 in sizes and 6 not in sizes
+        assert [(m.name, m.action) for m in said] == [("graph_budget", "engaged")]
+    finally:
+        budget.release()
+    assert triton.cudagraph_capture_sizes is None

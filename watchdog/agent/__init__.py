@@ -79,7 +79,8 @@ class Agent:
         self.torch_version = str(torch.__version__)
         control = config.control_path or drain.default_path(config.socket_path)
         self.control = (drain.ControlClient(control, {0, os.geteuid(), config.control_uid},
-                                            self.drain, self.on_error, config.reconnect_s)
+                                            self.drain, self.on_error, config.reconnect_s,
+                                            self.freeze)
                         if config.control and control else None)
         self.drainer = drain.Drainer(self, uninstall)
 
@@ -116,6 +117,16 @@ class Agent:
             log.warning("torch-watchdog agent: the sidecar asked this process to drain "
                         "(grace %.0f s); exiting with %d once done", grace_s,
                         self.config.drain_exit_code)
+
+    def freeze(self, on: bool) -> None:
+        """The sidecar asked (control channel): stop recording CUDA graphs for new sizes, or
+        record them again (mitigation.GraphBudget.freeze)."""
+        if on:
+            self.budget.freeze()
+            log.warning("torch-watchdog agent: the sidecar froze CUDA-graph recording at %d "
+                        "sizes: new sizes run without CUDA graphs", len(self.budget.keys))
+        else:
+            self.budget.unfreeze()
 
     def start(self) -> None:
         if self.config.restart_file:

@@ -174,10 +174,12 @@ class ControlClient:
     """The agent's end of the control channel, polled by the sender thread every tick."""
 
     def __init__(self, path: str, trusted_uids: set[int], on_drain_request: Callable[[float], None],
-                 on_error: Callable[[BaseException], None], reconnect_s: float = 1.0):
+                 on_error: Callable[[BaseException], None], reconnect_s: float = 1.0,
+                 on_freeze: Optional[Callable[[bool], None]] = None):
         self.path = path
         self.trusted = frozenset(trusted_uids)
         self._on_request = on_drain_request
+        self._on_freeze = on_freeze   # True: stop recording new sizes; False: record again
         self._on_error = on_error
         self._base = max(reconnect_s, 0.05)
         self._backoff = self._base
@@ -253,6 +255,9 @@ class ControlClient:
                         not grace >= 0:
                     grace = 30.0
                 self._on_request(min(float(grace), MAX_GRACE_S))
+            elif (isinstance(msg, dict) and msg.get("v") == 1 and self._on_freeze is not None
+                  and msg.get("kind") in ("freeze", "unfreeze")):
+                self._on_freeze(msg["kind"] == "freeze")
         except Exception as e:  # a message we cannot read is ignored, never raised
             self._on_error(e)
 

@@ -1,6 +1,8 @@
 """Opt-in mitigations (off by default): a CUDA-graph budget and a recompile guard.
 
-Graph budget: after N distinct cudagraph size keys, new sizes stop being recorded.
+Graph budget: after N distinct cudagraph size keys, new sizes stop being recorded. The same
+stop on request (`freeze`, from the sidecar over the control channel): at the sizes recorded so
+far, until `unfreeze`.
 - "capture_sizes" (torch >= 2.9): `torch._inductor.config.triton.cudagraph_capture_sizes` is read
   on every call (reference §3.4); we set it to the keys already recorded, so recorded sizes keep
   replaying and new sizes run the compiled code without a CUDA graph.
@@ -10,6 +12,7 @@ Recompile guard: after N recompiles, `torch.compiler.set_stance("eager_on_recomp
 """
 from __future__ import annotations
 
+import contextvars
 import os
 import time
 from typing import Any, Callable
@@ -47,30 +50,40 @@ class GraphBudget:
         self.emit = emit
         self.keys: set = set()
         self.engaged = False
+        self._asked = mode
         self._triton = None
+        self.mode = mode
         if limit:
-            import torch._inductor.config as inductor_config
+            self._resolve()
+        self._saved = None
 
-            self._triton = getattr(inductor_config, "triton", None)
+    def _resolve(self) -> None:
+        """The mode, once the budget is used (a limit at start, or the first freeze): Inductor's
+        config is imported then, not at every install."""
+        import torch._inductor.config as inductor_config
+
+        self._triton = getattr(inductor_config, "triton", None)
         supported = hasattr(self._triton, "cudagraph_capture_sizes")
+        mode = self._asked
         self.mode = ("capture_sizes" if supported else "eager") if mode == "auto" else mode
         if self.mode == "capture_sizes" and not supported:
             self.mode = "unavailable"
-        self._saved = None
 
     def note_key(self, key: Any) -> None:
-        """A cudagraph size key at its warm-up (serving thread, from the log hook)."""
-        if self.limit <= 0 or self.engaged or key is None:
+        """A cudagraph size key at its warm-up (serving thread, from the log hook): kept while
+        recording is not stopped (a freeze keeps the sizes recorded by then)."""
+        if self.engaged or key is None:
             return
         self.keys.add(key)
-        if len(self.keys) >= self.limit:
+        if 0 < self.limit <= len(self.keys):
             self.engage()
 
-    def engage(self) -> None:
+    def engage(self, name: str = "graph_budget") -> None:
+        if self._triton is None:
+            self._resolve()
         self.engaged = True
         if self.mode == "capture_sizes":
-            self._saved = self._triton.cudagraph_capture_sizes
-            self._triton.cudagraph_capture_sizes = AllowedSizes(self.keys | {None})
+            self._saved = _capture_sizes(self._triton, AllowedSizes(self.keys | {None}))
             detail = (f"{len(self.keys)} sizes recorded; new sizes now run without CUDA graphs "
                       f"(cudagraph_capture_sizes)")
         elif self.mode == "eager":
@@ -78,15 +91,52 @@ class GraphBudget:
             detail = (f"{len(self.keys)} sizes recorded; watched callables now run unseen "
                       f"shapes eagerly")
         else:
-            self.emit(_mitigation("graph_budget", "unavailable",
+            self.engaged = False
+            self.emit(_mitigation(name, "unavailable",
                                   "cudagraph_capture_sizes needs torch >= 2.9"))
             return
-        self.emit(_mitigation("graph_budget", "engaged", detail))
+        self.emit(_mitigation(name, "engaged", detail))
+
+    def freeze(self) -> None:
+        """The sidecar asked (control channel, the agent's thread): stop recording now, at the
+        sizes recorded so far. Said again if already stopped (the sidecar's ask is answered)."""
+        if self.engaged:
+            self.emit(_mitigation("freeze", "engaged", f"already stopped at {len(self.keys)} "
+                                  f"sizes ({self.mode})"))
+            return
+        self.engage("freeze")
+
+    def unfreeze(self) -> None:
+        """The sidecar asked: record new sizes again."""
+        if not self.engaged:
+            return
+        self.release()
+        self.emit(_mitigation("freeze", "released", f"new sizes are recorded again "
+                              f"({len(self.keys)} recorded before)"))
 
     def release(self) -> None:
         if self.engaged and self.mode == "capture_sizes":
-            self._triton.cudagraph_capture_sizes = self._saved
+            _capture_sizes(self._triton, self._saved)
+        self.engaged = False
         settings.configure(route_eager=False)
+
+
+def _capture_sizes(triton: Any, sizes: Any) -> Any:
+    """Set `cudagraph_capture_sizes` for every thread of the process; the value it replaces.
+    Since torch's config keeps a user's setting per thread (a ContextVar: 2.13 measured), a
+    setting made on the agent's thread, or on the one serving thread that met the budget, is
+    not seen by the others, nor by threads started later: the process-wide default is set
+    instead where the config has one (a thread that set its own value keeps it)."""
+    import torch._inductor.config as inductor_config
+
+    entry = getattr(inductor_config, "_config", {}).get("triton.cudagraph_capture_sizes")
+    if entry is not None and isinstance(getattr(entry, "user_override", None),
+                                        contextvars.ContextVar) and hasattr(entry, "default"):
+        saved, entry.default = entry.default, sizes
+        return saved
+    saved = triton.cudagraph_capture_sizes   # one value for the process (older torch)
+    triton.cudagraph_capture_sizes = sizes
+    return saved
 
 
 class RecompileGuard:

@@ -13,9 +13,10 @@ With `agent.allowed_uids`, connections from other uids are closed at once.
 A thread accepts and reads (a selector, so no descriptor number is too high for it); the poll
 loop never waits on an agent. What a peer sends cannot end that thread: an error is counted
 (`errors`) and the thread goes on; connections are bounded in all and per uid, below the
-process's descriptor limit. `drain()`
-runs on the reload thread: it sends `{"v":1,"kind":"drain","grace_s":G}` to each connected
-process of the server, waits for each one's "drained" reply (or the end of its connection)
+process's descriptor limit. `tell()` sends a one-line request with no reply (`freeze`,
+`unfreeze`: the agent answers with a `mitigation` event on the events socket). `drain()` runs
+on the reload thread: it sends `{"v":1,"kind":"drain","grace_s":G}` to each connected process
+of the server, waits for each one's "drained" reply (or the end of its connection)
 for G + REPLY_SLACK_S, then for the processes to exit (EXIT_WAIT_S).
 """
 from __future__ import annotations
@@ -206,20 +207,9 @@ class ControlServer:
         """Ask each connected process among `pids` to drain; ok once every one asked said
         "drained" and exited."""
         started = time.monotonic()
-        asked, refused, notes = [], [], []
-        with self._cond:
-            targets = [self._peers[p] for p in sorted(pids) if p in self._peers]
-        for peer in targets:
-            why = refusal(peer.pid, decided_t, peer.started)
-            if why is not None:
-                refused.append(why)
-                continue
-            line = json.dumps({"v": 1, "kind": "drain", "grace_s": grace_s}).encode() + b"\n"
-            try:
-                peer.sock.send(line)  # ~40 bytes into an empty buffer: never blocks
-                asked.append(peer)
-            except OSError as e:
-                refused.append(f"pid {peer.pid}: {e.strerror or e}")
+        notes: list[str] = []
+        asked, refused = self._send(pids, {"v": 1, "kind": "drain", "grace_s": grace_s},
+                                    decided_t)
         skipped = f"; refused {'; '.join(refused)}" if refused else ""
         if not asked:
             return ReloadOutcome(False, "no agent of the server is connected to the control socket "
@@ -253,6 +243,33 @@ class ControlServer:
         extra = [r.get("detail") for r in done if r.get("detail")]
         detail = "; ".join([what, *notes, *extra]) + skipped
         return ReloadOutcome(not silent and not alive, detail[:1000], took)
+
+    def tell(self, pids: set[int], kind: str, decided_t: Optional[float] = None
+             ) -> tuple[list[int], list[str]]:
+        """Send `{"v":1,"kind":kind}` (`freeze`, `unfreeze`) to each connected process among
+        `pids`, answered by the agent's events: the pids told, and why others were not."""
+        asked, refused = self._send(pids, {"v": 1, "kind": kind}, decided_t)
+        return [p.pid for p in asked], refused
+
+    def _send(self, pids: set[int], message: dict[str, Any], decided_t: Optional[float]
+              ) -> tuple[list[Peer], list[str]]:
+        """One line to each connected process among `pids` that is still the process that
+        connected (not a reused pid): the peers it went to, and why the others were skipped."""
+        asked, refused = [], []
+        with self._cond:
+            targets = [self._peers[p] for p in sorted(pids) if p in self._peers]
+        line = json.dumps(message).encode() + b"\n"
+        for peer in targets:
+            why = refusal(peer.pid, decided_t, peer.started)
+            if why is not None:
+                refused.append(why)
+                continue
+            try:
+                peer.sock.send(line)  # ~40 bytes into an empty buffer: never blocks
+                asked.append(peer)
+            except OSError as e:
+                refused.append(f"pid {peer.pid}: {e.strerror or e}")
+        return asked, refused
 
     def close(self) -> None:
         if not self._running:
