@@ -10,6 +10,13 @@ Failures are classified rather than ending the session on any error: a per-devic
 that device down for this reading; a lost GPU stays down until the next re-enumeration; only
 "the library or driver is gone" errors end the session. Re-initialising backs off exponentially
 (0.5 s -> 30 s by default).
+
+A reading is a read and a parse: the read (`_Session._ask_devices`) only makes the NVML calls,
+recording each call's answer or exception per device (`DeviceAnswers`); `parse_answers`, pure (no
+NVML, no clock, no I/O), decides from those records what the reading says: the devices read, those
+down and why, each pid's bytes, the errors, and whether the session ends (table-tested on
+recorded answers: tests/unit/test_nvml_parse.py). Init, teardown, backoff and the reuse of equal
+samples stay in the session.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import AbstractSet, Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from torch_watchdog.sidecar.core.observations import DeviceSample
 
@@ -79,6 +86,35 @@ class _Result:
     down: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
     retry_at: Optional[float] = None  # the session is down; nothing to try before this
+
+
+# One process-list entry as NVML gave it: (pid, usedGpuMemory; None where NVML does not say)
+ProcessEntry = tuple[int, Optional[int]]
+
+
+class DeviceAnswers(NamedTuple):
+    """One device's NVML answers in one reading, each call's value or the exception it raised:
+    what the read records and `parse_answers` decides on."""
+    uuid: str
+    # (used, total, free) bytes, or what the memory call raised; None: not called (the device
+    # was lost earlier this session)
+    memory: Union[tuple[int, int, int], Exception, None] = None
+    # the process list, or what the call raised; None: not called (no pid asked for, the
+    # memory call failed) or no process call in this driver
+    processes: Union[list[ProcessEntry], Exception, None] = None
+
+
+class ParsedAnswers(NamedTuple):
+    """What one reading's answers say (`parse_answers`)."""
+    devices: tuple[str, ...]  # the uuids read, in enumeration order
+    per_pid: dict[int, dict[str, Optional[int]]]  # as _Result.per_pid
+    down: dict[str, str]      # uuid -> why it is not in devices
+    lost: dict[str, str]      # found lost in this reading: not called until re-enumeration
+    reasons: tuple[str, ...]  # each failed call's bounded label (`errors`), in call order
+    error: Optional[str]
+    # the session ends with this error (the library or driver is gone, or nothing is left to
+    # read); devices and per_pid are then empty, and down holds the reasons the session keeps
+    end: Optional[str] = None
 
 
 class NvmlSource:
@@ -376,125 +412,106 @@ class _Session:
         return _Result(t=t, query_s=t - start, down=down, error=self.error,
                        retry_at=self.retry_at)
 
-    # -- one reading ------------------------------------------------------------------------
-    # over the complexity bound: NVML's fallbacks per call, in the order tried
-    def _read_devices(self, start: float, pids: set[int]) -> _Result:  # noqa: C901
-        nvml = self.nvml
-        samples: list[DeviceSample] = []
-        per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
-        down: dict[str, str] = {}
-        last, lost = self.last_samples, self.lost
-        memory_info, process_memory = self._memory_info, self._process_memory
-        for handle, uuid in self.devices:
-            if lost and uuid in lost:
-                down[uuid] = lost[uuid]
-                continue
-            try:
-                mem = memory_info(nvml, handle)
-                used, total, free = int(mem.used), int(mem.total), int(mem.free)
-                sample = last.get(uuid)
-                if sample is None or sample.used_bytes != used or sample.free_bytes != free \
-                        or sample.total_bytes != total:
-                    sample = last[uuid] = DeviceSample(uuid, used, total, free)
-            except Exception as exc:
-                if self._device_failed(uuid, exc, down):
-                    return self._down(start)
-                continue
-            try:
-                # the process list is the slow call; skip it when nobody asks
-                procs = process_memory(nvml, handle, pids, total) if pids else {}
-            except Exception as exc:
-                if self._device_failed(uuid, exc, down, device_down=False):
-                    return self._down(start)
-                if uuid in down:
-                    continue  # lost: its memory numbers just read are not trusted either
-                procs = {}    # the device's numbers stand; per-process stays unknown here
-            samples.append(sample)
-            for pid in procs:
-                per_pid[pid][uuid] = procs[pid]
-        for uuid, why in self.vanished.items():
-            down.setdefault(uuid, why)
+    # -- one reading: the read (NVML calls only), then parse_answers ------------------------
+    def _read_devices(self, start: float, pids: set[int]) -> _Result:
+        answers = self._ask_devices(pids)
+        self._keep_samples(answers)
+        parsed = parse_answers(answers, pids, self.lost, self.vanished)
+        self.errors.update(parsed.reasons)
+        self.lost.update(parsed.lost)
         now = self.clock()
-        if not samples and (self.lost or not self.devices):
-            # nothing left to read on this session: end it and retry (with backoff)
+        if parsed.end is not None:  # the library is gone, or nothing is left to read
             self._teardown()
-            self.why = down
-            self._failed(now, _summary(down) if down else "NVML read failed: no GPU listed")
+            self.why = parsed.down
+            self._failed(now, parsed.end)
             return self._down(start)
         if self.lost:
             if self.reenum_at is None:
                 self.reenum_at = now + self._delay()
-        elif samples:
+        elif parsed.devices:
             self.streak, self.retry_now = 0, True
-        error = None
-        if down:
-            error = _summary(down) if not samples else f"{len(down)} GPU(s) down: " + \
-                _summary(down, prefix="")
-        devices = self.last_devices
-        if len(devices) != len(samples) or \
-                any(a is not b for a, b in zip(samples, devices, strict=True)):
-            devices = self.last_devices = tuple(samples)
-        if per_pid == self.last_per_pid:
-            per_pid = self.last_per_pid  # the same object: read() presents it as it did
-        else:
-            self.last_per_pid = per_pid
-        return _Result(t=now, query_s=now - start, devices=devices, per_pid=per_pid,
-                       down=down, error=error)
+        return _Result(t=now, query_s=now - start, devices=self._samples(parsed.devices),
+                       per_pid=self._same_per_pid(parsed.per_pid), down=parsed.down,
+                       error=parsed.error)
 
-    def _device_failed(self, uuid: str, exc: Exception, down: dict[str, str],
-                       device_down: bool = True) -> bool:
-        """Records a device's failed call; True when the whole session is gone."""
-        self.errors[_reason(exc)] += 1
-        why = _describe(exc)
-        kind = _kind(exc)
-        if kind == GONE:
-            self._teardown()
-            self.why = {}
-            self._failed(self.clock(), f"NVML read failed: {why}")
-            return True
-        if kind == LOST:
-            self.lost[uuid] = why
-            down[uuid] = why
-        elif device_down:  # this reading only: the next one calls the device again
-            down[uuid] = why
-        return False
+    def _ask_devices(self, pids: set[int]) -> list[DeviceAnswers]:
+        """The read: every device's NVML calls, each one's answer or exception recorded as it
+        came. A device lost this session is not called (its handle is dead), and a call that
+        finds the library gone ends the read (no other call can work)."""
+        answers: list[DeviceAnswers] = []
+        lost = self.lost
+        for handle, uuid in self.devices:
+            answer = DeviceAnswers(uuid) if lost and uuid in lost \
+                else self._ask_device(handle, uuid, pids)
+            answers.append(answer)
+            if _library_gone(answer):
+                break
+        return answers
 
-    def _process_memory(self, nvml: Any, handle: Any, pids: set[int], total: int
-                        ) -> dict[int, Optional[int]]:
-        """This process list's pids: usedGpuMemory, None where NVML does not say; {} where the
-        list is refused. The unversioned call uses _v3, and drivers older than the bindings
-        only have _v2: the calls are looked up once a session, and one the driver lacks is
-        dropped after its first failure (as the v2 memory call is)."""
+    def _ask_device(self, handle: Any, uuid: str, pids: set[int]) -> DeviceAnswers:
+        nvml = self.nvml
+        try:
+            mem = self._memory_info(nvml, handle)
+            memory = (int(mem.used), int(mem.total), int(mem.free))
+        except Exception as exc:
+            return DeviceAnswers(uuid, exc)
+        if not pids:  # the process list is the slow call; skip it when nobody asks
+            return DeviceAnswers(uuid, memory)
+        try:
+            return DeviceAnswers(uuid, memory, self._process_list(nvml, handle))
+        except Exception as exc:
+            return DeviceAnswers(uuid, memory, exc)
+
+    def _process_list(self, nvml: Any, handle: Any) -> Optional[list[ProcessEntry]]:
+        """The device's process list as (pid, usedGpuMemory) entries; None where the driver
+        has no process call (a refused list raises). The unversioned call uses _v3, and
+        drivers older than the bindings only have _v2: the calls are looked up once a session,
+        and one the driver lacks is dropped after its first failure (as the v2 memory call
+        is)."""
         calls = self.proc_calls
         if calls is None:
             calls = self.proc_calls = [c for c in (
                 getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None),
                 getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)) if c]
-        try:
-            while calls:
-                try:
-                    infos = calls[0](handle)
-                    break
-                except _errors(nvml, _VERSION_ERRORS):
-                    del calls[0]
-            else:
-                return {}  # no usable process call: device-level only
-        except _errors(nvml, _DENIED_ERRORS):
-            return {}  # device-level numbers still stand; per-process stays unknown
-        found: dict[int, Optional[int]] = {}
-        for info in infos:
-            pid = int(info.pid)
-            if pid not in pids:
-                continue
-            used = info.usedGpuMemory
-            # a binding whose struct layout does not match the driver's reads pids or garbage
-            # as memory: a value beyond the GPU's size is not a reading
-            if used is not None and not 0 <= used <= total:
-                used = None
-            if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
-                used = None if used is None or found[pid] is None else found[pid] + used
-            found[pid] = used
-        return found
+        while calls:
+            try:
+                infos = calls[0](handle)
+                break
+            except _errors(nvml, _VERSION_ERRORS):
+                del calls[0]
+        else:
+            return None  # no usable process call: device-level only
+        return [(int(info.pid), info.usedGpuMemory) for info in infos]
+
+    def _keep_samples(self, answers: list[DeviceAnswers]) -> None:
+        """A sample for every device whose memory call answered, the last one kept while its
+        numbers are equal: a still GPU costs no new sample, and the step compares by identity
+        first (benchmarks/host_scale.py)."""
+        last = self.last_samples
+        for answer in answers:
+            memory = answer.memory
+            if isinstance(memory, tuple):
+                used, total, free = memory
+                sample = last.get(answer.uuid)
+                if sample is None or sample.used_bytes != used or sample.free_bytes != free \
+                        or sample.total_bytes != total:
+                    last[answer.uuid] = DeviceSample(answer.uuid, used, total, free)
+
+    def _samples(self, uuids: tuple[str, ...]) -> tuple[DeviceSample, ...]:
+        """The devices read, as the last reading's tuple while it holds the same samples."""
+        samples = [self.last_samples[uuid] for uuid in uuids]
+        devices = self.last_devices
+        if len(devices) != len(samples) or \
+                any(a is not b for a, b in zip(samples, devices, strict=True)):
+            devices = self.last_devices = tuple(samples)
+        return devices
+
+    def _same_per_pid(self, per_pid: dict[int, dict[str, Optional[int]]]
+                      ) -> dict[int, dict[str, Optional[int]]]:
+        if per_pid == self.last_per_pid:
+            return self.last_per_pid  # the same object: read() presents it as it did
+        self.last_per_pid = per_pid
+        return per_pid
 
     def _memory_info(self, nvml: Any, handle: Any) -> Any:
         version = self.memory_version
@@ -508,6 +525,94 @@ class _Session:
             except _errors(nvml, _VERSION_ERRORS):
                 self.memory_v2 = False  # old driver: don't pay for the failing call every poll
         return nvml.nvmlDeviceGetMemoryInfo(handle)
+
+
+# -- the parse: a reading from its recorded answers (pure: no NVML, no clock, no I/O) ---------
+def parse_answers(answers: Sequence[DeviceAnswers], pids: AbstractSet[int],
+                  lost: Mapping[str, str], vanished: Mapping[str, str]) -> ParsedAnswers:
+    """What one reading's answers say, for `pids`: which devices were read, which are down and
+    why, each pid's bytes per device, the failed calls to count, and whether the session ends.
+    `lost`: devices lost earlier this session (not called); `vanished`: known devices the last
+    enumeration did not list."""
+    devices: list[str] = []
+    per_pid: dict[int, dict[str, Optional[int]]] = {pid: {} for pid in pids}
+    down: dict[str, str] = {}
+    found_lost: dict[str, str] = {}
+    reasons: list[str] = []
+    for uuid, memory, processes in answers:
+        if uuid in lost or memory is None:  # not called: its handle is dead
+            down[uuid] = lost.get(uuid, "not read")
+            continue
+        failure = _failed_call(memory, processes)
+        if failure is not None:
+            reasons.append(_reason(failure))
+            why, kind = _describe(failure), _kind(failure)
+            if kind == GONE:  # the session is over: no device has a reason of its own
+                error = f"NVML read failed: {why}"
+                return ParsedAnswers((), {}, {}, found_lost, tuple(reasons), error, end=error)
+            if kind == LOST:  # dead until a re-enumeration; its numbers just read are not
+                found_lost[uuid] = down[uuid] = why  # trusted either
+                continue
+            if failure is memory:  # this reading only: the next one calls it again
+                down[uuid] = why
+                continue
+            # the process list failed: the device's numbers stand, per-process stays unknown
+        devices.append(uuid)
+        if isinstance(processes, list) and isinstance(memory, tuple):
+            for pid, used in _process_bytes(processes, pids, memory[1]).items():
+                per_pid[pid][uuid] = used
+    for uuid, why in vanished.items():
+        down.setdefault(uuid, why)
+    if not devices and (lost or found_lost or not answers):
+        # nothing left to read on this session: it ends (and is retried, with backoff)
+        error = _summary(down) if down else "NVML read failed: no GPU listed"
+        return ParsedAnswers((), {}, down, found_lost, tuple(reasons), error, end=error)
+    return ParsedAnswers(tuple(devices), per_pid, down, found_lost, tuple(reasons),
+                         _down_error(down, bool(devices)))
+
+
+def _failed_call(memory: Union[tuple[int, int, int], Exception],
+                 processes: Union[list[ProcessEntry], Exception, None]) -> Optional[Exception]:
+    """The device's failed call, to count: the memory call's, else the process list's unless
+    it was refused or is unsupported (the device is then metered as a whole)."""
+    if isinstance(memory, Exception):
+        return memory
+    if isinstance(processes, Exception) and not _is(processes, _DENIED_ERRORS):
+        return processes
+    return None
+
+
+def _process_bytes(entries: list[ProcessEntry], pids: AbstractSet[int], total: int
+                   ) -> dict[int, Optional[int]]:
+    """The asked-for pids of a process list: usedGpuMemory, None where NVML does not say."""
+    found: dict[int, Optional[int]] = {}
+    for pid, used in entries:
+        if pid not in pids:
+            continue
+        # a binding whose struct layout does not match the driver's reads pids or garbage
+        # as memory: a value beyond the GPU's size is not a reading
+        if used is not None and not 0 <= used <= total:
+            used = None
+        if pid in found:  # one entry per MIG/compute instance: sum, unknown if any is
+            prev = found[pid]
+            used = None if used is None or prev is None else prev + used
+        found[pid] = used
+    return found
+
+
+def _down_error(down: dict[str, str], any_read: bool) -> Optional[str]:
+    if not down:
+        return None
+    if not any_read:
+        return _summary(down)
+    return f"{len(down)} GPU(s) down: " + _summary(down, prefix="")
+
+
+def _library_gone(answer: DeviceAnswers) -> bool:
+    """A call found the library or driver gone: the read stops there (no other call works)."""
+    _, memory, processes = answer
+    failed = memory if isinstance(memory, Exception) else processes
+    return isinstance(failed, Exception) and _kind(failed) == GONE
 
 
 def _summary(down: dict[str, str], prefix: str = "NVML read failed: ") -> str:
