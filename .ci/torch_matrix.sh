@@ -19,7 +19,10 @@ trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$work"' EXIT
 # every test that imports torch or the agent (make test runs them all on the pinned torch)
 tests=(tests/integration/test_agent_torch.py tests/integration/test_agent_process.py
        tests/integration/test_agent_fork.py tests/chaos/test_agent_faults.py
-       tests/unit/test_timing.py tests/unit/test_hotpath_build.py tests/unit/test_emitter.py tests/unit/test_events.py
+       tests/unit/test_timing.py tests/integration/test_inflight_fork.py
+       tests/integration/test_hot_path_leaks.py
+       tests/unit/test_hotpath_build.py tests/unit/test_emitter.py
+       tests/integration/test_emitter_socket.py tests/unit/test_events.py
        tests/unit/test_identity.py tests/unit/test_config.py tests/unit/test_torch_layouts.py
        tests/unit/test_serve.py tests/integration/test_serve_agent.py)
 prepare() {  # VERSION DIR: a virtualenv with that torch (in the background: the download)

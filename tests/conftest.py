@@ -176,16 +176,14 @@ def collector(short_tmp):
 
 
 # Tiers by cost (issue 53): `pytest -m "not slow"` is the inner loop; `make test` (CI) runs
-# both. Slow: every test outside tests/unit (real servers, sockets, systemd, a GPU), and the unit
-# files that start processes, sleep for real, or replay the corpus (the scoreboard, the golden
-# replays) or a stateful search (the lifecycles). In the fast tier a test that starts a
-# process or sleeps fails, saying so: move it to a fake (a clock, a fake NVML) or list its file.
-SLOW_DIRS = ("chaos", "gpu", "integration", "systemd")
-SLOW_UNIT = {"test_bad_inputs.py", "test_cli.py", "test_control.py", "test_daemon.py",
-             "test_dev.py", "test_emitter.py", "test_imports.py", "test_judgment.py",
-             "test_lifecycle_machine.py", "test_metrics.py", "test_nvml.py", "test_process.py",
-             "test_receiver.py", "test_reload.py", "test_replay.py", "test_replay_golden.py",
-             "test_serve.py", "test_timing.py"}
+# both. tests/unit holds unit tests only, all in the fast tier: no process started, no real
+# sleep (tests/fakes.py: a clock). Slow: every test outside tests/unit: real processes,
+# sockets with threads, servers (integration, chaos, systemd), a GPU (gpu), and the long
+# computations (scoreboard: the judgment boards and golden replays of the corpus, the
+# lifecycles' stateful search). In the fast tier a test that starts a process or sleeps
+# fails, saying so: give it a fake (a clock, a fake NVML), or move it out of tests/unit.
+SLOW_DIRS = ("chaos", "gpu", "integration", "scoreboard", "systemd")
+SLOW_UNIT = {"test_nvml.py"}  # unit files still slow as a whole: to leave this list
 TESTS = os.path.join(ROOT, "tests")
 
 
@@ -207,9 +205,10 @@ def _fast_tier(request, monkeypatch):
     def sleep(seconds: float) -> None:
         import sys
         if sys._getframe(1).f_code.co_filename.startswith(TESTS):
-            raise AssertionError(f"a fast-tier test slept {seconds} s: use a fake clock, or "
-                                 f"add {os.path.basename(str(request.node.fspath))} to "
-                                 "SLOW_UNIT (tests/conftest.py)")
+            raise AssertionError(f"a fast-tier test slept {seconds} s: use a fake clock "
+                                 "(tests/fakes.py), or move "
+                                 f"{os.path.basename(str(request.node.fspath))}'s test out "
+                                 "of tests/unit (tests/conftest.py)")
         real_sleep(seconds)
 
     def popen(self, *args, **kwargs):
@@ -219,8 +218,9 @@ def _fast_tier(request, monkeypatch):
             frame = frame.f_back   # subprocess.run -> Popen: who called it
         if frame is not None and frame.f_code.co_filename.startswith(TESTS):
             raise AssertionError(f"a fast-tier test started a process "
-                                 f"({args[0] if args else ''}): add "
-                                 f"{os.path.basename(str(request.node.fspath))} to SLOW_UNIT")
+                                 f"({args[0] if args else ''}): move "
+                                 f"{os.path.basename(str(request.node.fspath))}'s test to "
+                                 "tests/integration (tests/conftest.py)")
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(time, "sleep", sleep)

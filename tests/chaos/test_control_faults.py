@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import wait_for
-from tests.unit.test_control import _reap, agent_process
+from tests.integration.test_control_socket import _reap, agent_process
 from torch_watchdog.sidecar.actions import control
 
 

@@ -23,6 +23,7 @@ import pytest
 import structlog
 
 from tests.conftest import ROOT, wait_for, with_root
+from tests.fakes import Clock
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import (AgentSocketConfig, Config, ForecastConfig,
@@ -35,14 +36,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
 GB, MB = 1 << 30, 1 << 20
 NOBODY = 65534
 SERVER = os.path.join(ROOT, "tests", "integration", "drain_server.py")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def attacker(sock: str, name: str) -> int:
@@ -77,7 +70,7 @@ def test_another_users_process_naming_a_server_gets_its_own_reload_not_the_serve
                                      warmup_s=0, cooldown_s=600),
                  reload=ReloadConfig(method="agent", grace_s=5, hello_timeout_s=5))
     nvml = FakeNvml([{"uuid": b"GPU-0", "total": 8 * GB, "used": GB, "procs": []}])
-    clock = Clock()
+    clock = Clock(time.time())
     d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml), clock=clock,
                serve_metrics=False)
     live: list[dict] = []

@@ -19,6 +19,7 @@ import pytest
 import structlog
 
 from tests.conftest import ROOT, with_root
+from tests.fakes import Clock
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, TEMP_PREFIX, ReloadLog
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, PolicyConfig
@@ -90,14 +91,6 @@ def test_a_decision_whose_sidecar_was_killed_before_acting_does_not_hold_the_nex
     assert log.decisions() == []  # no cooldown: the server may be reloaded at once
     (entry,) = json.load(open(path))["reloads"]
     assert entry["ok"] is False and entry["detail"] == NOT_CARRIED_OUT
-
-
-class Clock:
-    def __init__(self, t: float):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.mark.parametrize("content", [b"{\"reloads\": [{\"t\": 17", b"\x00\x9cgarbage",

@@ -31,6 +31,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import with_root
+from tests.fakes import Clock
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog.sidecar.config import (AgentSocketConfig, AlertsConfig, Config,
                                            CorrelateConfig)
@@ -117,14 +118,6 @@ class StubAlertmanager:
         self.server.server_close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def hello(agent: Agent, t: float, gpu: str) -> None:
     agent.send("hello", t=t, torch="2.6", agent="scenario", devices=[gpu],
                config={"recompile_limit": 8}, capabilities={}, watched=["model"])
@@ -161,7 +154,7 @@ def scenario(short_tmp):
     nvml = FakeNvml([
         {"uuid": GPU0.encode(), "total": 80_000 * MB, "used": 10_000 * MB, "procs": []},
         {"uuid": GPU1.encode(), "total": 40_000 * MB, "used": 5_000 * MB, "procs": []}])
-    clock = Clock()
+    clock = Clock(time.time())
     cfg = Config(agent=AgentSocketConfig(socket_path=sock),
                  correlate=CorrelateConfig(min_records=10), state_dir=short_tmp,
                  alerts=AlertsConfig(urls=[am.url], instance="box"))

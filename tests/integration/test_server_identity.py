@@ -27,6 +27,7 @@ import pytest
 import structlog
 
 from tests.conftest import ROOT, free_port, with_root
+from tests.fakes import Clock
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog.sidecar.config import (AgentSocketConfig, Config, ForecastConfig,
                                            PolicyConfig, ReloadConfig)
@@ -51,14 +52,6 @@ for i in 0 1 2 3; do run $i & done
 wait
 """
 DEBUG = os.environ.get("IDENTITY_DEBUG") == "1"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def env_for(sock: str) -> dict:
@@ -105,7 +98,7 @@ class Rig:
             reload=ReloadConfig(method="signal", grace_s=10, hello_timeout_s=90))
         self.nvml = FakeNvml([{"uuid": u.encode(), "total": 4 * GB, "used": GB, "procs": []}
                               for u in GPUS])
-        self.clock = Clock()
+        self.clock = Clock(time.time())
         self.daemon = Daemon(self.cfg, None, structlog.get_logger(),
                              nvml=NvmlSource(self.nvml), clock=self.clock, serve_metrics=False)
         self.live: list[dict] = []

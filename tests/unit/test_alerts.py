@@ -1,6 +1,7 @@
 """Alert building and the firing/resolved book (pure, fake clock), and the sender's retries."""
 import urllib.error
 
+from tests.fakes import Clock
 from torch_watchdog.sidecar.actions import alerts
 from torch_watchdog.sidecar.actions.alerts import AlertBook, AlertSender, build, rfc3339
 
@@ -83,8 +84,8 @@ def batch(cause="recompile_storm"):
 
 
 def test_sender_retries_with_backoff_and_sends_to_every_url(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(alerts.time, "monotonic", lambda: now[0])
+    clock = Clock(0.0)
+    monkeypatch.setattr(alerts.time, "monotonic", clock)
     post = FakePost([ConnectionRefusedError("down")])
     failures = []
     sender = AlertSender(["http://a", "http://b"], post=post,
@@ -94,7 +95,7 @@ def test_sender_retries_with_backoff_and_sends_to_every_url(monkeypatch):
     assert post.got == [("http://b", ["recompile_storm"])] and failures == ["http://a"]
     sender.flush()
     assert len(post.got) == 1  # a is backing off
-    now[0] = 1.5
+    clock.t = 1.5
     sender.flush()
     assert post.got[-1] == ("http://a", ["recompile_storm"])
     assert sender.sent == {"http://a": 1, "http://b": 1} and sender.failed == {"http://a": 1}

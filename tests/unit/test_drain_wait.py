@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from tests.fakes import Clock
 from torch_watchdog.agent import drain
 from torch_watchdog.agent.wrapper import watch
 
@@ -85,24 +86,22 @@ def test_a_thread_that_never_waits_holds_the_exit_no_longer_than_hold_s():
         spinner.join(10)
 
 
-class Clock:
+class StallingClock(Clock):
     """A clock the test moves: each sleep advances it, `stalls` add a jump at given polls."""
 
     def __init__(self, stalls: dict[int, float]):
-        self.now, self.polls, self.stalls = 1000.0, 0, stalls
-
-    def time(self) -> float:
-        return self.now
+        super().__init__(1000.0)
+        self.polls, self.stalls = 0, stalls
 
     def sleep(self, s: float) -> None:
         self.polls += 1
-        self.now += s + self.stalls.get(self.polls, 0.0)
+        self.advance(s + self.stalls.get(self.polls, 0.0))
 
 
 def test_a_stall_of_the_drain_thread_is_not_quiet_time():
     """A 10 s stall at the second poll: a plain clock would read 10 s quiet and exit there."""
-    clock = Clock({2: 10.0})
-    drain.wait_idle(clock.now + 60, quiet_s=0.25, busy=lambda: False, clock=clock.time,
+    clock = StallingClock({2: 10.0})
+    drain.wait_idle(clock() + 60, quiet_s=0.25, busy=lambda: False, clock=clock,
                     sleep=clock.sleep)
     # 0.25 s of quiet at 5 ms a poll, the stall counted as one long step (20 ms), two clear
     # reads of the threads
@@ -111,7 +110,7 @@ def test_a_stall_of_the_drain_thread_is_not_quiet_time():
 
 def test_busy_threads_hold_the_exit_until_seen_idle_twice_in_a_row():
     reads = iter([True, True, False, True, False, False, True])
-    clock = Clock({})
-    drain.wait_idle(clock.now + 60, quiet_s=0.1, busy=lambda: next(reads), clock=clock.time,
+    clock = StallingClock({})
+    drain.wait_idle(clock() + 60, quiet_s=0.1, busy=lambda: next(reads), clock=clock,
                     sleep=clock.sleep)
     assert next(reads) is True  # returned after the two idle reads in a row, not before

@@ -9,6 +9,7 @@ import signal
 import pytest
 import structlog
 
+from tests.fakes import Clock
 from tests.unit.test_nvml import FakeNvml
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
@@ -31,21 +32,21 @@ def run(short_tmp):
         me = os.getpid()
         nvml = FakeNvml([{"uuid": GPU.encode(), "total": 80_000 * MB, "used": 30_000 * MB,
                           "procs": procs}])
-        now = [1000.0]
+        clock = Clock(1000.0)
         cfg = Config(agent=AgentSocketConfig(socket_path=os.path.join(short_tmp, "ev.sock")),
                      state_dir=short_tmp, gpu=GpuConfig(attribution=attribution))
         d = Daemon(cfg, None, structlog.get_logger(), nvml=NvmlSource(nvml),
-                   clock=lambda: now[0], serve_metrics=False)
+                   clock=clock, serve_metrics=False)
         made.append(d)
         d.start()
         sender = Emitter(cfg.agent.socket_path, None)
-        sender.emit(events.Hello(t=now[0], pid=me, torch="2.13", agent="0", devices=[GPU],
+        sender.emit(events.Hello(t=clock(), pid=me, torch="2.13", agent="0", devices=[GPU],
                                  config={}, capabilities={}, watched=[], argv="server"))
         sender.drain()
         for _ in range(5):
             d.tick()
-            now[0] += 0.1
-        return build_status(d.status, now[0])
+            clock.advance(0.1)
+        return build_status(d.status, clock())
 
     yield start
     for d in made:

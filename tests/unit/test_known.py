@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from tests.fakes import Clock
 from torch_watchdog.sidecar.actions.known import KnownServers
 from torch_watchdog.sidecar.core.observations import KnownServer
 
@@ -14,15 +15,8 @@ SERVERS = (KnownServer("llm-a", (101, 102), 1000, (1,), ("GPU-a",), "serve a"),
 STARTS = {101: 50.0, 102: 51.0, 202: 52.0}
 
 
-class Clock:
-    t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def book(tmp_path, starts=STARTS, clock=None) -> KnownServers:
-    return KnownServers(str(tmp_path / "servers.json"), starts.get, clock or Clock())
+    return KnownServers(str(tmp_path / "servers.json"), starts.get, clock or Clock(0.0))
 
 
 def test_the_servers_come_back_with_the_processes_that_are_still_the_same(tmp_path):
@@ -47,7 +41,7 @@ def test_a_missing_file_is_a_first_start_and_a_bad_one_is_said_not_fatal(tmp_pat
 
 
 def test_written_only_when_the_servers_change_and_at_most_once_a_second(tmp_path):
-    clock = Clock()
+    clock = Clock(0.0)
     b = book(tmp_path, clock=clock)
     path = tmp_path / "servers.json"
     b.save(SERVERS, STARTS.get)
@@ -67,5 +61,5 @@ def test_written_only_when_the_servers_change_and_at_most_once_a_second(tmp_path
 def test_a_write_that_fails_is_said_and_retried(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    b = KnownServers(str(blocked / "servers.json"), STARTS.get, Clock())
+    b = KnownServers(str(blocked / "servers.json"), STARTS.get, Clock(0.0))
     assert b.save(SERVERS, STARTS.get) is False and b.error

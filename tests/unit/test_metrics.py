@@ -1,19 +1,15 @@
 """The /metrics view of a Snapshot: exact values, names, absence of unknowns, never a failing
-scrape."""
+scrape. Served over HTTP, and checked by promtool: tests/integration/test_metrics_http.py."""
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torch_watchdog.sidecar.present import metrics
 from torch_watchdog.sidecar.core.correlate import CAUSES
-from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render, \
-    serve, stop
+from torch_watchdog.sidecar.present.metrics import SnapshotCollector, make_registry, render
 from torch_watchdog.sidecar.core.observations import DeviceSample
 from torch_watchdog.sidecar.present.snapshot import Processes, Snapshot
 
@@ -274,44 +270,6 @@ def test_registry_is_not_the_global_one():
     registry = make_registry(SnapshotCollector())
     assert registry is not REGISTRY
     assert b"python_gc" not in render(registry)
-
-
-def _serve_on_free_port(registry):
-    server, thread = serve("127.0.0.1", 0, registry)  # port 0: any free one
-    return server, thread, server.server_port
-
-
-def test_http_scrape_serves_the_latest_snapshot():
-    collector = SnapshotCollector()
-    server, thread, port = _serve_on_free_port(make_registry(collector))
-    try:
-        collector.update(snapshot())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            assert reply.status == 200
-            body = reply.read().decode()
-        s = parse(body)
-        assert value(s, "torch_watchdog_gpu_memory_used_bytes", gpu_uuid="GPU-aaa") == 30 * GIB
-        collector.update(snapshot(active_causes=()))  # the next scrape sees the new tick
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            s = parse(reply.read().decode())
-        assert value(s, "torch_watchdog_cause_active", cause="cudagraph_per_shape") == 0
-    finally:
-        stop(server, thread)
-    if thread is not None:
-        assert not thread.is_alive()
-
-
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-def test_promtool_accepts_the_exposition():
-    text = render(make_registry(_updated(snapshot())))
-    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def _updated(snap):
-    collector = SnapshotCollector()
-    collector.update(snap)
-    return collector
 
 
 def test_real_pipeline_output_renders_without_errors():

@@ -1,10 +1,12 @@
-"""Process source against real processes, real pidfiles and a fake systemctl."""
+"""Process source against this process, pidfiles, a fake systemctl, recorded smaps_rollup
+reads and a fake clock. Against child processes started for it:
+tests/integration/test_process_real.py."""
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
+from tests.fakes import Clock
 from torch_watchdog.sidecar.sources.process import read_pidfile, read_processes, unit_main_pid
 
 
@@ -14,27 +16,6 @@ def test_own_process_is_alive_with_rss_and_gpu_bytes_attached():
     assert sample.pid == me and sample.alive
     assert sample.rss_bytes is not None and sample.rss_bytes > 1 << 20
     assert sample.gpu_bytes == {"GPU-0": 5}
-
-
-def test_killed_and_reaped_child_is_dead_without_rss():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    child.kill()
-    child.wait(10)
-    me = os.getpid()
-    samples = read_processes({child.pid, me})
-    assert [s.pid for s in samples] == sorted([child.pid, me])
-    dead = next(s for s in samples if s.pid == child.pid)
-    assert not dead.alive and dead.rss_bytes is None and dead.gpu_bytes == {}
-
-
-def test_unreaped_child_zombie_counts_as_dead():
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    try:
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left a zombie
-        (sample,) = read_processes({child.pid})
-        assert not sample.alive and sample.rss_bytes is None
-    finally:
-        child.wait(10)
 
 
 def test_nonsense_pids_are_dead_not_errors():
@@ -149,21 +130,21 @@ def _anon(pss):
 def test_pss_is_read_now_and_then_and_carried_by_rss():
     from torch_watchdog.sidecar.sources.process import PssMeter, read_pss
     from torch_watchdog.sidecar.core.observations import ProcessSample
-    now, reads = [0.0], []
+    clock, reads = Clock(0.0), []
 
     def read(pid):
         reads.append(pid)
         return _anon({11: 300, 12: 200}.get(pid))
 
-    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    meter = PssMeter(every_s=10.0, read=read, clock=clock)
     out = meter.apply((ProcessSample(11, True, 1000), ProcessSample(12, True, 900),
                        ProcessSample(13, True, 500), ProcessSample(14, False, None)))
     assert [p.host_bytes for p in out] == [300, 200, 500, None]  # 13: no PSS, its RSS
-    now[0] = 5.0  # 11 grew 50 bytes: its PSS grows as much, no new read (13's failed: again)
+    clock.t = 5.0  # 11 grew 50 bytes: its PSS grows as much, no new read (13's failed: again)
     out = meter.apply((ProcessSample(11, True, 1050), ProcessSample(12, True, 900),
                        ProcessSample(13, True, 500)))
     assert [p.pss_bytes for p in out] == [350, 200, None] and reads == [11, 12, 13, 13]
-    now[0] = 10.0
+    clock.t = 10.0
     meter.apply((ProcessSample(11, True, 1050),))
     assert reads[-1] == 11 and 12 not in meter.last  # 12 is gone: forgotten
     # this process's own: a real smaps_rollup, below its RSS or equal
@@ -179,22 +160,22 @@ def test_every_pss_is_read_again_when_a_process_comes_or_goes():
     and 2 workers: carried, the server read high until the master's next read)."""
     from torch_watchdog.sidecar.sources.process import PssMeter
     from torch_watchdog.sidecar.core.observations import ProcessSample
-    now, pss, reads = [0.0], {1: 900}, []
+    clock, pss, reads = Clock(0.0), {1: 900}, []
 
     def read(pid):
         reads.append(pid)
         return _anon(pss[pid])
 
-    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    meter = PssMeter(every_s=10.0, read=read, clock=clock)
     master = ProcessSample(1, True, 1000)
     assert meter.apply((master,))[0].pss_bytes == 900
-    now[0], pss[1], pss[2], pss[3] = 1.0, 300, 310, 320  # two workers forked
+    clock.t, pss[1], pss[2], pss[3] = 1.0, 300, 310, 320  # two workers forked
     out = meter.apply((master, ProcessSample(2, True, 1000), ProcessSample(3, True, 1000)))
     assert [p.pss_bytes for p in out] == [300, 310, 320] and reads == [1, 1, 2, 3]
-    now[0], pss[1], pss[2] = 2.0, 450, 460  # a worker exited: the others' shares grow
+    clock.t, pss[1], pss[2] = 2.0, 450, 460  # a worker exited: the others' shares grow
     out = meter.apply((master, ProcessSample(2, True, 1000)))
     assert [p.pss_bytes for p in out] == [450, 460] and reads[4:] == [1, 2]
-    now[0] = 3.0  # the same processes: carried, not read
+    clock.t = 3.0  # the same processes: carried, not read
     assert meter.apply((master, ProcessSample(2, True, 1000)))[1].pss_bytes == 460
     assert len(reads) == 6
 
@@ -202,22 +183,22 @@ def test_every_pss_is_read_again_when_a_process_comes_or_goes():
 def test_pss_of_the_same_processes_is_the_same_answer_until_a_read_is_due():
     from torch_watchdog.sidecar.sources.process import PssMeter
     from torch_watchdog.sidecar.core.observations import ProcessSample
-    now, reads, pss = [0.0], [], {11: 300, 12: None}
+    clock, reads, pss = Clock(0.0), [], {11: 300, 12: None}
 
     def read(pid):
         reads.append(pid)
         return _anon(pss[pid])
 
-    meter = PssMeter(every_s=10.0, read=read, clock=lambda: now[0])
+    meter = PssMeter(every_s=10.0, read=read, clock=clock)
     procs = (ProcessSample(11, True, 1000), ProcessSample(13, False, None))
     first = meter.apply(procs)
-    now[0] = 9.9
+    clock.t = 9.9
     assert meter.apply(procs) is first and reads == [11]  # the reader's same tuple: kept
     assert meter.apply((ProcessSample(11, True, 1100),))[0].pss_bytes == 400  # others: new
     kept = meter.apply(procs)
     assert kept == first and kept is not first and reads == [11]
     assert meter.apply(procs) is kept
-    now[0] = 10.0  # a read is due: the same tuple is read again
+    clock.t = 10.0  # a read is due: the same tuple is read again
     pss[11] = 500
     again = meter.apply(procs)
     assert reads == [11, 11] and again[0].pss_bytes == 500
@@ -234,11 +215,11 @@ def test_a_mapped_share_that_grows_is_held_one_that_falls_is_taken():
     fell; pages mapped since count whole, pages dropped at their held share."""
     from torch_watchdog.sidecar.core.observations import ProcessSample
     from torch_watchdog.sidecar.sources.process import PssMeter, PssParts
-    now, parts = [0.0], {1: PssParts(anon=500, mapped=100, resident=400, started=7)}
-    meter = PssMeter(every_s=10.0, read=parts.get, clock=lambda: now[0])
+    clock, parts = Clock(0.0), {1: PssParts(anon=500, mapped=100, resident=400, started=7)}
+    meter = PssMeter(every_s=10.0, read=parts.get, clock=clock)
 
     def reading(rss=1000, pids=(1,)):
-        now[0] += 10.0  # a read is due
+        clock.advance(10.0)  # a read is due
         return [p.pss_bytes for p in meter.apply(tuple(ProcessSample(pid, True, rss)
                                                        for pid in pids))]
 
@@ -277,20 +258,20 @@ def _meter_recorded(meter_every_s=10.0, poll_s=1.0, polls_per_step=60, plain=Fal
     meter before issue 50 (the whole PSS taken as read)."""
     from torch_watchdog.sidecar.core.observations import ProcessSample
     from torch_watchdog.sidecar.sources.process import PssMeter, PssParts, parse_smaps_rollup
-    now, texts = [0.0], {}
+    clock, texts = Clock(0.0), {}
 
     def read(pid):
         parts = parse_smaps_rollup(texts[pid])
         return PssParts(parts.anon + parts.mapped, 0, 0) if plain and parts else parts
 
-    meter, out = PssMeter(every_s=meter_every_s, read=read, clock=lambda: now[0]), []
+    meter, out = PssMeter(every_s=meter_every_s, read=read, clock=clock), []
     for _, procs in _recorded_neighbours():
         texts = {pid: text for pid, (_, text) in enumerate(procs, start=100)}
         samples = tuple(ProcessSample(pid, True, rss)
                         for pid, (rss, _) in enumerate(procs, start=100))
         for _ in range(polls_per_step):
-            out.append((now[0], sum(p.host_bytes for p in meter.apply(samples))))
-            now[0] += poll_s
+            out.append((clock(), sum(p.host_bytes for p in meter.apply(samples))))
+            clock.advance(poll_s)
     return out
 
 
@@ -339,55 +320,6 @@ def test_an_idle_server_next_to_exiting_neighbours_is_never_forecast():
     assert forecast_of(plain=False).seconds == FOREVER
 
 
-def test_reader_keeps_one_descriptor_per_watched_pid_and_closes_the_rest():
-    from torch_watchdog.sidecar.sources.process import ProcessReader
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    reader = ProcessReader()
-    try:
-        me = os.getpid()
-        first = reader.read({me, child.pid})
-        assert [s.alive for s in first] == [True, True]
-        assert sorted(reader._fds) == sorted([me, child.pid])
-        again = reader.read({me, child.pid})
-        # unchanged numbers: the same frozen sample, nothing allocated for it
-        assert any(a is b for a, b in zip(first, again))
-        child.kill()
-        child.wait(10)
-        # read through the kept descriptor: the reaped process is dead, and its file closed
-        dead = next(s for s in reader.read({me, child.pid}) if s.pid == child.pid)
-        assert not dead.alive and dead.rss_bytes is None
-        reader.read({me})
-        assert list(reader._fds) == [me]
-    finally:
-        reader.close()
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-    assert reader._fds == {}
-
-
-def test_reader_rss_matches_psutil_and_a_zombie_through_a_kept_descriptor_is_dead():
-    import psutil
-
-    from torch_watchdog.sidecar.sources.process import ProcessReader
-    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
-                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    reader = ProcessReader()
-    try:
-        assert child.stdout.readline() == b"up\n"  # started: its RSS is the interpreter's
-        (sample,) = reader.read({child.pid})
-        assert sample.alive
-        assert abs(sample.rss_bytes - psutil.Process(child.pid).memory_info().rss) < 4 << 20
-        child.stdin.close()  # it exits; unreaped, a zombie
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
-        (sample,) = reader.read({child.pid})
-        assert not sample.alive and sample.rss_bytes is None
-    finally:
-        reader.close()
-        child.stdin.close()
-        child.wait(10)
-
-
 def test_reader_without_proc_falls_back_to_psutil(tmp_path):
     from torch_watchdog.sidecar.sources.process import ProcessReader
     reader = ProcessReader(proc=str(tmp_path))  # an empty "/proc": nothing to open there
@@ -408,69 +340,6 @@ def test_stat_line_with_parentheses_and_spaces_in_the_name():
     assert reader._parse(f"42 (x y) {fields.replace('S', 'Z', 1)}".encode(), -1) == (False, None)
 
 
-def test_reader_without_pidfds_reads_stat_alone():
-    from torch_watchdog.sidecar.sources.process import ProcessReader
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
-    reader = ProcessReader()
-    reader._exits = None  # as on Linux < 5.3
-    try:
-        me = os.getpid()
-        def alive():  # samples come sorted by pid, and the child's pid may be below ours
-            return {s.pid: s.alive for s in reader.read({me, child.pid})}
-        assert alive() == {me: True, child.pid: True}
-        assert all(pidfd == -1 for pidfd, _ in reader._fds.values())
-        child.stdin.close()
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie
-        assert alive() == {me: True, child.pid: False}
-        child.wait(10)
-        assert alive() == {me: True, child.pid: False}
-    finally:
-        reader.close()
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-
-
-def test_a_gpu_metered_process_has_its_rss_read_now_and_then_and_its_death_at_once():
-    from torch_watchdog.sidecar.sources.process import ProcessReader
-    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
-                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    now = [0.0]
-    reader = ProcessReader(rss_every_s=1.0, clock=lambda: now[0])
-    pages = []
-    reader._parse = lambda data, pidfd, parse=reader._parse: pages.append(1) or \
-        parse(data, pidfd)
-    try:
-        assert child.stdout.readline() == b"up\n"
-        gpu = {child.pid: {"GPU-0": 5 << 30}}
-        (first,) = reader.read({child.pid}, gpu)
-        assert first.alive and first.rss_bytes > 1 << 20 and len(pages) == 1
-        now[0] = 1.0  # the first interval is spread over (0, 1] s by pid: due
-        (first,) = reader.read({child.pid}, gpu)
-        assert len(pages) == 2
-        for _ in range(5):  # within the interval: alive by its pidfd, RSS as read
-            now[0] += 0.1
-            again = reader.read({child.pid}, gpu)
-            assert again[0] is first
-        assert len(pages) == 2
-        now[0] = 2.0
-        reader.read({child.pid}, gpu)
-        assert len(pages) == 3  # due: read again
-        reader.read({child.pid})  # no GPU memory: RSS is its meter, read every poll
-        reader.read({child.pid})
-        assert len(pages) == 5
-        child.stdin.close()  # it exits within the RSS interval: dead at the next read
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
-        now[0] += 0.1
-        (dead,) = reader.read({child.pid}, gpu)
-        assert not dead.alive and dead.rss_bytes is None
-    finally:
-        reader.close()
-        child.stdin.close()
-        child.wait(10)
-
-
 def test_a_process_is_in_a_cgroup_by_the_kernels_word(tmp_path):
     from torch_watchdog.sidecar.sources.process import in_cgroup
     for pid, text in ((10, "0::/system.slice/llm.service\n"),  # cgroup v2
@@ -482,111 +351,3 @@ def test_a_process_is_in_a_cgroup_by_the_kernels_word(tmp_path):
     found = [pid for pid in (10, 11, 12, 13, 14)
              if in_cgroup(pid, "/system.slice/llm.service", proc=str(tmp_path))]
     assert found == [10, 11]  # 14: gone
-
-
-# A process mapping a file and touching its pages (one of a server's, or a neighbour): with
-# `workers`, it forks them after allocating `hoard` MiB, and each touches the file too. It
-# prints its pids, then on a "grow N" line allocates and touches N MiB more ("map PATH": maps
-# and touches another file), and answers "ok".
-MAPPER = r"""
-import mmap, os, signal, sys
-path, workers, hoard = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def touch(path):
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-    sum(m[i] for i in range(0, len(m), 4096))
-    return m
-def allocate(mib):
-    b = bytearray(mib << 20)
-    for i in range(0, len(b), 4096):
-        b[i] = 1
-    return b
-kept = [touch(path), allocate(hoard)]
-r, w = os.pipe()
-kids = []
-for _ in range(workers):
-    pid = os.fork()
-    if pid == 0:
-        kept.append(touch(path))
-        os.write(w, b"x")
-        while True:
-            signal.pause()
-    kids.append(pid)
-told = b""
-while len(told) < workers:
-    told += os.read(r, workers)
-print(" ".join(map(str, [os.getpid(), *kids])), flush=True)
-for line in sys.stdin:
-    what, arg = line.split()
-    kept.append(allocate(int(arg)) if what == "grow" else touch(arg))
-    print("ok", flush=True)
-"""
-MIB = 2 ** 20
-
-
-def _mapper(path, workers=0, hoard=0):
-    proc = subprocess.Popen([sys.executable, "-c", MAPPER, str(path), str(workers), str(hoard)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    return proc, [int(p) for p in proc.stdout.readline().split()]
-
-
-def _stop(proc):
-    import signal
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
-def _file(path, mib):
-    with open(path, "wb") as f:
-        for i in range(mib):
-            f.write(bytes([i % 251 + 1]) * MIB)
-    return path
-
-
-def test_an_idle_server_reads_the_same_as_its_neighbours_exit_and_its_growth_at_once(tmp_path):
-    """Real processes: a server (a master holding 64 MiB, 2 forked workers) and 3 neighbours
-    map the same 96 MiB file. PSS shares its pages among all 6: as the neighbours exit, the
-    server's PSS grows though it maps nothing new (an idle server forecast to OOM); its
-    reading stays. Its forked workers' pages count once, and 200 MiB it allocates, or a file
-    it maps, show at once (carried by RSS, before any read is due, and as read)."""
-    from torch_watchdog.sidecar.sources.process import ProcessReader, PssMeter, read_pss
-    data = _file(tmp_path / "lib.bin", 96)
-    server, mine = _mapper(data, workers=2, hoard=64)
-    neighbours = [_mapper(data) for _ in range(3)]
-    reader = ProcessReader()
-    every_poll, daemons = PssMeter(every_s=0.0), PssMeter()  # read each poll; every 10 s
-
-    def readings():
-        pids = set(mine) | {p for proc, ps in neighbours if proc.poll() is None for p in ps}
-        samples = reader.read(pids)
-        return [sum(p.host_bytes for p in meter.apply(samples) if p.pid in mine) / MIB
-                for meter in (every_poll, daemons)]
-
-    try:
-        start = readings()
-        pss_start = sum(read_pss(p) for p in mine) / MIB
-        rss = sum(p.rss_bytes for p in reader.read(set(mine))) / MIB
-        assert abs(start[0] - pss_start) < 2 and abs(start[1] - start[0]) < 2, (start, pss_start)
-        assert rss - start[0] > 2 * 64 * 0.9  # the master's 64 MiB once, not 3 times
-        seen = []
-        for proc, _ in neighbours:
-            _stop(proc)
-            seen.append(readings())
-        pss_end = sum(read_pss(p) for p in mine) / MIB
-        assert pss_end - pss_start > 30, (pss_start, pss_end)  # PSS: the server "grew"
-        for now in seen:  # its reading did not
-            assert all(-3 < b - a < 1 for a, b in zip(start, now)), (start, seen)
-        for what, mib in (("grow 200", 200), (f"map {_file(tmp_path / 'w.bin', 64)}", 64)):
-            before = readings()
-            server.stdin.write(what + "\n")
-            server.stdin.flush()
-            assert server.stdout.readline() == "ok\n"
-            after = readings()
-            assert all(mib - 2 < b - a < mib + 3 for a, b in zip(before, after)), \
-                (what, before, after)
-    finally:
-        reader.close()
-        for proc in [server] + [p for p, _ in neighbours]:
-            _stop(proc)

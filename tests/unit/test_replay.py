@@ -1,9 +1,8 @@
-"""Acceptance of the pipeline on real recorded traces (tests/fixtures, copied from GPU runs)."""
+"""Acceptance of the pipeline on real recorded traces (tests/fixtures, copied from GPU runs).
+`torch-watchdog replay` as a process: tests/integration/test_replay_cli.py."""
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -106,21 +105,6 @@ def test_replay_merges_the_agent_event_log_with_its_trace():
     est = r["estimates"]
     assert est["warmups"] == 1056  # only the agent's log has warm-ups
     assert r["replay"]["bad_lines"] == 0
-
-
-def test_cli_replay_json(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "replay", "--json",
-                          fixture("h200-torch2.11-seq-static.jsonl.gz")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert set(result) >= {"findings", "actions", "estimates"}
-    for a in result["actions"]:
-        assert a["action"] in ("alert", "reload") and isinstance(a["t"], float) and a["reason"]
-    bad = subprocess.run([sys.executable, "-m", "torch_watchdog.cli", "replay",
-                          str(tmp_path / "missing.jsonl")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
-    assert bad.returncode == 2 and "no such file" in bad.stderr
 
 
 def test_garbage_lines_are_counted_not_fatal(tmp_path):

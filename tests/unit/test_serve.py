@@ -6,7 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import time
+import threading
 import types
 
 import pytest
@@ -145,14 +145,17 @@ def test_a_drain_handed_to_serve_refuses_no_call_and_leaves_the_exit_to_serve(
     serve.check_health()  # Serve's controller health-checks this replica
     refused = []
     monkeypatch.setattr(drain, "refuse_new_calls", lambda: refused.append(True))
+    waiting, wait_stopped = threading.Event(), serve._handover.wait_stopped
+    monkeypatch.setattr(serve._handover, "wait_stopped",
+                        lambda deadline: waiting.set() or wait_stopped(deadline))
     drainer, agent, exits = drainer()
     agent.config.restart_file = f"{short_tmp}/restart"
     assert drainer.start(30.0)
     assert not drain.ready() and not refused  # calls go on until Serve routes elsewhere
     with pytest.raises(serve.ReplicaDraining):
         serve.check_health()
-    time.sleep(0.5)
-    assert drainer.thread.is_alive() and not agent.sent  # waiting for Serve: no reply yet
+    assert waiting.wait(10)  # the drain thread waits for Serve to stop the replica ...
+    assert drainer.thread.is_alive() and not agent.sent  # ... and has sent no reply yet
     serve._handover.stopped.set()  # the deployment's __del__: Serve is stopping it
     drainer.thread.join(5)
     assert not drainer.thread.is_alive()

@@ -1,9 +1,5 @@
-import sys
-import gc
-import os
 import threading
 import time
-import tracemalloc
 
 import pytest
 import torch
@@ -38,11 +34,19 @@ def test_new_shapes_are_flagged_once(emitted):
     assert [e.distinct for e in new] == [1, 2, 3] and all(e.name == "double" for e in new)
 
 
+def stall_now() -> None:
+    """In a watched call: the call is a stall, however short. The hot paths time a call on the
+    real monotonic clock (the C one reads CLOCK_MONOTONIC itself: no clock to fake), so the
+    threshold comes down to 0 instead of the call sleeping past 20 ms. Calls timed for real:
+    tests/integration/test_agent_torch.py::test_new_shapes_and_stalls_through_watch."""
+    settings.configure(stall_ns=0)
+
+
 def test_slow_call_is_a_stall_with_its_cause(emitted):
     def slow(x):
         if x.shape[0] == 3:
             tls.activity, tls.activity_ns = "recompile", time.perf_counter_ns()
-            time.sleep(0.05)
+            stall_now()
         return x
 
     f = watch(slow, name="m")
@@ -51,12 +55,12 @@ def test_slow_call_is_a_stall_with_its_cause(emitted):
     stalls = [e for e in emitted if e.kind == "stall"]
     assert len(stalls) == 1
     assert stalls[0].shape == [[3]] and stalls[0].new_shape and stalls[0].cause == "recompile"
-    assert stalls[0].seconds >= 0.05
+    assert stalls[0].seconds > 0
 
 
 def test_stall_cause_is_not_borrowed_from_an_earlier_call(emitted):
     tls.activity, tls.activity_ns = "compile", time.perf_counter_ns()
-    f = watch(lambda x: time.sleep(0.03) or x, name="m")
+    f = watch(lambda x: stall_now() or x, name="m")
     f(torch.ones(1))
     (stall,) = [e for e in emitted if e.kind == "stall"]
     assert stall.cause is None
@@ -507,75 +511,3 @@ def test_calls_in_flight_on_another_thread_are_counted(args, kwargs):
         release.set()
         t.join(10)
     assert not inflight.calls_in_flight()
-
-
-def test_a_forked_child_has_no_calls_in_flight_from_the_parents_other_threads():
-    entered, release = threading.Event(), threading.Event()
-    f = watch(lambda x: entered.set() or release.wait(10), name="slow")
-    t = threading.Thread(target=f, args=(torch.ones(3),))
-    t.start()
-    try:
-        assert entered.wait(10) and inflight.calls_in_flight()
-        pid = os.fork()
-        if pid == 0:  # the child: only the forking thread, in no watched call
-            os._exit(0 if not inflight.calls_in_flight() else 1)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        release.set()
-        t.join(10)
-
-
-def _allocated_after(calls: int, step) -> int:
-    """Bytes still allocated (tracemalloc) after `calls` more calls of `step`, past a warm-up."""
-    for i in range(200):
-        step(i)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(calls):
-            step(i)
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-
-
-def test_watched_calls_leak_nothing():
-    """Every branch of the hot path, 5,000 calls each: a leaked reference per call (a shape, a
-    float, an exception) would keep >= 5,000 x 8 bytes, a leaked object >= 5,000 x 32; what
-    stays is 32-320 bytes (2-core VM, torch 2.13)."""
-    out, x, m = object(), torch.ones(2, 3), torch.ones(2, 1)
-    sizes = [torch.ones(n) for n in range(1, 9)]
-    one = watch(lambda x: out, name="one")
-    two = watch(lambda input_ids, attention_mask: out, name="two")
-    several = watch(lambda a, b: out, name="several")
-
-    def failing(x):
-        raise ValueError("model failed")  # a new one each time (one raised again keeps its
-        # tracebacks)
-
-    bad = watch(failing, name="bad")
-
-    def fail(i):
-        try:
-            bad(x)
-        except ValueError:
-            pass
-
-    steps = [("one, same shape", lambda i: one(x)),
-             ("one, eight shapes in turn", lambda i: one(sizes[i % 8])),
-             ("two, same shapes", lambda i: two(input_ids=x, attention_mask=m)),
-             ("two, eight shapes in turn", lambda i: two(input_ids=x, attention_mask=sizes[i % 8])),
-             ("a failing call", fail),
-             ("the Python path", lambda i: several(x, m))]
-    refs = sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)
-    try:
-        for stall_ns in (10**12, 0):  # then every call a stall (its event goes nowhere)
-            settings.configure(stall_ns=stall_ns)
-            for name, step in steps:
-                assert _allocated_after(5_000, step) < 16_000, (name, stall_ns)
-    finally:
-        settings.reset()
-    assert (sys.getrefcount(out), sys.getrefcount(x), sys.getrefcount(m)) == refs
