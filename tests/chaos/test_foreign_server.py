@@ -24,7 +24,7 @@ import structlog
 
 from tests.conftest import ROOT, wait_for, with_root
 from tests.fakes import Clock
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog import events
 from torch_watchdog.sidecar.config import (AgentSocketConfig, Config, ForecastConfig,
                                            PolicyConfig, ReloadConfig)

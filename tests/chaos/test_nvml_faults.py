@@ -3,9 +3,11 @@ busy host; a GPU under reset or a wedged driver is slower). On main the poll loo
 inline and ran at 1.2 polls/s of 10 Hz; the source's worker thread keeps the loop's cadence."""
 from __future__ import annotations
 
+import threading
 import time
 
-from tests.unit.test_nvml import G0, GiB, two_gpus
+from tests.conftest import wait_for
+from tests.fakes import G0, G1, GiB, two_gpus
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
 
 INTERVAL_S = 0.1  # the default poll_interval_s
@@ -117,3 +119,66 @@ def test_a_hung_nvml_call_leaves_the_daemons_polls_on_time_and_says_nvml_is_down
         d.halt()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+
+
+# A call that hangs (a wedged driver): read() and close() never wait on it (moved from
+# tests/unit/test_nvml.py: they wait on real threads)
+WAIT = 5.0  # read(wait_s=WAIT) returns as soon as the reading it asked for completes
+
+
+def test_a_hung_call_never_holds_read_up_and_reads_are_late_until_it_returns():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, deadline_s=0.3)
+    assert source.read({100}, wait_s=WAIT).up
+    gate = threading.Event()
+    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate  # blocks 20 s unless released
+    try:
+        slowest, readings, late = 0.0, [], 0
+        give_up = time.monotonic() + 10
+        while late < 10 and time.monotonic() < give_up:  # ten polls after it is declared late
+            started = time.perf_counter()
+            reading = source.read({100})
+            slowest = max(slowest, time.perf_counter() - started)
+            readings.append(reading)
+            late += reading.error is not None and reading.error.startswith("NVML read late")
+            time.sleep(0.02)
+        assert late == 10, readings[-1]
+        assert slowest < 0.1  # on main: the first read after the hang began took 20 s
+        for r in readings:  # what the forecast could see: fresh numbers or nothing
+            assert r.up == bool(r.devices) and (r.devices == () or r.age_s < 0.3)
+        last = readings[-1]
+        assert not last.up and last.devices == () and last.process_gpu_bytes == {}
+        assert set(last.down) == {G0, G1} and last.t is not None
+        assert source.errors == {"late": 1}  # one stall, however many polls it spans
+        assert nvml.max_in_flight == 1  # one worker, stuck in the one call: nothing piled up
+    finally:
+        gate.set()
+    del nvml.hang["nvmlDeviceGetMemoryInfo"]
+    assert wait_for(lambda: source.read({100}).up, 5)  # it came back: readings resume
+    back = source.read({100}, wait_s=WAIT)
+    assert back.up and len(back.devices) == 2 and back.process_gpu_bytes[100][G0] == 3 * GiB
+    assert nvml.inits == 1 and source.errors == {"late": 1}
+    source.close()
+
+
+def test_close_with_a_hung_call_returns_and_no_second_worker_starts():
+    nvml = two_gpus()
+    source = NvmlSource(nvml, deadline_s=0.2)
+    assert source.read(set(), wait_s=WAIT).up
+    gate = threading.Event()
+    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate
+    try:
+        source.read(set())
+        assert wait_for(lambda: nvml.in_flight == 1, 5)
+        started = time.monotonic()
+        source.close()
+        assert time.monotonic() - started < 2.0  # CLOSE_WAIT_S, not the hang
+        assert wait_for(lambda: "late" in (source.read(set()).error or ""), 5)
+        assert nvml.max_in_flight == 1
+    finally:
+        gate.set()
+    del nvml.hang["nvmlDeviceGetMemoryInfo"]
+    # the stuck worker returns, shuts NVML down and exits; the next read starts a fresh one
+    assert wait_for(lambda: source.read(set()).up, 5)
+    assert nvml.inits == 2 and nvml.shutdowns == 1 and nvml.max_in_flight == 1
+    source.close()

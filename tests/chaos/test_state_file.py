@@ -20,7 +20,7 @@ import structlog
 
 from tests.conftest import ROOT, with_root
 from tests.fakes import Clock
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog.sidecar.actions.record import NOT_CARRIED_OUT, TEMP_PREFIX, ReloadLog
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, PolicyConfig
 from torch_watchdog.sidecar.core import policy

@@ -10,7 +10,7 @@ import structlog
 
 from tests.fakes import Clock
 from tests.unit.test_daemon import GPU, MB, rig, send  # noqa: F401  (the fixture)
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config

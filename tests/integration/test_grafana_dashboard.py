@@ -20,7 +20,7 @@ import pytest
 import structlog
 
 from tests.conftest import ROOT, free_port, wait_for
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig

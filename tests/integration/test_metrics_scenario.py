@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import with_root
 from tests.fakes import Clock
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog.sidecar.config import (AgentSocketConfig, AlertsConfig, Config,
                                            CorrelateConfig)
 from torch_watchdog.sidecar.core.forecast import FAIL_FREE_BYTES

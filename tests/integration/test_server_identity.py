@@ -28,7 +28,7 @@ import structlog
 
 from tests.conftest import ROOT, free_port, with_root
 from tests.fakes import Clock
-from tests.unit.test_nvml import FakeNvml
+from tests.fakes import FakeNvml
 from torch_watchdog.sidecar.config import (AgentSocketConfig, Config, ForecastConfig,
                                            PolicyConfig, ReloadConfig)
 from torch_watchdog.sidecar.daemon import Daemon

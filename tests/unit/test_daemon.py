@@ -12,7 +12,7 @@ import pytest
 import structlog
 
 from tests.fakes import Clock
-from tests.unit.test_nvml import FakeNvml, NVMLError_GpuIsLost
+from tests.fakes import FakeNvml, NVMLError_GpuIsLost
 from torch_watchdog import events
 from torch_watchdog.agent.emitter import Emitter
 from torch_watchdog.sidecar.config import AgentSocketConfig, Config, CorrelateConfig

@@ -4,144 +4,18 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
 
 from torch_watchdog.sidecar.sources.nvml import NvmlSource
 from torch_watchdog.sidecar.core.observations import DeviceSample
-from tests.conftest import wait_for
+from tests.fakes import (
+    G0, G1, FakeNvml, GiB, MiB, NVMLError_DriverNotLoaded, NVMLError_GpuIsLost,
+    NVMLError_NoPermission, NVMLError_NotSupported, NVMLError_Uninitialized, NVMLError_Unknown,
+    NVMLLibraryMismatchError, two_gpus)
 
-GiB, MiB = 1 << 30, 1 << 20
 WAIT = 5.0  # read(wait_s=WAIT) returns as soon as the reading it asked for completes
-G0, G1 = "GPU-00000000-aaaa", "GPU-11111111-bbbb"
-
-
-class NVMLError(Exception):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_NoPermission(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_NotSupported(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_GpuIsLost(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_FunctionNotFound(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_DriverNotLoaded(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_Uninitialized(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLError_Unknown(NVMLError):
-    """A fake of pynvml's class of the same name."""
-
-
-class NVMLLibraryMismatchError(Exception):  # like pynvml: not an NVMLError
-    """A fake of pynvml's class of the same name."""
-
-
-class FakeNvml:
-    """The slice of the pynvml API the source uses; `fail[name]` makes that call raise,
-    `hang[name]` (an Event) makes it block until the event is set (20 s at most), `delay_s`
-    makes every call that slow, and a device's "error" makes its memory call raise."""
-    NVMLError = NVMLError
-    NVMLError_NoPermission = NVMLError_NoPermission
-    NVMLError_NotSupported = NVMLError_NotSupported
-    NVMLError_GpuIsLost = NVMLError_GpuIsLost
-    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
-    NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
-    NVMLError_Uninitialized = NVMLError_Uninitialized
-    NVMLError_Unknown = NVMLError_Unknown
-    NVMLLibraryMismatchError = NVMLLibraryMismatchError
-    nvmlMemory_v2 = 0x02000028
-    RESERVED = 300 * MiB  # v1 `used` includes driver-reserved memory, v2 does not
-
-    def __init__(self, devices):
-        self.devices = devices  # [{uuid: bytes, total, used, procs: [(pid, used)] or an exception}]
-        self.fail: dict[str, Exception] = {}
-        self.has_v2 = True
-        self.inits = self.shutdowns = 0
-        self.calls: list[tuple] = []
-        self.hang: dict[str, threading.Event] = {}
-        self.delay_s = 0.0
-        self.in_flight = self.max_in_flight = 0
-        self._lock = threading.Lock()
-
-    def _call(self, name, *args):
-        self.calls.append((name,) + args)
-        with self._lock:
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            if name in self.hang:
-                self.hang[name].wait(20.0)
-            if name in self.fail:
-                raise self.fail[name]
-        finally:
-            with self._lock:
-                self.in_flight -= 1
-
-    def nvmlInit(self):
-        self._call("nvmlInit")
-        self.inits += 1
-
-    def nvmlShutdown(self):
-        self._call("nvmlShutdown")
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self):
-        self._call("nvmlDeviceGetCount")
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        self._call("nvmlDeviceGetHandleByIndex", i)
-        return i
-
-    def nvmlDeviceGetUUID(self, handle):
-        self._call("nvmlDeviceGetUUID", handle)
-        return self.devices[handle]["uuid"]
-
-    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
-        self._call("nvmlDeviceGetMemoryInfo", handle, version)
-        if version is not None and not self.has_v2:
-            raise NVMLError_FunctionNotFound("Function Not Found")
-        d = self.devices[handle]
-        if "error" in d:
-            raise d["error"]
-        used = d["used"] if version else d["used"] + self.RESERVED
-        return SimpleNamespace(total=d["total"], used=used, free=d["total"] - used)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        self._call("nvmlDeviceGetComputeRunningProcesses", handle)
-        procs = self.devices[handle]["procs"]
-        if isinstance(procs, Exception):
-            raise procs
-        return [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in procs]
-
-
-def two_gpus():
-    return FakeNvml([
-        {"uuid": G0.encode(), "total": 80 * GiB, "used": 10 * GiB,
-         "procs": [(100, 3 * GiB), (300, 5 * GiB)]},
-        {"uuid": G1.encode(), "total": 80 * GiB, "used": 2 * GiB,
-         "procs": [(100, 512 * MiB), (200, 256 * MiB)]},
-    ])
 
 
 def test_two_devices_report_device_and_per_process_memory_by_uuid():
@@ -278,64 +152,6 @@ def test_real_bindings_without_a_gpu_are_down_not_raising():
 
 
 # -- faults: a hung call, a failure storm, a GPU that vanishes, one bad device -----------------
-def test_a_hung_call_never_holds_read_up_and_reads_are_late_until_it_returns():
-    nvml = two_gpus()
-    source = NvmlSource(nvml, deadline_s=0.3)
-    assert source.read({100}, wait_s=WAIT).up
-    gate = threading.Event()
-    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate  # blocks 20 s unless released
-    try:
-        slowest, readings, late = 0.0, [], 0
-        give_up = time.monotonic() + 10
-        while late < 10 and time.monotonic() < give_up:  # ten polls after it is declared late
-            started = time.perf_counter()
-            reading = source.read({100})
-            slowest = max(slowest, time.perf_counter() - started)
-            readings.append(reading)
-            late += reading.error is not None and reading.error.startswith("NVML read late")
-            time.sleep(0.02)
-        assert late == 10, readings[-1]
-        assert slowest < 0.1  # on main: the first read after the hang began took 20 s
-        for r in readings:  # what the forecast could see: fresh numbers or nothing
-            assert r.up == bool(r.devices) and (r.devices == () or r.age_s < 0.3)
-        last = readings[-1]
-        assert not last.up and last.devices == () and last.process_gpu_bytes == {}
-        assert set(last.down) == {G0, G1} and last.t is not None
-        assert source.errors == {"late": 1}  # one stall, however many polls it spans
-        assert nvml.max_in_flight == 1  # one worker, stuck in the one call: nothing piled up
-    finally:
-        gate.set()
-    del nvml.hang["nvmlDeviceGetMemoryInfo"]
-    assert wait_for(lambda: source.read({100}).up, 5)  # it came back: readings resume
-    back = source.read({100}, wait_s=WAIT)
-    assert back.up and len(back.devices) == 2 and back.process_gpu_bytes[100][G0] == 3 * GiB
-    assert nvml.inits == 1 and source.errors == {"late": 1}
-    source.close()
-
-
-def test_close_with_a_hung_call_returns_and_no_second_worker_starts():
-    nvml = two_gpus()
-    source = NvmlSource(nvml, deadline_s=0.2)
-    assert source.read(set(), wait_s=WAIT).up
-    gate = threading.Event()
-    nvml.hang["nvmlDeviceGetMemoryInfo"] = gate
-    try:
-        source.read(set())
-        assert wait_for(lambda: nvml.in_flight == 1, 5)
-        started = time.monotonic()
-        source.close()
-        assert time.monotonic() - started < 2.0  # CLOSE_WAIT_S, not the hang
-        assert wait_for(lambda: "late" in (source.read(set()).error or ""), 5)
-        assert nvml.max_in_flight == 1
-    finally:
-        gate.set()
-    del nvml.hang["nvmlDeviceGetMemoryInfo"]
-    # the stuck worker returns, shuts NVML down and exits; the next read starts a fresh one
-    assert wait_for(lambda: source.read(set()).up, 5)
-    assert nvml.inits == 2 and nvml.shutdowns == 1 and nvml.max_in_flight == 1
-    source.close()
-
-
 def test_a_gpu_lost_on_every_read_for_40_s_reinits_a_few_times_not_every_poll():
     now = [0.0]
     nvml = two_gpus()

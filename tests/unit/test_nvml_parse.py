@@ -5,14 +5,14 @@ the session ends). No NVML, no clock, no thread: the fast tier.
 
 The numbers: the H200 rows are the sidecar's own sample logs (tests/fixtures/README.md:
 `h200-seed-oom-samples.jsonl.gz`, one H200 and pid 795 near its OOM; `h200x2-two-replicas-
-samples.jsonl.gz`, two H200s, pids 708 and 709); the others are tests/unit/test_nvml.py's fake
+samples.jsonl.gz`, two H200s, pids 708 and 709); the others are tests/fakes.py's fake
 host (two 80 GiB GPUs, G0 at 10 GiB used and G1 at 2 GiB, pid 100 on both), with its
 pynvml-named error classes and pynvml's messages for them."""
 from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_nvml import (
+from tests.fakes import (
     G0, G1, GiB, MiB, FakeNvml, NVMLError_GpuIsLost, NVMLError_NoPermission,
     NVMLError_NotSupported, NVMLError_Uninitialized, NVMLError_Unknown, two_gpus)
 from torch_watchdog.sidecar.sources.nvml import (
