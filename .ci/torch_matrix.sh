@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/torch-matrix.XXXXXX")
 results=${TORCH_MATRIX_RESULTS:-${TMPDIR:-/tmp}/torch-matrix-results}
 mkdir -p "$results" "$work/tmp"
-trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait || true; rm -rf "$work"' EXIT
 # every test that imports torch or the agent (make test runs them all on the pinned torch)
 tests=(tests/integration/test_agent_torch.py tests/integration/test_agent_process.py
        tests/integration/test_agent_fork.py tests/chaos/test_agent_faults.py
