@@ -24,7 +24,7 @@ import re
 import select
 import signal
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from torch_watchdog import __version__, events
 from torch_watchdog.jsonl import InputError, problem, read_lines
@@ -273,6 +273,36 @@ def valid_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def run_unfreeze(server: str, config_path: Optional[str], out: TextIO) -> int:
+    """A request file in the sidecar's state directory (actions/requests.py), taken at its next
+    poll; 2 for a bad --config, 1 when the directory cannot be written (not the sidecar's
+    user: under systemd, run it as root)."""
+    from torch_watchdog.sidecar.actions.requests import write_request
+
+    cfg = load_config(config_path or _dev_config(), "unfreeze")
+    if cfg is None:
+        return 2
+    try:
+        path = write_request(cfg.state_dir, server, "unfreeze")
+    except OSError as err:
+        print(f"torch-watchdog unfreeze: cannot write the request in {cfg.state_dir}/requests: "
+              f"{err.strerror or err} (run it as the sidecar's user, or give --config)",
+              file=sys.stderr)
+        return 1
+    out.write(f"asked the sidecar to unfreeze {server} ({path}); it takes the request at its "
+              "next poll: `torch-watchdog status` shows the freeze gone, its log says "
+              "\"unfreeze sent\"\n")
+    return 0
+
+
+def _dev_config() -> Optional[str]:
+    """The config of a `sidecar --dev` run in this directory, if any."""
+    from torch_watchdog.sidecar import dev
+
+    here = os.path.join(dev.DEFAULT_DIR, dev.CONFIG_NAME)
+    return here if os.path.isfile(here) else None
+
+
 def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
                out: TextIO, server: Optional[str] = None) -> int:
     """Print a running sidecar's /status.json; 1 when none answers at that address, 2 for a
@@ -285,10 +315,7 @@ def run_status(url: Optional[str], config_path: Optional[str], as_json: bool,
 
     if url is None:
         if config_path is None:  # in the directory of a `sidecar --dev`: its config
-            from torch_watchdog.sidecar import dev
-
-            here = os.path.join(dev.DEFAULT_DIR, dev.CONFIG_NAME)
-            config_path = here if os.path.isfile(here) else None
+            config_path = _dev_config()
         cfg = load_config(config_path, "status")
         if cfg is None:
             return 2
@@ -378,6 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
     stp.add_argument("--json", action="store_true", help="print the status JSON as is")
     stp.add_argument("--server", metavar="NAME", help="one server's numbers, chart data and "
                      "actions (default: every server's row, and the one nearest to OOM)")
+    up = command("unfreeze", "ask the sidecar to end a server's freeze (policy.remedy): its "
+                 "agents record CUDA graphs for new sizes again, and that process of it is "
+                 "not frozen again")
+    up.add_argument("server", help="the server's name, as `torch-watchdog status` lists it")
+    up.add_argument("--config", help="the sidecar's config (YAML), for its state_dir (default: "
+                    "./.torch-watchdog/watchdog.yaml where `sidecar --dev` ran here, else "
+                    "the defaults)")
     command("run", "the standby launcher: torch-watchdog run [options] -- python "
                    "server.py args... (see torch-watchdog run --help)")
     dp = command("demo", "a small torch.compile server, the agent and the sidecar, "
@@ -415,12 +449,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
 
 
+_PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "listen": lambda a: listen(a.socket, a.json, sys.stdout),
+    "replay": lambda a: run_replay(a.traces, a.config, a.json, sys.stdout),
+    "check-config": lambda a: check_config(a.file, sys.stdout),
+    "status": lambda a: run_status(a.url, a.config, a.json, sys.stdout, a.server),
+    "unfreeze": lambda a: run_unfreeze(a.server, a.config, sys.stdout),
+}
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        if args.command == "listen":
-            return listen(args.socket, args.json, sys.stdout)
-        if args.command == "replay":
-            return run_replay(args.traces, args.config, args.json, sys.stdout)
+        if args.command in _PLAIN:
+            return _PLAIN[args.command](args)
         if args.command == "report":
             from torch_watchdog.sidecar.offline import report
             cfg = load_config(args.config, "report")
@@ -429,16 +470,12 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
             return report.main(args.files, args.output, cfg, args.json,
                                                      sys.stdout, args.config is None)
-        if args.command == "check-config":
-            return check_config(args.file, sys.stdout)
         if args.command == "sidecar":
             if args.dev is not None and args.config:
                 print("torch-watchdog sidecar: --dev uses DIR/watchdog.yaml; give --dev or "
                       "--config, not both", file=sys.stderr)
                 return 2
             return run_sidecar(args.config, args.dev)
-        if args.command == "status":
-            return run_status(args.url, args.config, args.json, sys.stdout, args.server)
         if args.command == "demo":
             from torch_watchdog import demo  # the product's commands never load the demo
             return demo.run(args, sys.stdout)

@@ -4,6 +4,7 @@ Prints one JSON object: what the agent reported (from its event log) and the tru
 the cudagraph tree manager on the serving thread (reference torch-hooks §3.3).
 
     python tests/gpu/scenario.py --dynamic none|true --traffic variable|bucketed [--budget N]
+                                 [--freeze-after CALLS]
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -74,6 +76,9 @@ def main() -> int:
     p.add_argument("--traffic", choices=["variable", "bucketed"], default="variable")
     p.add_argument("--budget", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--freeze-after", type=int, default=0,
+                   help="after this many calls, freeze recording from another thread, as the "
+                        "control channel does")
     p.add_argument("--socket", default="", help="also send events to a sidecar here")
     p.add_argument("--linger", type=float, default=0.0,
                    help="seconds to stay alive after serving, agent on (for a sidecar scrape)")
@@ -91,8 +96,15 @@ def main() -> int:
     free0 = torch.cuda.mem_get_info()[0]
     worst_err = 0.0
     t0 = time.perf_counter()
+    at_freeze: dict | None = None
     with torch.no_grad():
-        for s in seq:
+        for i, s in enumerate(seq):
+            if a.freeze_after and i == a.freeze_after and installed:
+                asker = threading.Thread(target=installed.freeze, args=(True,))
+                asker.start()
+                asker.join()
+                torch.cuda.synchronize()
+                at_freeze = truth()
             ids = torch.randint(0, 1000, (1, s), device="cuda")
             out = served(ids)
             worst_err = max(worst_err, (out.float() - model(ids).float()).abs().max().item())
@@ -112,6 +124,7 @@ def main() -> int:
     with open(log) as fh:
         evs = [events.decode(line) for line in fh]
     rec = [e for e in evs if e.kind == "cudagraph_record"]
+    freeze_t = next((e.t for e in evs if e.kind == "mitigation" and e.name == "freeze"), 0.0)
     records = [e for e in rec if e.phase == "record"]
     result = {
         "torch": torch.__version__, "dynamic": a.dynamic, "traffic": a.traffic,
@@ -121,7 +134,8 @@ def main() -> int:
         "agent_warmups": sum(1 for e in rec if e.phase == "warmup"),
         "agent_record_keys": len({tuple(e.key) for e in records if e.key}),
         "agent_records_static": sum(1 for e in records if e.key is None),  # graph w/o symints
-        "truth": real, "truth_after_first_pass": mid,
+        "truth": real, "truth_after_first_pass": mid, "truth_at_freeze": at_freeze,
+        "records_after_freeze": sum(1 for e in records if at_freeze and e.t >= freeze_t),
         "compiles": sum(1 for e in evs if e.kind == "compile"),
         "recompiles": sum(1 for e in evs if e.kind == "recompile"),
         "mitigations": [(e.name, e.action) for e in evs if e.kind == "mitigation"],

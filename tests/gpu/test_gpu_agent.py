@@ -71,6 +71,19 @@ def test_graph_budget_stops_recordings():
     assert r["max_abs_err_vs_eager"] < 0.1  # unrecorded sizes still serve correct results
 
 
+def test_a_freeze_from_another_thread_stops_recordings_and_keeps_serving():
+    # the control channel's freeze (issue 52): asked on another thread after half the calls
+    seq_calls = 78                       # scenario.sizes_for("variable"): 24 sizes x3 + 6
+    r = scenario("--dynamic", "none", "--traffic", "variable", "--seed", "1",
+                 "--freeze-after", str(seq_calls // 2))
+    assert [m for m in r["mitigations"] if m[0] == "freeze"] == [["freeze", "engaged"]]
+    assert r["truth_at_freeze"]["nodes"] > 0           # it had been recording
+    assert r["records_after_freeze"] == 0
+    assert r["truth"]["nodes"] == r["truth_at_freeze"]["nodes"]
+    assert r["max_abs_err_vs_eager"] < 0.1   # sizes past the freeze still serve correct results
+    assert r["agent_errors"] == 0
+
+
 def test_watch_adds_no_gpu_sync():
     import torch_watchdog.agent as agent
 

@@ -360,6 +360,9 @@ def _run(d, nvml, clock, sock, llm_py, chat_py, am, agents):  # noqa: C901 (one 
         # no forecast here calls for a reload, so none is held back (the held series'
         # values: tests/integration/test_host_view.py, a cooldown)
         "torch_watchdog_reload_held_until_timestamp_seconds": {},
+        # policy.remedy is reload here: no freeze asked (the series' values:
+        # tests/integration/test_freeze_daemon.py)
+        "torch_watchdog_graphs_frozen": {},
         "torch_watchdog_host_info": {L(host=socket.gethostname()): 1},
         "torch_watchdog_source_up": {L(source="nvml"): 1, L(source="process"): 1,
                                      L(source="agent"): 1},

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, TypeVar
 from torch_watchdog.procfs import process_start_time
 from torch_watchdog.sidecar import config as config_mod
 from torch_watchdog.sidecar.offline import sample_log
-from torch_watchdog.sidecar.actions import control
+from torch_watchdog.sidecar.actions import control, requests
 from torch_watchdog.sidecar.actions.alerting import Alerting
 from torch_watchdog.sidecar.actions.known import KnownServers
 from torch_watchdog.sidecar.actions.reloading import Reloads
@@ -32,7 +32,8 @@ from torch_watchdog.sidecar.actions.systemd import Notifier
 from torch_watchdog.sidecar.core import step
 from torch_watchdog.sidecar.core.step import Observation
 from torch_watchdog.sidecar.core.observations import RecordUnreadable, ReloadHistory, Sample
-from torch_watchdog.sidecar.core.results import Action, ActionKind, PollResult, ServerView
+from torch_watchdog.sidecar.core.results import (Action, ActionKind, Freeze, PollResult,
+                                                 ServerView, Unfreeze)
 from torch_watchdog.sidecar.sources.discovery import Discovery
 from torch_watchdog.sidecar.sources.intake import BATCH_S, Intake
 from torch_watchdog.sidecar.present.metrics import serve, stop
@@ -97,7 +98,8 @@ class Daemon:
         agent = self.cfg.agent
         uids = set(agent.allowed_uids) if agent.allowed_uids is not None else None
         self.intake.receiver = Receiver(agent.socket_path, uids, agent.socket_mode)
-        if self.cfg.reload.method == "agent":
+        if self.cfg.reload.method == "agent" or self.cfg.policy.remedy != "reload":
+            # a drain, or a freeze (policy.remedy), goes to the agents over it
             self.reloads.control = control.ControlServer(
                 control.path_for(self.cfg), self.cfg.reload.control_mode, uids)
         if self.serve_metrics:
@@ -272,8 +274,11 @@ class Daemon:
         sees is what replay sees."""
         received = self.intake.for_poll()
         outcomes = self.reloads.outcomes(now, received)
+        asked, bad = requests.take_requests(self.cfg.state_dir, now)
+        for problem in bad:
+            self.log.warning("request not taken", detail=problem)
         sample = self._sample(now, received)
-        observations: list[Observation] = [*received, *outcomes, sample]
+        observations: list[Observation] = [*received, *outcomes, *asked, sample]
         if self.sample_log is not None:
             self.sample_log.observations(observations)
         return sample, observations
@@ -347,7 +352,26 @@ class Daemon:
         log = (self.log.info if kind in (ActionKind.RESTART, ActionKind.RELOAD_OK) else
                self.log.error if kind is ActionKind.RELOAD_FAILED else self.log.warning)
         log("action", **action.as_dict())
+        if isinstance(action, (Freeze, Unfreeze)):
+            self._tell(action)
+            return
         self.reloads.carry_out(action)
+
+    def _tell(self, action: "Freeze | Unfreeze") -> None:
+        """A freeze or an unfreeze to the server's agents over the control channel; each
+        agent answers with a `freeze` mitigation event (the step's fallback covers none)."""
+        kind = action.kind.value
+        if isinstance(action, Freeze) and action.dry_run:
+            return
+        ctl = self.reloads.control
+        if ctl is None:
+            self.log.error(f"{kind} not sent: the control socket is not open",
+                           server=action.server)
+            return
+        told, refused = ctl.tell(set(action.pids), kind, action.t)
+        (self.log.info if told else self.log.error)(
+            f"{kind} sent", server=action.server, pids=told, refused=refused,
+            not_connected=sorted(set(action.pids) - set(told)))
 
     def _counts(self, poll_s: float) -> dict[str, Any]:
         """The loop's and its sources' counters, as the snapshot names them."""

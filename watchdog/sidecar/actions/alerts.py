@@ -44,6 +44,10 @@ FIXES = {
                        "pooling over the sequence without a mask), so the agent turned it off "
                        "and the model runs unpadded: pass the attention mask, or pad in a way "
                        "that is exact (torch_watchdog.agent.pad.Custom), then restart the server.",
+    "graphs_frozen": "The sidecar froze CUDA-graph recording to stop the growth (policy.remedy): "
+                     "recorded sizes replay, new sizes run without graphs, slower. Pad or "
+                     "bucket the inputs to the lengths in `advice` (the bucket advisor), then "
+                     "restart the server; `torch-watchdog unfreeze SERVER` ends it by hand.",
     "reload_failed": "The server did not come back after the reload (no agent hello in "
                      "reload.hello_timeout_s): check that it runs and serves, and that its "
                      "supervisor (systemd Restart=, the master) restarts it.",
@@ -104,6 +108,9 @@ def describe(cause: str, detail: dict[str, Any], estimates: Mapping[str, Any],  
         parts.append(f"reload failed: {detail.get('outcome')}")
     if cause == "reload_record_unreadable":
         parts.append(str(detail.get("detail")))
+    if cause == "graphs_frozen":
+        from torch_watchdog.sidecar.present.status import freeze_summary
+        parts.append(freeze_summary(detail) or "recording frozen")
     if cause == "padding_refused":
         for model, why in sorted((detail.get("models") or {}).items()):
             error = why.get("error")

@@ -81,6 +81,10 @@ class PolicyConfig:
     max_concurrent_reloads: int = 1       # servers reloading at once on this host (replicas
                                           # must not all restart together)
     dry_run: bool = False
+    # what the reload condition does for growth the CUDA-graph recordings explain: reload |
+    # freeze_then_reload (freeze recording over the control channel; reload if it does not
+    # take) | freeze (never reload: freeze, and alert). A leak is reloaded (freeze: alerted).
+    remedy: str = "reload"
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class AlertsConfig:
 
 
 GPU_ATTRIBUTIONS = ("auto", "process", "device")
+REMEDIES = ("reload", "freeze_then_reload", "freeze")
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,7 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ("reload.hello_timeout_s", _not_negative, "must be >= 0 seconds (0: no check)"),
     ("reload.control_path", lambda v: v is None or os.path.isabs(v), "must be an absolute path"),
     ("reload.control_mode", lambda v: 0 <= v <= 0o777, "must be a file mode 0..0o777"),
+    ("policy.remedy", lambda v: v in REMEDIES, "one of " + ", ".join(REMEDIES)),
 )
 
 

@@ -126,6 +126,19 @@ class ServersKnown:
     kind = "servers_known"
 
 
+OPERATOR_REQUESTS = ("unfreeze",)
+
+
+@dataclass(frozen=True)
+class OperatorRequest:
+    """What an operator asked of one server by hand (`torch-watchdog unfreeze SERVER`: a
+    request file in `<state_dir>/requests/`, actions/requests.py): "unfreeze"."""
+    t: float
+    server: str
+    request: str
+    kind = "operator_request"
+
+
 @dataclass(frozen=True)
 class RecordUnreadable:
     """The reload record found at the sidecar's start cannot be trusted: reloads are suspended

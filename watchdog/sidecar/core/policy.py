@@ -17,6 +17,15 @@ from torch_watchdog.sidecar.core.results import ActionKind, Held, Verdict
 
 
 REARM_S = 60.0
+# remedy freeze (issue 52): an agent answers a freeze from its own thread within a poll
+# (tests/integration/test_agent_process.py: the "engaged" event back in under 0.5 s); none in
+# this long is a freeze that did not take (no control connection, an old agent)
+FREEZE_ANSWER_S = 5.0
+# growth past the memory at the freeze that says it did not stop the growth: a new size run
+# without a graph still takes its activations from the caching allocator once (segments of
+# 2 MiB and 20 MiB up, a new largest size a few of them); benchmarks/freeze_probe.py measures
+# what a frozen 12-layer model grows by
+FROZEN_GROWTH_BYTES = 64 << 20
 
 
 @dataclass
@@ -76,6 +85,26 @@ def well_clear(seconds: float, lead_s: float) -> bool:
     return seconds > 2 * lead_s
 
 
+def remedy(state: State, fc: Forecast, cfg: PolicyConfig) -> str:
+    """What the reload condition does now (`policy.remedy`): "reload"; "freeze" (ask the
+    server's agents to stop recording new sizes); "frozen" (asked: it took, or its answer is
+    awaited; hold); "alert" (remedy freeze: no reload, say so). A freeze that did not take
+    (an agent said it cannot, no answer in FREEZE_ANSWER_S, the memory still grew by
+    FROZEN_GROWTH_BYTES) falls back to a reload; growth the recordings do not explain is
+    reloaded at once; a server unfrozen by hand is reloaded as with remedy reload."""
+    f = state.freeze
+    if cfg.remedy == "reload" or f.released_t is not None:
+        return "reload"
+    fallback = "reload" if cfg.remedy == "freeze_then_reload" else "alert"
+    if f.asked_t is None:
+        return "freeze" if fc.cause == "cudagraph_per_shape" else fallback
+    if not f.frozen:
+        waiting = f.unavailable is None and state.now - f.asked_t < FREEZE_ANSWER_S
+        return "frozen" if waiting else fallback
+    grown = (fc.level_bytes or 0) - (f.level_bytes or 0)
+    return fallback if grown > FROZEN_GROWTH_BYTES else "frozen"
+
+
 def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
            allow_reload: bool = True,
            held_by: Optional[tuple[str, Optional[float], dict[str, Any]]] = None,
@@ -108,6 +137,9 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
         ps.held = _held_before_deciding(ps, now, cfg, allow_reload, held_by,
                                         not well_clear(seconds, reload_lead(state, cfg)))
         return actions
+    todo = remedy(state, fc, cfg)
+    if todo != "reload":
+        return actions + _remedied(todo, state, fc, ps, cfg)
     ps.held = _held_back(ps, now, cfg)
     if ps.held is not None:
         if ps.held.reason == "hourly_maximum" and not ps.suppressed_alerted:
@@ -120,6 +152,23 @@ def decide(state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
     ps.holding, ps.suppressed_alerted, ps.held = 0, False, None
     actions.append(Verdict(now, ActionKind.RELOAD, "oom_forecast", _why(fc), dry_run=cfg.dry_run))
     return actions
+
+
+def _remedied(todo: str, state: State, fc: Forecast, ps: PolicyState, cfg: PolicyConfig,
+              ) -> list[Verdict]:
+    """The reload condition held, and the remedy is not a reload (`remedy()`): a freeze
+    asked, or the reload held while frozen, or (remedy freeze) said once not to be done."""
+    now = state.now
+    if todo == "freeze":
+        ps.holding, ps.held = 0, None
+        return [Verdict(now, ActionKind.FREEZE, "oom_forecast", _why(fc), dry_run=cfg.dry_run)]
+    ps.held = hold(ps, now, "frozen" if todo == "frozen" else "remedy_freeze", None,
+                   {"freeze": state.freeze.view()})
+    if todo == "alert" and not ps.suppressed_alerted:  # said once, as the hourly maximum
+        ps.suppressed_alerted = True
+        return [Verdict(now, ActionKind.ALERT, "reload_suppressed",
+                        {"remedy": cfg.remedy, **_why(fc)})]
+    return []
 
 
 def _held_before_deciding(ps: PolicyState, now: float, cfg: PolicyConfig, allow_reload: bool,

@@ -19,6 +19,8 @@ class ActionKind(str, enum.Enum):
     RELOAD_OK = "reload_ok"              # a reload's outcome: the server is back
     RELOAD_FAILED = "reload_failed"      # carried out, and the server did not come back
     RELOAD_NOT_DONE = "reload_not_done"  # not carried out (refused, no target, an error)
+    FREEZE = "freeze"                    # ask the server's agents to stop recording new sizes
+    UNFREEZE = "unfreeze"                # ask them to record again (by hand)
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Verdict:
     """What the policy decides for one server, before the step names its target: an alert, or
     a reload decision (`dry_run`: policy.dry_run when decided)."""
     t: float
-    kind: ActionKind                     # ALERT or RELOAD
+    kind: ActionKind                     # ALERT, RELOAD or FREEZE
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False
@@ -34,7 +36,7 @@ class Verdict:
 
 # why a reload the forecast calls for is not carried out (Held.reason)
 HELD_REASONS = ("cooldown", "hourly_maximum", "concurrency_cap", "dry_run", "method_none",
-                "precondition")
+                "precondition", "frozen", "remedy_freeze")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,23 @@ class Action:
 class Alert(Action):
     """A cause, the OOM forecast, a suppressed reload."""
     kind: ClassVar[ActionKind] = ActionKind.ALERT
+
+
+@dataclass(frozen=True)
+class Freeze(Action):
+    """Ask the server's agents, over the control channel, to stop recording CUDA graphs for
+    new sizes (recorded sizes keep replaying); `dry_run`: decided, not asked."""
+    dry_run: bool
+    kind: ClassVar[ActionKind] = ActionKind.FREEZE
+
+    def shown(self) -> dict[str, Any]:
+        return {**self.detail, "dry_run": self.dry_run}
+
+
+@dataclass(frozen=True)
+class Unfreeze(Action):
+    """Ask them to record new sizes again (`torch-watchdog unfreeze SERVER`)."""
+    kind: ClassVar[ActionKind] = ActionKind.UNFREEZE
 
 
 @dataclass(frozen=True)
@@ -201,6 +220,7 @@ class ServerView(TypedDict):
     pids: list[int]
     gpus: list[str]
     held: Optional[dict[str, Any]]       # Held.as_dict() while a reload is held back, else None
+    freeze: Optional[dict[str, Any]]     # correlate.freeze.Freeze.view(): None, never asked
     label: str        # its `server` in metrics (core/labels.py): stable over its restarts
 
 
@@ -232,7 +252,8 @@ class PollResult:
     def before_any() -> "PollResult":
         """The result before the first poll: nothing fires, no server, nothing to read."""
         empty: ServerView = {"estimates": cast(Estimates, {}), "forecast": cast(ForecastView, {}),
-                             "active_causes": (), "pids": [], "gpus": [], "held": None, "label": ""}
+                             "active_causes": (), "pids": [], "gpus": [], "held": None,
+                             "freeze": None, "label": ""}
         return PollResult(firing={}, host_firing={}, views={}, focus=None, focus_view=empty,
                           focus_causes=[], agents_alive=False, skewed_events=0,
                           agent_events_lost=0)

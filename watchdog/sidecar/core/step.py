@@ -32,17 +32,18 @@ from torch_watchdog.sidecar.core.host import (DEFAULT_SERVER, Host, Server, adop
 from torch_watchdog.sidecar.core.lifecycle import (Back, Decide, Life, Outcome, Phase, Renew,
                                                    ReloadEnded, ReloadUnderWay, Shown,
                                                    advance)
-from torch_watchdog.sidecar.core.observations import (KnownServer, RecordUnreadable,
-                                                      ReloadHistory, ReloadOutcome, Sample,
-                                                      ServersKnown)
+from torch_watchdog.sidecar.core.observations import (KnownServer, OperatorRequest,
+                                                      RecordUnreadable, ReloadHistory,
+                                                      ReloadOutcome, Sample, ServersKnown)
 from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
-                                                 Held, PollResult, Reload, ReloadFailed,
-                                                 ReloadNotDone, ReloadOk, Restart, ServerView,
-                                                 StepResult)
+                                                 Freeze, Held, PollResult, Reload,
+                                                 ReloadFailed, ReloadNotDone, ReloadOk,
+                                                 Restart, ServerView, StepResult, Unfreeze)
 
 CARRIED_OUT = (Phase.EXECUTING, Phase.RENEWED)
+FROZEN_HOLDS = ("frozen", "remedy_freeze")   # the remedy holds a reload: not the method's
 Observation = Union[events.Event, Sample, ReloadOutcome, RecordUnreadable, ReloadHistory,
-                    ServersKnown]
+                    ServersKnown, OperatorRequest]
 __all__ = ["DEFAULT_SERVER", "Host", "Observation", "Server", "estimates", "server_view", "step"]
 
 
@@ -60,6 +61,8 @@ def step(host: Host, obs: Observation, cfg: Config) -> StepResult:
     if isinstance(obs, ServersKnown):
         _on_known(host, obs, cfg)
         return StepResult()
+    if isinstance(obs, OperatorRequest):
+        return StepResult(_on_request(host, obs))
     host.record_unreadable = obs.detail  # fails closed: no reload for an hour, and an alert
     return StepResult()
 
@@ -89,6 +92,18 @@ def _on_known(host: Host, k: ServersKnown, cfg: Config) -> None:
         server.parents.update(known.parents)
         server.gpus.update(known.gpus)
         server.argv = server.argv or known.argv
+
+
+def _on_request(host: Host, r: OperatorRequest) -> list[Action]:
+    """`torch-watchdog unfreeze SERVER`: its agents are asked to record again, and this
+    process of it is not frozen again (a reload or restart gives it a new state)."""
+    server = host.servers.get(r.server)
+    if server is None:
+        return []
+    freeze = server.state.freeze
+    was = freeze.view()
+    freeze.released_t = r.t
+    return [Unfreeze(r.t, "by_hand", {"freeze": was}, *_target(server))]
 
 
 def known_servers(host: Host) -> tuple[KnownServer, ...]:
@@ -324,7 +339,9 @@ def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool,
     out: list[Action] = []
     before = server.policy.held
     verdicts = policy.decide(server.state, fc, server.policy, cfg.policy, allow_reload, held_by)
-    if _not_done(cfg.policy.dry_run, cfg) is not None and (server.policy.held is not None or any(
+    held = server.policy.held
+    if _not_done(cfg.policy.dry_run, cfg) is not None and (
+            held is not None and held.reason not in FROZEN_HOLDS or any(
             v.kind is ActionKind.RELOAD for v in verdicts)):
         # decided or not, none is carried out: the reason a user needs first (a cooldown
         # after a dry-run decision is no reason of its own)
@@ -333,6 +350,11 @@ def _decide(host: Host, server: Server, cfg: Config, allow_reload: bool,
             server.state.now
         server.policy.held = Held(reason, since)
     for v in verdicts:
+        if v.kind is ActionKind.FREEZE:
+            server.state.freeze.ask(v.t, fc.level_bytes, server.state.shapes.keys)
+            out.append(Freeze(v.t, v.reason, {**v.detail, "cause": fc.cause},
+                              *_target(server), dry_run=v.dry_run))
+            continue
         if v.kind is not ActionKind.RELOAD:
             out.append(Alert(v.t, v.reason, v.detail, *_target(server)))
             continue
@@ -368,7 +390,7 @@ def _firing(server: Server) -> dict[str, dict[str, Any]]:
     after its outcome; a failed one until the server is back)."""
     state = server.state
     if not (state.active or server.policy.forecast_alerted or state.padding.models or
-            server.reload.phase is not Phase.IDLE):
+            server.reload.phase is not Phase.IDLE or state.freeze.engaged):
         return {}  # the common case: nothing fires
     firing = {cause: dict(f.detail) for cause, f in state.active.items()}
     if server.policy.forecast_alerted:
@@ -376,6 +398,8 @@ def _firing(server: Server) -> dict[str, dict[str, Any]]:
     refused = server.state.padding.refused()
     if refused:  # the agent's padding turned itself off: until the server's process changes
         firing["padding_refused"] = {"models": refused}
+    if state.freeze.frozen:  # new sizes run without CUDA graphs: until unfrozen or reloaded
+        firing["graphs_frozen"] = state.freeze.view() or {}
     firing.update(lifecycle.alerts(server.reload))
     return firing
 
@@ -485,4 +509,5 @@ def server_view(server: Server, cfg: Config) -> ServerView:
             "active_causes": tuple(state.active), "pids": sorted(server.pids),
             "label": server.label or server.name,
             "gpus": sorted(state.memory.gpus or server.gpus),
-            "held": None if server.policy.held is None else server.policy.held.as_dict()}
+            "held": None if server.policy.held is None else server.policy.held.as_dict(),
+            "freeze": state.freeze.view()}

@@ -16,7 +16,7 @@ from torch_watchdog.sidecar.present.units import fmt_bytes, fmt_duration, fmt_mb
 DRIVERS = {"recordings": "from the CUDA-graph recordings", "trend": "from the memory trend",
            "unexplained": "from the unexplained growth"}
 DECISIONS = ("reload", "execute", "cancel", "reload_ok", "reload_failed", "reload_not_done",
-             "restart")
+             "restart", "freeze", "unfreeze")
 
 
 def summary(result: dict[str, Any], since_start: Callable[[float], float]) -> list[str]:
@@ -63,6 +63,12 @@ def _why(a: dict[str, Any], at: Callable[[float], str]) -> str:
     if kind == "reload":
         text = f"cause {a.get('cause') or a['reason']}{_oom(a)}"
         return text + (" (dry run: not carried out)" if a.get("dry_run") else "")
+    if kind == "freeze":
+        text = (f"cause {a.get('cause') or a['reason']}{_oom(a)}: its agents asked to stop "
+                "recording CUDA graphs for new sizes (policy.remedy)")
+        return text + (" (dry run: not asked)" if a.get("dry_run") else "")
+    if kind == "unfreeze":
+        return "asked by hand (torch-watchdog unfreeze): new sizes are recorded again"
     if kind in ("execute", "cancel"):
         done = "carried out" if kind == "execute" else "cancelled: the forecast cleared"
         return (f"the reload decided at {at(a['decided_t'])} (cause "

@@ -229,9 +229,10 @@ class _Collector:
                 self._event(self.log(owner), obs)
                 self.log(owner).saw(self.rel(obs.t))
         for a in decided:
-            key = fol.key_of(a.server) if a.kind is ActionKind.RELOAD else None
+            marked = a.kind in (ActionKind.RELOAD, ActionKind.FREEZE)
+            key = fol.key_of(a.server) if marked else None
             if key is not None:
-                self.log(key).marks.append((a.t, "reload"))
+                self.log(key).marks.append((a.t, a.kind.value))
 
     @staticmethod
     def _event(log: _ServerLog, obs: Any) -> None:

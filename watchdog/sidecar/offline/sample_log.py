@@ -12,8 +12,9 @@ from typing import Any, Iterable, Optional
 
 from torch_watchdog import events
 from torch_watchdog.jsonl import JsonLines
-from torch_watchdog.sidecar.core.observations import DeviceSample, ProcessSample, \
-    KnownServer, RecordUnreadable, ReloadHistory, ReloadOutcome, Sample, ServersKnown
+from torch_watchdog.sidecar.core.observations import OPERATOR_REQUESTS, DeviceSample, \
+    KnownServer, OperatorRequest, ProcessSample, RecordUnreadable, ReloadHistory, \
+    ReloadOutcome, Sample, ServersKnown
 
 
 def sample_to_dict(s: Sample) -> dict[str, Any]:
@@ -81,6 +82,17 @@ def outcome_from_dict(d: dict[str, Any]) -> ReloadOutcome:
                          t=float(d["t"]), server=str(d["server"]))
 
 
+def request_to_dict(r: OperatorRequest) -> dict[str, Any]:
+    return {"kind": "operator_request", "t": r.t, "server": r.server, "request": r.request}
+
+
+def request_from_dict(d: dict[str, Any]) -> OperatorRequest:
+    """Raises KeyError/TypeError/ValueError on a malformed line."""
+    if not isinstance(d["server"], str) or d["request"] not in OPERATOR_REQUESTS:
+        raise ValueError(f"a request names a server and one of {OPERATOR_REQUESTS}")
+    return OperatorRequest(float(d["t"]), d["server"], d["request"])
+
+
 def unreadable_to_dict(o: RecordUnreadable) -> dict[str, Any]:
     return {"kind": "record_unreadable", "t": o.t, "detail": o.detail}
 
@@ -138,6 +150,7 @@ def _ints(values: Any, least: int) -> tuple[int, ...]:
 
 _TO_DICT: dict[type, Any] = {Sample: sample_to_dict, ReloadOutcome: outcome_to_dict,
                              RecordUnreadable: unreadable_to_dict,
+                             OperatorRequest: request_to_dict,
                              ReloadHistory: history_to_dict, ServersKnown: known_to_dict}
 
 

@@ -25,14 +25,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 from torch_watchdog import events
 from torch_watchdog.jsonl import InputError, read_lines
 from torch_watchdog.sidecar.config import from_mapping
-from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample, ProcessSample,
+from torch_watchdog.sidecar.core.observations import (ConfigChange, DeviceSample,
+                                                      OperatorRequest, ProcessSample,
                                                       RecordUnreadable, ReloadHistory,
                                                       ReloadOutcome, Sample, ServersKnown)
 from torch_watchdog.sidecar.offline.sample_log import history_from_dict, known_from_dict, \
-    outcome_from_dict, sample_from_dict, unreadable_from_dict
+    outcome_from_dict, request_from_dict, sample_from_dict, unreadable_from_dict
 
 Observation = Union[events.Event, Sample, ConfigChange, ReloadOutcome, RecordUnreadable,
-                    ReloadHistory, ServersKnown]
+                    ReloadHistory, ServersKnown, OperatorRequest]
 TRACE_PID = 1
 TRACE_GPU = "GPU-recorded-trace"
 CALLS_WINDOW_S = 2.0  # like the agent's default heartbeat
@@ -187,6 +188,8 @@ class Reader:
                 out = [history_from_dict(obj)]
             elif obj.get("kind") == "servers_known":  # ... the servers known at its start
                 out = [known_from_dict(obj)]
+            elif obj.get("kind") == "operator_request":  # ... what an operator asked
+                out = [request_from_dict(obj)]
             elif obj.get("kind") == "config":  # ... and its config
                 out = [ConfigChange(_time(obj), from_mapping(obj["config"], recorded=True))]
             elif "t" in obj:
@@ -236,7 +239,7 @@ def _time(obj: dict[str, Any]) -> float:
 
 
 SIDECAR_KINDS = frozenset({"sample", "reload_outcome", "record_unreadable", "reload_history",
-                           "servers_known", "config"})
+                           "servers_known", "operator_request", "config"})
 PROGRESS_S = 5.0  # a long read says how far it got this often
 DUPLICATE_S = 1.0  # files are nearly ordered: an event's twin in another file is this close
 

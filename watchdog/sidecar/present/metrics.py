@@ -191,6 +191,12 @@ def _held(s: Snapshot) -> Samples:
                   for name, v in s.servers.items() if v.get("held") and not _gone(s, name))
 
 
+def _frozen(s: Snapshot) -> Samples:
+    """1 while the server's recording is frozen, 0 once asked and not (or no longer) frozen."""
+    return sorted(((_label(s, name),), 1.0 if v["freeze"]["frozen"] else 0.0)
+                  for name, v in s.servers.items() if v.get("freeze") and not _gone(s, name))
+
+
 def host_name() -> str:
     """This host's name, as the sidecar's alerts carry it in `host` (actions/alerting.py)."""
     return socket.gethostname()
@@ -340,8 +346,13 @@ SPECS: tuple[Spec, ...] = (
          "The sidecar's decisions and reload outcomes for the server, by action.", _actions),
     Spec("torch_watchdog_reload_held_until_timestamp_seconds", GAUGE, ("server", "reason"),
          "Present while the server's forecast calls for a reload that is held back, by reason "
-         "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition): "
+         "(cooldown, hourly_maximum, concurrency_cap, dry_run, method_none, precondition, "
+         "frozen, remedy_freeze): "
          "Unix time the hold ends by itself, +Inf when no end is known.", _held),
+    Spec("torch_watchdog_graphs_frozen", GAUGE, ("server",),
+         "1 while the server's CUDA-graph recording is frozen (policy.remedy: recorded sizes "
+         "replay, new sizes run without graphs), 0 once a freeze was asked and did not take or "
+         "was undone; absent if none was asked.", _frozen),
     # the watchdog itself
     Spec("torch_watchdog_host_info", GAUGE, ("host",),
          "Always 1; `host`: this host's name, as the sidecar's alerts carry it (the shipped "

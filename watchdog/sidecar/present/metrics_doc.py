@@ -18,7 +18,8 @@ COMMAND = "python -m torch_watchdog.sidecar.present.metrics_doc > docs/metrics.m
 NOTES: dict[str, str] = {
     "torch_watchdog_actions_total": (
         "Per server. `action`: `alert`, `reload` (decisions), `execute`, `cancel`; `reload_ok`, "
-        "`reload_not_done`, `reload_failed` (outcomes); `restart` (a new server process)."),
+        "`reload_not_done`, `reload_failed` (outcomes); `restart` (a new server process); "
+        "`freeze`, `unfreeze` (asked of its agents: policy.remedy, `torch-watchdog unfreeze`)."),
     "torch_watchdog_source_up": "`source`: `nvml`, `process`, `agent`.",
     "torch_watchdog_source_errors_total": (
         "NVML's `reason`: the error's class, `late` (no answer within 2 polls, at most 1 s), "

@@ -260,6 +260,10 @@ def _servers(status: dict[str, Any]) -> str:
             body.append(f'<tr class="held" data-server="{_e(r["server"])}"><td></td>'
                         f'<td colspan="7" class="wrap"><span class="bad">reload held back</span>: '
                         f"{_e(r['held']['summary'])}</td></tr>")
+        if r.get("freeze"):
+            body.append(f'<tr class="frozen" data-server="{_e(r["server"])}"><td></td>'
+                        f'<td colspan="7" class="wrap"><span class="bad">frozen</span>: '
+                        f"{_e(r['freeze'])}</td></tr>")
     return (f'<section id="servers"><h2>Servers on this host</h2><table class="host">{head}'
             f'{"".join(body)}</table></section>')
 

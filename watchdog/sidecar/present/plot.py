@@ -19,6 +19,7 @@ MARK_STYLE = {
     "recompile": ("recompile", "#e69f00"),
     "recompile_limit": ("recompile limit: eager", "#cc79a7"),
     "reload": ("reload", "#56b4e9"),
+    "freeze": ("recording frozen", "#000000"),
     "oom": ("out of memory", "#d55e00"),
 }
 _MARGIN = (70, 20, 40, 44)  # left, right, top, bottom (room for axis labels and the legend)
@@ -247,7 +248,8 @@ def _marks(box: _Box, marks: Sequence[tuple[float, str]]) -> list[str]:
     for t, kind in marks:
         label, colour = MARK_STYLE.get(kind, (kind, "#666"))
         x = box.x(t)
-        big = kind in ("oom", "reload", "recompile_limit")  # rare, and the ones that matter
+        # rare, and the ones that matter
+        big = kind in ("oom", "reload", "freeze", "recompile_limit")
         y0 = box.top if big else box.bottom - 10
         out.append(f'<line class={quoteattr("mark mark-" + kind)} x1="{x:.1f}" x2="{x:.1f}" '
                    f'y1="{y0}" y2="{box.bottom}" stroke="{colour}" '

@@ -141,6 +141,11 @@ def action_summary(a: dict[str, Any]) -> str:
     cause = a.get("cause") or d.get("cause") or reason
     if action == "reload":
         return f"reload decided ({cause}{eta_text}){' — dry run' if d.get('dry_run') else ''}"
+    if action == "freeze":
+        return (f"freeze asked ({cause}{eta_text}): new sizes to run without CUDA graphs"
+                + (" — dry run" if d.get("dry_run") else ""))
+    if action == "unfreeze":
+        return "unfreeze asked by hand: new sizes are recorded again"
     if action in ("reload_ok", "reload_not_done", "reload_failed"):
         took = d.get("reload_seconds")
         done = {"reload_ok": "reload done", "reload_failed": "reload failed"}.get(
@@ -266,6 +271,7 @@ def server_rows(view: StatusView, now: float) -> list[dict[str, Any]]:
             "last_action": None if last is None else {"t": last["t"], "action": last["action"],
                                                       "summary": action_summary(last)},
             "held": None if not held else {**held, "summary": held_summary(held, now)},
+            "freeze": freeze_summary((v or {}).get("freeze")),
             "last_seen_t": series.last_t if series else s.t})
     return rows
 
@@ -274,6 +280,9 @@ HELD_WORDS = {
     "dry_run": "dry run (policy.dry_run): reloads are decided, never carried out",
     "method_none": "reload.method is none: the sidecar alerts, it never reloads",
     "concurrency_cap": "another server's reload is under way (policy.max_concurrent_reloads)",
+    "frozen": "the server's recording is frozen (policy.remedy): reloaded only if the memory "
+              "still grows",
+    "remedy_freeze": "policy.remedy is freeze: the sidecar freezes recording, it never reloads",
 }
 PRECONDITIONS = {
     "refused": "the last reload was refused (a PodDisruptionBudget or the like)",
@@ -281,6 +290,27 @@ PRECONDITIONS = {
     "shared_gpu": ("its memory is read on GPUs it shares with another server: growth cannot "
                    "be pinned on it, so it is alerted, not reloaded"),
 }
+
+
+def freeze_summary(freeze: Optional[dict[str, Any]]) -> Optional[str]:
+    """The freeze in one line, while it stands or after it did not take: "recording frozen at
+    312 sizes since 14:02:11: new sizes run without CUDA graphs; pad or bucket the inputs to
+    8 lengths (64, 128, ...) to end it"; None: never asked, or ended by hand."""
+    if not freeze or freeze.get("released_t") is not None:
+        return None
+    if not freeze.get("frozen"):
+        why = freeze.get("unavailable") or "no agent answered"
+        return f"freeze asked at {fmt_clock(freeze.get('asked_t'))} did not take: {why}"
+    sizes = freeze.get("sizes_kept")
+    text = (f"recording frozen{f' at {sizes} sizes' if sizes is not None else ''} since "
+            f"{fmt_clock(freeze.get('since'))}: new sizes run without CUDA graphs")
+    advice = freeze.get("advice") or {}
+    if advice.get("buckets"):
+        cut = advice["buckets"]
+        shown = ", ".join(map(str, cut[:8])) + (", ..." if len(cut) > 8 else "")
+        text += (f"; pad or bucket {advice.get('model')}'s dimension {advice.get('dimension')} "
+                 f"to {len(cut)} lengths ({shown}) to end it")
+    return text
 
 
 def held_summary(held: dict[str, Any], now: float) -> str:
@@ -508,6 +538,8 @@ def server_table(rows: list[dict[str, Any]]) -> list[str]:
                      + "  " + c[-1])
         if row is not None and row.get("held"):
             lines.append(" " * (widths[0] + 2) + "reload held back: " + row["held"]["summary"])
+        if row is not None and row.get("freeze"):
+            lines.append(" " * (widths[0] + 2) + row["freeze"])
     return lines
 
 
@@ -556,6 +588,10 @@ def format_terminal(status: dict[str, Any], url: str, now: float, actions: int =
                      and r.get("held")), None)
         if held:
             lines.append(f"reload   held back: {held['summary']}")
+        frozen = next((r["freeze"] for r in servers if r["server"] == detail.get("server")
+                       and r.get("freeze")), None)
+        if frozen:
+            lines.append(f"freeze   {frozen}")
     sources = status.get("sources") or {}
     host_mode = host_memory_mode(status)
     lines.append("sources  " + ", ".join(

@@ -4,7 +4,7 @@ seen.
 Deterministic and free of I/O: `apply(state, observation, cfg)` folds one observation into a
 server's state, and `evaluate_causes(state, cfg)` names what it shows (the step calls both, for
 the live daemon and for replay alike). The state is in parts, each with its own fold:
-`compiles`, `shapes`, `calls`, `memory`, `padding` and `losses` (this package's modules).
+`compiles`, `shapes`, `calls`, `memory`, `padding`, `freeze` and `losses` (this package's modules).
 
 The server's memory is its per-process GPU memory (NVML), else the device's used memory, else
 (host-memory mode, no GPU) its PSS or RSS. Causes (stable names, documented in the README):
@@ -25,6 +25,7 @@ from torch_watchdog import events
 from torch_watchdog.sidecar.config.schema import CorrelateConfig
 from torch_watchdog.sidecar.core.correlate.calls import Calls
 from torch_watchdog.sidecar.core.correlate.compiles import Compiles
+from torch_watchdog.sidecar.core.correlate.freeze import Freeze
 from torch_watchdog.sidecar.core.correlate.losses import Losses
 from torch_watchdog.sidecar.core.correlate.memory import COMPILE_SETTLE_S, PENDING_S, Memory
 from torch_watchdog.sidecar.core.correlate.padding import Padding
@@ -63,6 +64,7 @@ class State:
     calls: Calls = field(default_factory=Calls)
     memory: Memory = field(default_factory=Memory)
     padding: Padding = field(default_factory=Padding)
+    freeze: Freeze = field(default_factory=Freeze)
     losses: Losses = field(default_factory=Losses)
     active: dict[str, Finding] = field(default_factory=dict)  # cause -> its finding
     findings: list[Finding] = field(default_factory=list)     # every finding, in order
@@ -180,6 +182,11 @@ def _on_graph_break(state: State, e: events.GraphBreak, cfg: CorrelateConfig) ->
     state.compiles.graph_breaks += 1
 
 
+def _on_mitigation(state: State, e: events.Mitigation) -> None:
+    state.padding.on_mitigation(e)
+    state.freeze.on_mitigation(e)
+
+
 def _on_dropped(state: State, e: events.Dropped, cfg: CorrelateConfig) -> None:
     state.losses.told(e.pid, e.reason, e.total)
 
@@ -199,7 +206,7 @@ _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
     "oom": _on_oom, "graph_break": _on_graph_break,
     "dropped": _on_dropped, "heartbeat": _on_heartbeat,
     "padding": lambda state, e, cfg: state.padding.on_padding(e),
-    "mitigation": lambda state, e, cfg: state.padding.on_mitigation(e),
+    "mitigation": lambda state, e, cfg: _on_mitigation(state, e),
 }
 
 
