@@ -158,6 +158,24 @@ policy: {{dry_run: true}}
         return summary
 
 
+def prewarm(scenarios: list[str], base: str, env: dict) -> None:
+    """One prewarm per model the runs use (its variable-size scenario where it has one),
+    compiling into the shared Inductor cache, so that the runs start alike."""
+    from server import SCENARIOS
+
+    models = {SCENARIOS[s]["model"] for s in scenarios}
+    chosen = tuple(
+        next((s for s, sc in SCENARIOS.items() if sc["model"] == m and sc.get("traffic")),
+             next(s for s, sc in SCENARIOS.items() if sc["model"] == m)) for m in sorted(models))
+    warm = [subprocess.Popen([sys.executable, SERVER, "--scenario", s, "--prewarm", "--socket",
+                              os.path.join(base, "none.sock"), "--progress",
+                              os.path.join(base, f"prewarm-{s}.jsonl"), "--event-log",
+                              os.path.join(base, f"prewarm-{s}.events")], cwd=ROOT, env=env)
+            for s in chosen]
+    for w in warm:
+        w.wait()
+
+
 def main() -> int:
     from server import SCENARIOS
 
@@ -183,18 +201,8 @@ def main() -> int:
     grouped.update({s: [s] for s in SCENARIOS if s not in in_group})
     if a.only:
         grouped = {k: v for k, v in grouped.items() if k in a.only}
-    # one prewarm per model the runs use (its variable-size scenario where it has one)
-    models = {SCENARIOS[s]["model"] for servers in grouped.values() for s in servers}
-    prewarm = () if a.real_oom is not None else tuple(
-        next((s for s, sc in SCENARIOS.items() if sc["model"] == m and sc.get("traffic")),
-             next(s for s, sc in SCENARIOS.items() if sc["model"] == m)) for m in sorted(models))
-    warm = [subprocess.Popen([sys.executable, SERVER, "--scenario", s, "--prewarm", "--socket",
-                              os.path.join(base, "none.sock"), "--progress",
-                              os.path.join(base, f"prewarm-{s}.jsonl"), "--event-log",
-                              os.path.join(base, f"prewarm-{s}.events")], cwd=ROOT, env=env)
-            for s in prewarm]
-    for w in warm:
-        w.wait()
+    if a.real_oom is None:
+        prewarm([s for servers in grouped.values() for s in servers], base, env)
     print(f"prewarm {time.monotonic() - started:.0f} s", flush=True)
     os.makedirs(a.out, exist_ok=True)
     if a.real_oom is not None:

@@ -231,7 +231,10 @@ def main() -> int:
                    help="compile for a bucket and a variable size (the shared cache), then exit")
     p.add_argument("--ballast-free-mib", type=int, default=None,
                    help="a real device OOM: a ballast leaves this much free, no emulated GPU")
+    p.add_argument("--latency-log", help="one line per request once warm: wall time, size, "
+                   "batch, milliseconds to the synchronised answer (benchmarks/freeze.py)")
     a = p.parse_args()
+    lat = open(a.latency_log, "a", buffering=1 << 16) if a.latency_log else None
     sc = SCENARIOS[a.scenario]
     fh = open(a.progress, "a")
     put(fh, "start", scenario=a.scenario)
@@ -345,6 +348,7 @@ def main() -> int:
                 if not variable:
                     n = next((b for b in buckets if b >= n), buckets[-1])
                 ids = make(n, rng.choice(batches) if warm else 1)
+                t0 = time.perf_counter()
                 served(ids)
                 if warm and sc.get("static_sessions") and now - last >= sc["static_sessions"][1]:
                     last = now
@@ -353,12 +357,18 @@ def main() -> int:
                     last = now
                     sessions[i] = model(input_ids=ids[:, :256], use_cache=True).past_key_values
                 torch.cuda.synchronize()
+                if lat is not None and warm:
+                    lat.write(f"{time.time():.4f} {n} {ids.shape[0]} "
+                              f"{(time.perf_counter() - t0) * 1e3:.3f}\n")
                 i += 1
                 if i % 50 == 0:
                     put(fh, "served", requests=i)
     except Exception as e:  # the OOM the watchdog must pre-empt
         put(fh, "crash", error=f"{type(e).__name__}: {str(e)[:300]}", requests=i)
         return 3
+    finally:
+        if lat is not None:
+            lat.close()
     put(fh, "stopped", requests=i)
     agent.uninstall()
     return 0
