@@ -150,9 +150,13 @@ class CudagraphRecord(Event):
 
 @dataclass(frozen=True)
 class CudagraphWarning(Event):
-    """Inductor's "observed N distinct sizes" warning, or a cudagraph skip."""
+    """Inductor's "observed N distinct sizes" warning, a cudagraph skip, or (torch 2.15) a
+    graph that hit `cudagraph_dynamic_shape_rerecord_limit`: its recorded sizes replay, new
+    sizes run without a graph (`rerecord_limit`, `graph`: "<compile id> <mode>")."""
     message: str
     distinct_sizes: Optional[int]
+    rerecord_limit: Optional[int] = None
+    graph: Optional[str] = None
     kind = "cudagraph_warning"
 
 

@@ -208,6 +208,27 @@ def test_malformed_callback_and_log_arguments_never_raise(agent, collector):
     assert [w.key for w in warm] == [None, None]
 
 
+def test_the_2_15_rerecord_limit_warning_is_a_counted_event_naming_its_graph(agent, collector):
+    """torch 2.15's only trace of `cudagraph_dynamic_shape_rerecord_limit` being hit: a
+    warning_once on the cudagraphs artifact logger (its text and arguments as 2.15.0's
+    cudagraph_trees.py logs them); its settings are in the hello's config where torch has
+    them."""
+    lg = logging.getLogger("torch._inductor.cudagraph_trees.__cudagraphs")
+    lg.warning("[%s] %s graph hit cudagraph_dynamic_shape_rerecord_limit=%s; "
+               "already-recorded shapes still replay, new shapes run eager.",
+               "0/1", "inference", 16)
+    lg.info("[%s] %s graph hit cudagraph_dynamic_shape_rerecord_limit=%s", "0/2", "x", 1)
+    assert collector.wait(lambda c: len(c.of("cudagraph_warning")) >= 1, 5)
+    (w,) = collector.of("cudagraph_warning")     # the INFO line is no such warning
+    assert (w.rerecord_limit, w.graph) == (16, "0/1 inference")
+    assert "already-recorded shapes still replay" in w.message
+    config = agent.hooks.compile_config()
+    triton = torch._inductor.config.triton
+    for name in ("cudagraph_dynamic_shape_rerecord_limit",
+                 "cudagraph_initial_mempool_allocation_gb"):
+        assert config[f"triton.{name}"] == getattr(triton, name, None)
+
+
 def test_recompile_guard_stops_recompiles(collector, short_tmp):
     torch._dynamo.reset()
     a = agent_mod.install(socket_path=collector.path, tick_s=0.02, recompile_guard_after=2)

@@ -173,3 +173,18 @@ def test_a_reload_after_a_freeze_that_did_not_take_ends_the_freeze_and_its_alert
     h.mine[101] = 2 * GB
     h.poll()
     assert "graphs_frozen" not in a.firing and a.state.freeze.view() is None
+
+
+def test_torch_2_15s_own_rerecord_limit_is_shown_not_taken_for_a_freeze():
+    f = Freeze()
+    f.on_limit(events.CudagraphWarning(t=1, pid=7, message="...", distinct_sizes=None,
+                                       rerecord_limit=16, graph="0/1 inference"))
+    f.on_limit(events.CudagraphWarning(t=1, pid=7, message="observed 9 distinct sizes",
+                                       distinct_sizes=9))
+    view = f.view()
+    assert view["rerecord_limited"] == {"0/1 inference": 16} and not f.frozen
+    assert freeze_summary(view) == ("torch stopped recording 1 graph(s) at "
+                                    "cudagraph_dynamic_shape_rerecord_limit=16: their new "
+                                    "sizes run without CUDA graphs")
+    state = State(first_t=0.0, now=10.0, freeze=f)
+    assert remedy(state, graphs(), PolicyConfig(remedy="freeze_then_reload")) == "freeze"

@@ -515,6 +515,9 @@ class TorchHooks:
     def _on_cudagraph_tree(self, record: logging.LogRecord) -> None:
         msg = record.msg if isinstance(record.msg, str) else ""
         lowered = msg.lower()
+        if "rerecord_limit" in lowered and record.levelno >= logging.WARNING:
+            self._on_rerecord_limit(record)
+            return
         if "recording cudagraph tree" not in lowered:
             return
         args = record.args if isinstance(record.args, tuple) else ()
@@ -530,6 +533,16 @@ class TorchHooks:
         self.emit(events.CudagraphRecord(
             t=time.time(), pid=self.pid, phase="warmup", compile_id=compile_id,
             key=_key_list(key), shape=_as_shape(shape), seconds=None))
+
+    def _on_rerecord_limit(self, record: logging.LogRecord) -> None:
+        """torch 2.15: "[%s] %s graph hit cudagraph_dynamic_shape_rerecord_limit=%s; ..."
+        (a warning_once per compiled graph and mode, on the cudagraphs artifact logger)."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        limit = args[2] if len(args) >= 3 and isinstance(args[2], int) else None
+        graph = f"{args[0]} {args[1]}" if len(args) >= 2 else None
+        self.emit(events.CudagraphWarning(
+            t=time.time(), pid=self.pid, message=events.clip(record.getMessage(), 500),
+            distinct_sizes=None, rerecord_limit=limit, graph=graph))
 
     def _on_cudagraph_warning(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.WARNING:
@@ -582,7 +595,11 @@ class TorchHooks:
         inductor = getattr(self.torch, "_inductor", None)
         triton = getattr(getattr(inductor, "config", None), "triton", None)
         for name in ("cudagraphs", "cudagraph_trees", "cudagraph_dynamic_shape_warn_limit",
-                     "cudagraph_capture_sizes", "cudagraph_skip_dynamic_graphs"):
+                     "cudagraph_capture_sizes", "cudagraph_skip_dynamic_graphs",
+                     # torch 2.15: a limit on recordings per graph; the graph pool primed in
+                     # one block at start (NVML jumps once, then stays flat while it fills)
+                     "cudagraph_dynamic_shape_rerecord_limit",
+                     "cudagraph_initial_mempool_allocation_gb"):
             _put(out, f"triton.{name}", getattr(triton, name, None))
         _put(out, "graph_partition",
              getattr(getattr(inductor, "config", None), "graph_partition", None))

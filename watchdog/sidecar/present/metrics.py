@@ -194,7 +194,8 @@ def _held(s: Snapshot) -> Samples:
 def _frozen(s: Snapshot) -> Samples:
     """1 while the server's recording is frozen, 0 once asked and not (or no longer) frozen."""
     return sorted(((_label(s, name),), 1.0 if v["freeze"]["frozen"] else 0.0)
-                  for name, v in s.servers.items() if v.get("freeze") and not _gone(s, name))
+                  for name, v in s.servers.items()
+                  if (v.get("freeze") or {}).get("asked_t") is not None and not _gone(s, name))
 
 
 def host_name() -> str:

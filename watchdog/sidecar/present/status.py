@@ -298,6 +298,12 @@ def freeze_summary(freeze: Optional[dict[str, Any]]) -> Optional[str]:
     8 lengths (64, 128, ...) to end it"; None: never asked, or ended by hand."""
     if not freeze or freeze.get("released_t") is not None:
         return None
+    limited = freeze.get("rerecord_limited") or {}
+    if freeze.get("asked_t") is None:   # torch's own re-record limit (2.15), not a freeze
+        limits = sorted(set(limited.values()))
+        return (f"torch stopped recording {len(limited)} graph(s) at "
+                f"cudagraph_dynamic_shape_rerecord_limit={'/'.join(map(str, limits))}: their "
+                "new sizes run without CUDA graphs")
     if not freeze.get("frozen"):
         why = freeze.get("unavailable") or "no agent answered"
         return f"freeze asked at {fmt_clock(freeze.get('asked_t'))} did not take: {why}"

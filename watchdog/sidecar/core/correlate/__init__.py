@@ -207,6 +207,7 @@ _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
     "dropped": _on_dropped, "heartbeat": _on_heartbeat,
     "padding": lambda state, e, cfg: state.padding.on_padding(e),
     "mitigation": lambda state, e, cfg: _on_mitigation(state, e),
+    "cudagraph_warning": lambda state, e, cfg: state.freeze.on_limit(e),
 }
 
 

@@ -11,6 +11,7 @@ from torch_watchdog import buckets, events
 
 ADVICE_BUCKETS = 8        # the buckets a frozen server's alert proposes (the report's default)
 ADVICE_MAX_SIZES = 4096   # sizes the advice is computed over at most (once, at the freeze)
+MAX_LIMITED = 64          # graphs named by torch's re-record limit, kept per server
 
 
 @dataclass
@@ -22,6 +23,8 @@ class Freeze:
     unavailable: Optional[str] = None   # an agent said it cannot freeze, and why
     released_t: Optional[float] = None  # unfrozen (by hand): no freeze again for this process
     advice: Optional[dict[str, Any]] = None   # the buckets that would end the growth
+    # torch 2.15's own stop (cudagraph_dynamic_shape_rerecord_limit): graph -> the limit
+    limited: dict[str, int] = field(default_factory=dict)
 
     @property
     def frozen(self) -> bool:
@@ -40,21 +43,27 @@ class Freeze:
             if not self.engaged:
                 self.released_t, self.since = e.t, None
 
+    def on_limit(self, e: events.CudagraphWarning) -> None:
+        if e.rerecord_limit is not None and len(self.limited) < MAX_LIMITED:
+            self.limited[str(e.graph)] = e.rerecord_limit
+
     def ask(self, t: float, level_bytes: Optional[int], shape_keys: dict[str, set[Any]]
             ) -> None:
         self.asked_t, self.level_bytes = t, level_bytes
         self.advice = advice(shape_keys)
 
     def view(self) -> Optional[dict[str, Any]]:
-        """As shown (status, page, the alert); None: never asked."""
+        """As shown (status, page, the alert); None: never asked, and torch stopped nothing."""
         if self.asked_t is None:
-            return None
+            return {"frozen": False, "asked_t": None, "rerecord_limited": dict(self.limited)} \
+                if self.limited else None
         sizes = [_sizes(d) for d in self.engaged.values()]
         return {"frozen": self.frozen, "asked_t": round(self.asked_t, 3),
                 "since": None if self.since is None else round(self.since, 3),
                 "sizes_kept": max((s for s in sizes if s is not None), default=None),
                 "processes": len(self.engaged), "unavailable": self.unavailable,
-                "released_t": self.released_t, "advice": self.advice}
+                "released_t": self.released_t, "advice": self.advice,
+                "rerecord_limited": dict(self.limited)}
 
 
 def _sizes(detail: str) -> Optional[int]:
