@@ -35,7 +35,7 @@ test: install lint typecheck
 # checked: pyproject.toml, [tool.mypy]). mypy needs the source folder named like the package
 # (watchdog/ is imported as torch_watchdog): a symlink in .mypy-src/ (git-ignored)
 AGENT_TYPED := auto calls config crashes drain emitter forks identity imports inflight serve \
-               settings shapes signature warm
+               pools settings shapes signature warm
 typecheck: install
 	mkdir -p .mypy-src && ln -sfn ../watchdog .mypy-src/torch_watchdog
 	MYPYPATH=.mypy-src $(PY) -m mypy --strict -p torch_watchdog.sidecar -p torch_watchdog.events \

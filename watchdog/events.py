@@ -98,6 +98,11 @@ class Heartbeat(Event):
     # counted): cumulative in every heartbeat, so a lost drop report is told by the next
     # heartbeat even once nothing is dropped any more; None from agents older than the field
     lost: Optional[int] = None
+    # the CUDA allocator's private pools (CUDA graphs'), read only where torch 2.15's
+    # cudagraph_initial_mempool_allocation_gb primes the graph pool in one block: NVML then
+    # counts the whole block from the start, and the growth is the pool's bytes in use
+    pool_reserved_bytes: Optional[int] = None
+    pool_active_bytes: Optional[int] = None
     kind = "heartbeat"
 
 

@@ -26,7 +26,7 @@ import traceback
 from typing import Any, Optional
 
 from torch_watchdog import __version__, events
-from torch_watchdog.agent import drain, identity, imports, settings
+from torch_watchdog.agent import drain, identity, imports, pools, settings
 from torch_watchdog.agent.config import AgentConfig, resolve
 from torch_watchdog.agent.drain import Draining, on_drain, ready
 from torch_watchdog.agent.forks import _AFTER_FORK
@@ -53,6 +53,7 @@ class Agent:
         import torch
 
         self.config = config
+        self._torch = torch
         self.problems = problems
         self.server = identity.server_name(config.server)
         self.errors = 0
@@ -225,10 +226,12 @@ class Agent:
     def _heartbeat(self) -> events.Heartbeat:
         """The next heartbeat: every tick's `heartbeat_s`, and the last one at stop()."""
         self._seq += 1
+        reserved, active = pools.primed_pool_bytes(self._torch)
         return events.Heartbeat(
             t=time.time(), pid=os.getpid(), seq=self._seq,
             uptime_s=time.monotonic() - self.started, queue_depth=self.emitter.depth(),
-            errors=self.errors, lost=self.emitter.lost())
+            errors=self.errors, lost=self.emitter.lost(), pool_reserved_bytes=reserved,
+            pool_active_bytes=active)
 
     def _emit_calls(self) -> None:
         now = time.monotonic()

@@ -33,8 +33,9 @@ from torch_watchdog.sidecar.core.lifecycle import (Back, Decide, Life, Outcome, 
                                                    ReloadEnded, ReloadUnderWay, Shown,
                                                    advance)
 from torch_watchdog.sidecar.core.observations import (KnownServer, OperatorRequest,
-                                                      RecordUnreadable, ReloadHistory,
-                                                      ReloadOutcome, Sample, ServersKnown)
+                                                      ProcessSample, RecordUnreadable,
+                                                      ReloadHistory, ReloadOutcome, Sample,
+                                                      ServersKnown)
 from torch_watchdog.sidecar.core.results import (Action, ActionKind, Alert, Cancel, Execute,
                                                  Freeze, Held, PollResult, Reload,
                                                  ReloadFailed, ReloadNotDone, ReloadOk,
@@ -301,12 +302,31 @@ def _view(server: Server, s: Sample) -> Sample:
     the agents' devices or NVML's per-process lists name one: a device-level meter)."""
     pids, gpus = server.pids, server.gpus
     procs = tuple([p for p in s.processes if p.pid in pids])
+    if server.state.pool_slack:
+        procs = tuple(_without_slack(p, server.state.pool_slack, s.t) for p in procs)
     for p in procs:
         for u, b in p.gpu_bytes.items():
             if b and u not in gpus:
                 gpus.add(u)
     devices = tuple([d for d in s.devices if d.uuid in gpus]) or s.devices
     return dataclasses.replace(s, processes=procs, devices=devices)
+
+
+POOL_SLACK_S = 10.0   # a pool's slack is believed this long after its heartbeat (5 of them)
+
+
+def _without_slack(p: ProcessSample, slack: dict[int, tuple[float, int]], t: float,
+                   ) -> ProcessSample:
+    """The process's GPU memory less its primed graph pool's bytes not yet in use (torch
+    2.15's cudagraph_initial_mempool_allocation_gb: NVML counts the whole block at once),
+    taken from its largest GPU: what the graphs use grows, as NVML would show it unprimed."""
+    got = slack.get(p.pid)
+    if got is None or t - got[0] > POOL_SLACK_S or not p.gpu_bytes or got[1] <= 0:
+        return p
+    gpu = max(p.gpu_bytes, key=lambda u: p.gpu_bytes[u] or 0)
+    left = dict(p.gpu_bytes)
+    left[gpu] = max(0, (left[gpu] or 0) - got[1])
+    return dataclasses.replace(p, gpu_bytes=left)
 
 
 def _recheck(server: Server, t: float, cfg: Config) -> list[Action]:

@@ -65,6 +65,9 @@ class State:
     memory: Memory = field(default_factory=Memory)
     padding: Padding = field(default_factory=Padding)
     freeze: Freeze = field(default_factory=Freeze)
+    # pid -> (t, bytes): a primed graph pool's reserved bytes not in use (agent/pools.py): NVML
+    # counts them, the graphs have not used them yet
+    pool_slack: dict[int, tuple[float, int]] = field(default_factory=dict)
     losses: Losses = field(default_factory=Losses)
     active: dict[str, Finding] = field(default_factory=dict)  # cause -> its finding
     findings: list[Finding] = field(default_factory=list)     # every finding, in order
@@ -196,6 +199,9 @@ def _on_heartbeat(state: State, e: events.Heartbeat, cfg: CorrelateConfig) -> No
     # after the drops, whatever became of the drop reports
     if isinstance(e.lost, int):
         state.losses.told(e.pid, "", e.lost)
+    reserved, active = e.pool_reserved_bytes, e.pool_active_bytes
+    if isinstance(reserved, int) and isinstance(active, int) and 0 <= active <= reserved:
+        state.pool_slack[e.pid] = (e.t, reserved - active)
 
 
 _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
