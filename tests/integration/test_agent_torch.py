@@ -484,3 +484,30 @@ def test_a_graph_budget_met_on_one_serving_thread_holds_on_every_thread():
     finally:
         budget.release()
     assert triton.cudagraph_capture_sizes is None
+
+
+def test_a_freeze_is_restated_to_a_new_sidecar_and_a_budget_is_not():
+    from torch_watchdog.agent.mitigation import GraphBudget
+
+    said: list = []
+    budget = GraphBudget(torch, 1, "auto", said.append)
+    try:
+        budget.note_key(4)          # the user's own budget: not the sidecar's to be told of
+        budget.restate()
+        assert [(m.name, m.action) for m in said] == [("graph_budget", "engaged")]
+    finally:
+        budget.release()
+    said.clear()
+    budget = GraphBudget(torch, 0, "auto", said.append)
+    try:
+        budget.note_key(4)
+        budget.note_key(5)
+        budget.freeze()
+        budget.restate()
+        assert [(m.name, m.action) for m in said] == [("freeze", "engaged")] * 2
+        assert said[1].detail.startswith("still stopped at 2 sizes")
+        budget.unfreeze()
+        budget.restate()            # released: nothing to restate
+        assert [m.action for m in said] == ["engaged", "engaged", "released"]
+    finally:
+        budget.release()

@@ -188,3 +188,30 @@ def test_torch_2_15s_own_rerecord_limit_is_shown_not_taken_for_a_freeze():
                                     "sizes run without CUDA graphs")
     state = State(first_t=0.0, now=10.0, freeze=f)
     assert remedy(state, graphs(), PolicyConfig(remedy="freeze_then_reload")) == "freeze"
+
+
+def test_a_freeze_from_before_a_sidecar_restart_is_adopted_not_asked_again():
+    """The sidecar restarted beside a frozen server: the agent restates its freeze to the new
+    one, which shows it, holds the reload while the memory stays flat, and reloads if it grows
+    on; it does not ask for another freeze."""
+    import dataclasses
+
+    from tests.unit.test_step import CFG, MB, POLICY, Host2
+    from torch_watchdog.sidecar.config import CorrelateConfig
+
+    cfg = dataclasses.replace(CFG, policy=dataclasses.replace(POLICY, remedy="freeze_then_reload"),
+                              correlate=CorrelateConfig(min_records=5))
+    h = Host2(cfg)
+    h.feed(mitigation(h.t, "engaged", "still stopped at 40 sizes (capture_sizes), as an "
+                      "earlier sidecar asked", pid=101))
+    for _ in range(20):
+        h.poll()
+    a = h.host.servers["replica-a"]
+    assert a.firing["graphs_frozen"]["sizes_kept"] == 40 and a.state.freeze.level_bytes
+    key = 0
+    while not h.of("reload") and h.t < 3000:   # graphs and memory grow on: it did not hold
+        key += 1
+        h.feed(events.CudagraphRecord(t=h.t, pid=101, phase="record", compile_id="0/1",
+                                      key=[key], shape=None, seconds=0.01))
+        h.poll(grow_a=20 * MB)
+    assert h.of("reload") and not h.of("freeze")

@@ -213,6 +213,7 @@ class Agent:
         to hello_every_s later; the period runs on from this hello."""
         self._next_hello = time.monotonic() + self.config.hello_every_s
         self.emitter.emit(self.hello())
+        self.budget.restate()
 
     def _renamed(self) -> bool:
         """A Ray Serve replica's name follows the rank Serve gives it (agent/serve.py): given after

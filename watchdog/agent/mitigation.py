@@ -50,6 +50,7 @@ class GraphBudget:
         self.emit = emit
         self.keys: set = set()
         self.engaged = False
+        self.engaged_by = ""     # "graph_budget" or "freeze": what stopped the recording
         self._asked = mode
         self._triton = None
         self.mode = mode
@@ -81,7 +82,7 @@ class GraphBudget:
     def engage(self, name: str = "graph_budget") -> None:
         if self._triton is None:
             self._resolve()
-        self.engaged = True
+        self.engaged, self.engaged_by = True, name
         if self.mode == "capture_sizes":
             self._saved = _capture_sizes(self._triton, AllowedSizes(self.keys | {None}))
             detail = (f"{len(self.keys)} sizes recorded; new sizes now run without CUDA graphs "
@@ -105,6 +106,13 @@ class GraphBudget:
                                   f"sizes ({self.mode})"))
             return
         self.engage("freeze")
+
+    def restate(self) -> None:
+        """A new sidecar at the socket (it restarted): a freeze an earlier one asked for still
+        holds, and the new one is told so (it knows nothing of it otherwise)."""
+        if self.engaged and self.engaged_by == "freeze":
+            self.emit(_mitigation("freeze", "engaged", f"still stopped at {len(self.keys)} "
+                                  f"sizes ({self.mode}), as an earlier sidecar asked"))
 
     def unfreeze(self) -> None:
         """The sidecar asked: record new sizes again."""

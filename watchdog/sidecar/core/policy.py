@@ -101,7 +101,9 @@ def remedy(state: State, fc: Forecast, cfg: PolicyConfig) -> str:
     if not f.frozen:
         waiting = f.unavailable is None and state.now - f.asked_t < FREEZE_ANSWER_S
         return "frozen" if waiting else fallback
-    grown = (fc.level_bytes or 0) - (f.level_bytes or 0)
+    if f.level_bytes is None:   # frozen before this sidecar: its level is read next poll
+        return "frozen"
+    grown = (fc.level_bytes or 0) - f.level_bytes
     return fallback if grown > FROZEN_GROWTH_BYTES else "frozen"
 
 

@@ -238,6 +238,9 @@ def _poll_server(host: Host, server: Server, s: Sample, cfg: Config,
     correlate.evaluate_causes(server.state, cfg.correlate)
     server.forecast = forecast(server.state, forecast_config(cfg, server.name),
                                cfg.correlate.min_records)
+    frozen = server.state.freeze
+    if frozen.frozen and frozen.level_bytes is None:  # frozen before this sidecar started
+        frozen.level_bytes = server.forecast.level_bytes
     actions = _recheck(server, s.t, cfg)
     held_by = _held_by(host, server, cfg, others_busy)
     actions += _decide(host, server, cfg, allow_reload=held_by is None, held_by=held_by)

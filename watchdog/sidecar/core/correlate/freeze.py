@@ -36,6 +36,8 @@ class Freeze:
         if e.action == "engaged":
             self.engaged[e.pid] = e.detail
             self.since = e.t if self.since is None else self.since
+            if self.asked_t is None:   # an earlier sidecar asked (the agent restates it)
+                self.asked_t = e.t
         elif e.action == "unavailable":
             self.unavailable = e.detail
         elif e.action == "released":
