@@ -114,3 +114,13 @@ def test_the_agent_reads_the_pool_only_where_it_is_primed_and_cuda_is_up():
 
     assert primed_pool_bytes(fake(8.0, True, broken)) == (None, None)   # never raises
     assert primed_pool_bytes(NS()) == (None, None)
+
+
+def test_pool_reports_of_many_short_lived_workers_stay_bounded():
+    from torch_watchdog.sidecar.core.correlate import MAX_POOL_PIDS, State, apply
+
+    state = State()
+    for pid in range(10 * MAX_POOL_PIDS):
+        apply(state, heartbeat(float(pid), pid, BLOCK, 0), CFG.correlate)
+    assert len(state.pool_slack) <= MAX_POOL_PIDS
+    assert 10 * MAX_POOL_PIDS - 1 in state.pool_slack      # the latest kept

@@ -33,6 +33,7 @@ from torch_watchdog.sidecar.core.correlate.shapes import Shapes
 from torch_watchdog.sidecar.core.observations import Sample
 from torch_watchdog.sidecar.core.results import Estimates
 
+MAX_POOL_PIDS = 256  # processes whose primed-pool report is kept per server (then the latest half)
 CAUSES = ("cudagraph_per_shape", "recompile_storm", "recompile_limit_eager_fallback",
           "memory_growth_unexplained")
 
@@ -202,6 +203,9 @@ def _on_heartbeat(state: State, e: events.Heartbeat, cfg: CorrelateConfig) -> No
     reserved, active = e.pool_reserved_bytes, e.pool_active_bytes
     if isinstance(reserved, int) and isinstance(active, int) and 0 <= active <= reserved:
         state.pool_slack[e.pid] = (e.t, reserved - active)
+        if len(state.pool_slack) > MAX_POOL_PIDS:   # workers come and go: the latest kept
+            kept = sorted(state.pool_slack.items(), key=lambda kv: kv[1][0])[-MAX_POOL_PIDS // 2:]
+            state.pool_slack = dict(kept)
 
 
 _EVENT_HANDLERS: dict[str, Callable[[State, Any, CorrelateConfig], None]] = {
