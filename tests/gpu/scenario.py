@@ -136,6 +136,11 @@ def main() -> int:
         "agent_records_static": sum(1 for e in records if e.key is None),  # graph w/o symints
         "truth": real, "truth_after_first_pass": mid, "truth_at_freeze": at_freeze,
         "records_after_freeze": sum(1 for e in records if at_freeze and e.t >= freeze_t),
+        # the freeze keeps the keys seen at their warm-up: a size warmed before it is still
+        # recorded at its next call; one first seen after it never is
+        "records_after_freeze_unwarmed": sum(
+            1 for e in records if at_freeze and e.t >= freeze_t and tuple(e.key or ()) not in
+            {tuple(w.key or ()) for w in rec if w.phase == "warmup" and w.t < freeze_t}),
         "compiles": sum(1 for e in evs if e.kind == "compile"),
         "recompiles": sum(1 for e in evs if e.kind == "recompile"),
         "mitigations": [(e.name, e.action) for e in evs if e.kind == "mitigation"],
