@@ -6,8 +6,8 @@ recorded and new lengths, before and after the freeze, and errors.
 
     python3 benchmarks/freeze_probe.py [--phase-s 40] [--layers 12]
 
-Not yet run on a GPU (written 2026-12-07, when no device machine was lent): no figure comes
-from it yet; benchmarks/freeze.py (issue 52) is to measure the freeze against a reload.
+Figures: benchmarks/results/freeze.md (H100, torch 2.11); benchmarks/freeze.py measures the
+freeze decided by a real sidecar.
 """
 from __future__ import annotations
 
