@@ -44,3 +44,14 @@ def test_the_cli_says_why_it_cannot_write_the_request(tmp_path, capsys):
     assert "cannot write the request in" in capsys.readouterr().err
     cfg.write_text("state_dir: relative\n")
     assert cli.main(["unfreeze", "lm", "--config", str(cfg)]) == 2
+
+
+def test_a_link_or_a_fifo_in_the_requests_directory_is_refused_without_waiting(tmp_path):
+    where = tmp_path / "requests"
+    where.mkdir()
+    target = tmp_path / "secret"
+    target.write_text(json.dumps({"server": "x", "request": "unfreeze"}))
+    os.symlink(target, where / "link")
+    os.mkfifo(where / "fifo")
+    got, bad = take_requests(str(tmp_path), 1.0)
+    assert got == [] and len(bad) == 2 and "not a regular file" in " ".join(bad)

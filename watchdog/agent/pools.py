@@ -1,4 +1,4 @@
-"""The CUDA graph pool's bytes where NVML cannot see its growth (issue 52, torch 2.15).
+"""The CUDA graph pool's bytes where NVML cannot see its growth (torch 2.15).
 
 `triton.cudagraph_initial_mempool_allocation_gb` reserves the graph pool in one block at the
 first recording: NVML counts the whole block from then on, and graphs fill it without NVML

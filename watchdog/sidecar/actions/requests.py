@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from typing import Optional
 
@@ -64,11 +65,18 @@ def take_requests(state_dir: str, now: float) -> tuple[list[OperatorRequest], li
 
 def _read(path: str) -> "tuple[str, str] | str":
     """(server, request), or what is wrong with the file."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+    try:   # no link followed, no FIFO waited on, a regular file only, bounded
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         return e.strerror or str(e)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
+        raw = os.read(fd, MAX_BYTES + 1)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        os.close(fd)
     if len(raw) > MAX_BYTES:
         return f"over {MAX_BYTES} bytes"
     try:

@@ -17,7 +17,7 @@ from torch_watchdog.sidecar.core.results import ActionKind, Held, Verdict
 
 
 REARM_S = 60.0
-# remedy freeze (issue 52): an agent answers a freeze from its own thread within a poll
+# remedy freeze: an agent answers a freeze from its own thread within a poll
 # (tests/integration/test_agent_process.py: the "engaged" event back in under 0.5 s); none in
 # this long is a freeze that did not take (no control connection, an old agent)
 FREEZE_ANSWER_S = 5.0

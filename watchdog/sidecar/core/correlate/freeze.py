@@ -1,4 +1,4 @@
-"""The freeze of a server's CUDA-graph recording (issue 52): asked by the sidecar over the
+"""The freeze of a server's CUDA-graph recording: asked by the sidecar over the
 control channel, answered by each agent with a `mitigation` event named `freeze` ("engaged",
 "unavailable" and why, "released"). A reload or a restart ends it with the process (a new
 state); `torch-watchdog unfreeze SERVER` ends it by hand."""
